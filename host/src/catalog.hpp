@@ -1,0 +1,82 @@
+// Plugin catalogue: finds plugin.toml files in the search path and reads them without loading
+// any code (`skyforge plugins`, `skyforge validate`), and checks a manifest against them.
+#pragma once
+
+#include "manifest.hpp"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace skyforge {
+
+struct OptionSchema {
+  std::string name;
+  std::string type;  // "string" | "integer" | "float" | "boolean"
+  std::optional<std::string> default_value;  // canonical text (see OptionList)
+  std::vector<std::string> choices;          // canonical text; empty = any value of the type
+  bool required = false;
+  std::string description;
+};
+
+struct PluginInfo {
+  std::string name;
+  std::string kind;     // "framework" | "provider" | "app" | "task_backend" | "compute_backend"
+  std::string library;  // absolute path of the .so
+  std::string version;
+  std::string description;
+  int abi_major = 0, abi_minor = 0;
+  std::string manifest_path;  // absolute path of the plugin.toml
+  std::vector<OptionSchema> options;  // as written in plugin.toml
+  SourcePos name_pos;  // the `name` value in plugin.toml
+
+  const OptionSchema* option(const std::string& option_name) const;
+};
+
+// The plugin kinds plugin.toml may declare.
+inline constexpr std::string_view kPluginKinds[] = {"framework", "provider", "app", "task_backend",
+                                                    "compute_backend"};
+
+class Catalog {
+ public:
+  // Scans `search_dirs` in precedence order (made absolute and normalised, duplicates dropped).
+  // A directory holds plugins as <dir>/<subdir>/plugin.toml and/or <dir>/plugin.toml. Missing
+  // directories are skipped silently.
+  explicit Catalog(std::vector<std::string> search_dirs);
+
+  // The manifest's plugin_path, then each entry of $SKYFORGE_PLUGIN_PATH (':'-separated), then
+  // <directory of this executable>/../SKYFORGE_PLUGIN_SUBDIR; absolute, normalised, no duplicates.
+  static std::vector<std::string> default_search_dirs(const std::vector<std::string>& manifest_plugin_path);
+
+  // Plugins found, in precedence order. A name found again in a later directory is shadowed and
+  // not listed.
+  const std::vector<PluginInfo>& plugins() const { return plugins_; }
+  const PluginInfo* find(const std::string& name) const;
+  const std::vector<std::string>& search_dirs() const { return search_dirs_; }
+  // "file:line:col: message" for each plugin.toml that failed to parse or validate, for two
+  // plugin.toml in one search directory claiming the same name (the first one in directory order
+  // wins), and "dir: message" for a search directory that exists but cannot be listed.
+  const std::vector<std::string>& problems() const { return problems_; }
+
+ private:
+  std::vector<std::string> search_dirs_;
+  std::vector<PluginInfo> plugins_;
+  std::vector<std::string> problems_;
+};
+
+// Reads and validates one plugin.toml. Throws ManifestError listing every problem, each with
+// file:line:col.
+PluginInfo parse_plugin_toml(const std::string& path);
+
+// Checks the manifest against the catalogue and fills in option defaults:
+//  - [pool] provider names a plugin of kind provider; [job] app (if set) one of kind app;
+//    each [[plugins]] entry one of kind framework, task_backend or compute_backend, at most once;
+//  - options of the provider ([provider]) and of each [[plugins]] entry: no unknown option,
+//    right type (an integer is accepted for a float and becomes a float), value among the
+//    choices, required ones present; absent options with a default are appended with it;
+//  - every [image] files source exists.
+// Throws ManifestError with every problem, each at the manifest's file:line:col. A missing
+// plugin's message lists the directories searched.
+void validate_against(Manifest& m, const Catalog& c);
+
+}  // namespace skyforge

@@ -1,0 +1,129 @@
+// Job manifest (job.toml): parsing and schema validation (docs/manifest.md is the reference).
+//
+// Two steps, so that `skyforge validate` and the fuzzer can run the first without a plugin
+// catalogue:
+//   1. load_manifest / parse_manifest: TOML syntax + the fixed schema ([pool], [provider],
+//      [image], [[plugins]], [job]). Plugin options are kept as canonical text with their TOML
+//      type, to be checked in step 2.
+//   2. validate_against (catalog.hpp): every named plugin exists with the right kind, plugin
+//      options match their plugin.toml schema, defaults are filled in.
+// Both steps collect every problem they find and throw one ManifestError listing all of them,
+// one per line, each as "file:line:col: message".
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace skyforge {
+
+struct SourcePos {
+  std::string file;
+  int line = 0;    // 1-based; 0 = unknown
+  int column = 0;  // 1-based; 0 = unknown
+  std::string str() const;  // "file:line:col" ("file" alone when the line is unknown)
+};
+
+class ManifestError : public std::runtime_error {
+ public:
+  // One problem.
+  explicit ManifestError(const std::string& problem);
+  explicit ManifestError(const char* problem);
+  // what() is the problems joined by '\n'.
+  explicit ManifestError(std::vector<std::string> problems);
+  // One entry per problem ("file:line:col: message").
+  const std::vector<std::string>& problems() const noexcept { return problems_; }
+
+ private:
+  std::vector<std::string> problems_;
+};
+
+// Option name -> canonical text: strings raw, integers in decimal, floats as std::to_chars
+// writes them (shortest round-trip form), booleans "true"/"false". Order: as written.
+using OptionList = std::vector<std::pair<std::string, std::string>>;
+
+// Plugin option types, as plugin.toml names them.
+inline constexpr std::string_view kOptionTypes[] = {"string", "integer", "float", "boolean"};
+
+struct PluginUse {
+  std::string name;
+  OptionList options;
+  SourcePos pos;                          // the `name = "..."` value (the [[plugins]] header if absent)
+  std::vector<SourcePos> option_pos;      // parallel to options: each value's position
+  std::vector<std::string> option_types;  // parallel to options: "string"|"integer"|"float"|"boolean"
+};
+
+struct FileCopy {
+  std::string source;  // absolute, normalised
+  std::string target;  // relative to the node's work directory, normalised, no ".."
+  SourcePos pos;       // the `source` value
+};
+
+struct Image {
+  std::vector<std::string> apt, pip;
+  std::map<std::string, std::string> env;
+  std::vector<FileCopy> files;
+};
+
+struct PoolSpecM {
+  std::string provider = "local";
+  uint32_t nodes = 1;
+  uint32_t concurrency = 1;
+  std::string accelerator;
+  OptionList provider_options;                     // the [provider] table
+  std::vector<SourcePos> provider_option_pos;      // parallel to provider_options
+  std::vector<std::string> provider_option_types;  // parallel to provider_options
+  SourcePos provider_pos;  // the `provider` value; the [pool] header or file:1:1 when defaulted
+};
+
+enum class OutputPolicy { All, Head, None };
+const char* to_string(OutputPolicy policy);  // "all" | "head" | "none"
+
+struct JobSpec {
+  std::string app;  // native app plugin; exactly one of app / command is set
+  SourcePos app_pos;
+  std::vector<std::string> command;
+  std::string mode = "broadcast";  // "broadcast" | "single" | "map"
+  uint64_t tasks = 0;              // map: inputs are "0".."tasks-1" when has_tasks
+  std::vector<std::string> inputs; // map: explicit inputs when !has_tasks
+  bool has_tasks = false;
+  uint32_t batch = 0;  // map: tasks per batch, 0 = automatic
+  OutputPolicy stdout_policy = OutputPolicy::All, stderr_policy = OutputPolicy::All;
+  double timeout_s = 0;  // 0 = none
+  std::vector<std::string> plugin_path;  // absolute, normalised
+};
+
+struct Manifest {
+  std::string path;  // absolute, normalised
+  std::string dir;   // directory of path: relative paths in the manifest resolve against it
+  PoolSpecM pool;
+  Image image;
+  std::vector<PluginUse> plugins;  // manifest order
+  JobSpec job;
+};
+
+// Reads and parses a manifest file. Messages name the file as `path` was given.
+// Throws ManifestError (unreadable file, TOML syntax error, or every schema problem found).
+Manifest load_manifest(const std::string& path);
+
+// Same, from text. `display_name` is used in messages and, made absolute against the current
+// directory, as Manifest::path (so relative paths resolve against its directory).
+Manifest parse_manifest(const std::string& text, const std::string& display_name);
+
+// Small helpers shared by the manifest and catalogue code; not part of the stable surface.
+namespace detail {
+std::string join(const std::vector<std::string>& items, std::string_view sep);
+// " (did you mean 'x'?)" for the closest candidate within a small edit distance, else "".
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
+// Plugin, provider and app names: [A-Za-z0-9_.-]+, not starting with '.' or '-'.
+bool valid_plugin_name(std::string_view name);
+// Absolute and lexically normal, without a trailing separator; relative paths against `base`
+// (the current directory when empty).
+std::string normalise_path(const std::string& path, const std::string& base = "");
+}  // namespace detail
+
+}  // namespace skyforge

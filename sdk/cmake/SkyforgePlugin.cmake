@@ -1,0 +1,35 @@
+# skyforge_add_plugin(<name> SOURCES <src>... [PLUGIN_TOML <file>] [OUTPUT_DIR <dir>] [NO_INSTALL])
+#
+# Builds a skyforge plugin: a MODULE library with hidden visibility that links the SDK, placed
+# with its plugin.toml in <OUTPUT_DIR>/<name>/ (a directory the host can search). PLUGIN_TOML
+# defaults to plugin.toml beside the CMakeLists; @SKYFORGE_PLUGIN_LIBRARY@ in it is replaced
+# with the library's file name.
+function(skyforge_add_plugin name)
+  cmake_parse_arguments(ARG "NO_INSTALL" "PLUGIN_TOML;OUTPUT_DIR" "SOURCES" ${ARGN})
+  if(NOT ARG_PLUGIN_TOML)
+    set(ARG_PLUGIN_TOML ${CMAKE_CURRENT_SOURCE_DIR}/plugin.toml)
+  endif()
+  if(NOT ARG_OUTPUT_DIR)
+    if(SKYFORGE_PLUGIN_BUILD_DIR)
+      set(ARG_OUTPUT_DIR ${SKYFORGE_PLUGIN_BUILD_DIR})
+    else()
+      set(ARG_OUTPUT_DIR ${CMAKE_BINARY_DIR}/plugins)
+    endif()
+  endif()
+  add_library(${name} MODULE ${ARG_SOURCES})
+  if(TARGET skyforge::sdk)
+    target_link_libraries(${name} PRIVATE skyforge::sdk)
+  endif()
+  set_target_properties(${name} PROPERTIES
+    PREFIX "lib"
+    CXX_VISIBILITY_PRESET hidden
+    C_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR}/${name})
+  set(SKYFORGE_PLUGIN_LIBRARY "lib${name}.so")
+  configure_file(${ARG_PLUGIN_TOML} ${ARG_OUTPUT_DIR}/${name}/plugin.toml @ONLY)
+  if(NOT ARG_NO_INSTALL AND SKYFORGE_PLUGIN_SUBDIR)
+    install(TARGETS ${name} LIBRARY DESTINATION ${SKYFORGE_PLUGIN_SUBDIR}/${name})
+    install(FILES ${ARG_OUTPUT_DIR}/${name}/plugin.toml DESTINATION ${SKYFORGE_PLUGIN_SUBDIR}/${name})
+  endif()
+endfunction()
