@@ -26,6 +26,12 @@ function(skyforge_add_plugin name)
     C_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON
     LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR}/${name})
+  # Export exactly one symbol (DESIGN.md §3): hidden visibility alone still lets libstdc++'s
+  # weak template instantiations escape, so a version script makes everything else local.
+  set(_vs ${CMAKE_CURRENT_BINARY_DIR}/${name}.exports.map)
+  file(WRITE ${_vs} "{\n  global: skyforge_plugin_entry;\n  local: *;\n};\n")
+  target_link_options(${name} PRIVATE "LINKER:--version-script=${_vs}")
+  set_property(TARGET ${name} APPEND PROPERTY LINK_DEPENDS ${_vs})
   set(SKYFORGE_PLUGIN_LIBRARY "lib${name}.so")
   configure_file(${ARG_PLUGIN_TOML} ${ARG_OUTPUT_DIR}/${name}/plugin.toml @ONLY)
   if(NOT ARG_NO_INSTALL AND SKYFORGE_PLUGIN_SUBDIR)

@@ -1,0 +1,161 @@
+#include "loader.hpp"
+
+#include <boost/dll/shared_library.hpp>
+
+#include <cstddef>
+#include <filesystem>
+#include <sstream>
+
+namespace skyforge {
+
+const char* kind_name(sf_kind kind) {
+  switch (kind) {
+    case SF_KIND_FRAMEWORK: return "framework";
+    case SF_KIND_PROVIDER: return "provider";
+    case SF_KIND_TASK_BACKEND: return "task_backend";
+    case SF_KIND_COMPUTE_BACKEND: return "compute_backend";
+    case SF_KIND_APP: return "app";
+    default: return "unknown";
+  }
+}
+
+std::optional<sf_kind> kind_from_name(const std::string& name) {
+  for (sf_kind k : {SF_KIND_FRAMEWORK, SF_KIND_PROVIDER, SF_KIND_TASK_BACKEND, SF_KIND_COMPUTE_BACKEND, SF_KIND_APP})
+    if (name == kind_name(k)) return k;
+  return std::nullopt;
+}
+
+namespace {
+
+std::string version_str(unsigned major, unsigned minor) {
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+// Hooks a plugin of each kind must provide (DESIGN.md §4: marked *).
+struct RequiredHook {
+  const char* name;
+  size_t end;
+  bool (*present)(const void* hooks);
+};
+
+#define SKYFORGE_REQUIRED(Table, member)                                                     \
+  RequiredHook {                                                                             \
+    #member, SKYFORGE_HOOK_END(Table, member),                                               \
+        [](const void* h) { return static_cast<const Table*>(h)->member != nullptr; }        \
+  }
+
+std::vector<RequiredHook> required_hooks(sf_kind kind) {
+  if (kind == SF_KIND_PROVIDER)
+    return {SKYFORGE_REQUIRED(sf_provider_hooks, provision), SKYFORGE_REQUIRED(sf_provider_hooks, bootstrap),
+            SKYFORGE_REQUIRED(sf_provider_hooks, start_worker), SKYFORGE_REQUIRED(sf_provider_hooks, terminate)};
+  return {};
+}
+
+const char* plugin_message(const sf_plugin_descriptor* d, void* self) {
+  const char* m = d->last_error ? d->last_error(self) : nullptr;
+  return (m && *m) ? m : "(the plugin gave no message)";
+}
+
+}  // namespace
+
+struct Loader::Impl {
+  // Libraries stay resident for the life of the process (DESIGN.md §3: never dlclose):
+  // this vector is leaked on purpose at destruction.
+  std::vector<boost::dll::shared_library>* libs = new std::vector<boost::dll::shared_library>();
+};
+
+Loader::Loader(const sf_host_services* services) : impl_(std::make_unique<Impl>()), services_(services) {}
+Loader::~Loader() = default;  // Impl::libs intentionally not freed: no dlclose
+
+PluginInstance::~PluginInstance() {
+  if (self_ && plugin_->descriptor->destroy) plugin_->descriptor->destroy(self_);
+}
+
+void PluginInstance::check(sf_status st, const char* hook) const {
+  if (st == SF_OK) return;
+  throw PluginError("plugin '" + plugin_->name + "' " + hook + ": " + plugin_message(plugin_->descriptor, self_), st);
+}
+
+const LoadedPlugin& Loader::load(const std::string& library_path, const std::string& expected_name,
+                                 std::optional<sf_kind> expected_kind) {
+  std::error_code fs_ec;
+  std::string path = std::filesystem::weakly_canonical(library_path, fs_ec).string();
+  if (fs_ec || path.empty()) path = library_path;
+  for (const auto& p : plugins_)
+    if (p->path == path) return *p;
+
+  if (!std::filesystem::exists(path)) throw LoadError(path + ": plugin library not found");
+
+  boost::dll::shared_library lib;
+  boost::system::error_code ec;
+  // RTLD_NOW: unresolved symbols fail here, not mid-run. RTLD_LOCAL: plugins cannot see
+  // each other's symbols (two plugins may bundle different versions of one library).
+  lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  if (ec) throw LoadError(path + ": cannot load shared library: " + ec.message());
+  if (!lib.has(SKYFORGE_ENTRY_SYMBOL))
+    throw LoadError(path + ": not a skyforge plugin (no exported symbol '" SKYFORGE_ENTRY_SYMBOL "')");
+
+  auto entry = lib.get<std::remove_pointer_t<sf_entry_fn>>(SKYFORGE_ENTRY_SYMBOL);
+  const sf_plugin_descriptor* d = entry(services_, SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR);
+  impl_->libs->push_back(std::move(lib));  // resident from here on, whatever happens next
+  if (!d) throw LoadError(path + ": the plugin's entry returned no descriptor (it declined this host)");
+
+  // The first three fields are fixed forever: read the ABI before trusting anything else.
+  if (d->abi_major != SKYFORGE_ABI_MAJOR)
+    throw LoadError(path + ": plugin ABI " + version_str(d->abi_major, d->abi_minor) +
+                    " is incompatible with host ABI " + version_str(SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR) +
+                    " (major versions differ); rebuild the plugin against this SDK");
+  if (d->abi_minor > SKYFORGE_ABI_MINOR)
+    throw LoadError(path + ": plugin ABI " + version_str(d->abi_major, d->abi_minor) + " is newer than host ABI " +
+                    version_str(SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR) + "; upgrade skyforge");
+  if (d->struct_size < offsetof(sf_plugin_descriptor, hooks) + sizeof(d->hooks))
+    throw LoadError(path + ": descriptor too small (" + std::to_string(d->struct_size) + " bytes)");
+
+  auto p = std::make_unique<LoadedPlugin>();
+  p->path = path;
+  p->name = d->name ? d->name : "";
+  p->version = d->version ? d->version : "";
+  p->description = d->description ? d->description : "";
+  p->kind = d->kind;
+  p->abi_major = d->abi_major;
+  p->abi_minor = d->abi_minor;
+  p->descriptor = d;
+  p->hooks = d->hooks;
+  p->hooks_size = d->hooks ? *static_cast<const uint32_t*>(d->hooks) : 0;
+
+  if (p->name.empty()) throw LoadError(path + ": plugin descriptor has no name");
+  if (!d->create || !d->destroy || !d->last_error)
+    throw LoadError(path + ": plugin '" + p->name + "' is missing create/destroy/last_error");
+  if (!expected_name.empty() && p->name != expected_name)
+    throw LoadError(path + ": plugin.toml says name '" + expected_name + "' but the library calls itself '" +
+                    p->name + "'");
+  if (expected_kind && p->kind != *expected_kind)
+    throw LoadError(path + ": plugin '" + p->name + "' is a " + kind_name(p->kind) + " plugin, expected a " +
+                    kind_name(*expected_kind) + " plugin");
+  for (const auto& other : plugins_)
+    if (other->name == p->name)
+      throw LoadError("two plugins are named '" + p->name + "': " + other->path + " and " + path);
+  for (const auto& req : required_hooks(p->kind))
+    if (!p->hooks || p->hooks_size < req.end || !req.present(p->hooks))
+      throw LoadError(path + ": " + kind_name(p->kind) + " plugin '" + p->name + "' lacks the required hook '" +
+                      req.name + "'");
+
+  plugins_.push_back(std::move(p));
+  return *plugins_.back();
+}
+
+std::unique_ptr<PluginInstance> Loader::create(const LoadedPlugin& plugin,
+                                               const std::vector<std::pair<std::string, std::string>>& options) {
+  std::vector<sf_kv> kv;
+  kv.reserve(options.size());
+  for (const auto& [k, v] : options) kv.push_back(sf_kv{k.c_str(), v.c_str()});
+  void* self = nullptr;
+  sf_status st = plugin.descriptor->create(services_, kv.data(), kv.size(), &self);
+  if (st != SF_OK || !self)
+    throw PluginError(plugin.path + ": plugin '" + plugin.name + "' failed to initialise: " +
+                          plugin_message(plugin.descriptor, nullptr),
+                      st == SF_OK ? SF_ERR : st);
+  return std::make_unique<PluginInstance>(plugin, self);
+}
+
+}  // namespace skyforge

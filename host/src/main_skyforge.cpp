@@ -1,0 +1,186 @@
+// skyforge — the command-line host: run, validate, plugins.
+#include <boost/program_options.hpp>
+
+#include <signal.h>
+
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "catalog.hpp"
+#include "loader.hpp"
+#include "manifest.hpp"
+#include "run.hpp"
+
+namespace po = boost::program_options;
+using namespace skyforge;
+
+namespace {
+
+const char* kMainHelp =
+    "usage: skyforge <command> [options]\n"
+    "\n"
+    "Runs distributed jobs described by a TOML manifest on a pool of nodes.\n"
+    "\n"
+    "commands:\n"
+    "  run <job.toml>        provision the pool, run the job, stream output, tear the pool down\n"
+    "  validate <job.toml>   check the manifest and its plugins without starting anything\n"
+    "  plugins               list installed plugins (kind, name, version, ABI, path)\n"
+    "\n"
+    "`skyforge <command> --help` describes a command's options. Plugins are searched in the\n"
+    "manifest's job.plugin_path, then $SKYFORGE_PLUGIN_PATH, then the install directory.\n";
+
+struct Parsed {
+  po::variables_map vm;
+  bool help = false;
+};
+
+Parsed parse(const std::string& cmd, int argc, char** argv, po::options_description& desc,
+             const po::positional_options_description* pos) {
+  desc.add_options()("help,h", "show this help");
+  Parsed p;
+  auto parser = po::command_line_parser(argc, argv).options(desc);
+  if (pos) parser.positional(*pos);
+  po::store(parser.run(), p.vm);
+  po::notify(p.vm);
+  p.help = p.vm.count("help") > 0;
+  return p;
+}
+
+// Loads, checks and validates a manifest against the installed plugins; prints errors.
+bool load_checked(const std::string& path, Manifest& m, std::unique_ptr<Catalog>& catalog) {
+  try {
+    m = load_manifest(path);
+    catalog = std::make_unique<Catalog>(Catalog::default_search_dirs(m.job.plugin_path));
+    validate_against(m, *catalog);
+    return true;
+  } catch (const ManifestError& e) {
+    std::cerr << e.what() << (std::string(e.what()).back() == '\n' ? "" : "\n");
+    return false;
+  }
+}
+
+int cmd_run(int argc, char** argv) {
+  po::options_description desc(
+      "usage: skyforge run [options] <job.toml>\n\n"
+      "Provisions the manifest's pool, bootstraps every node, runs the job there, streams each\n"
+      "node's output prefixed with [node N], prints the results and tears the pool down on every\n"
+      "exit path (Ctrl-C: graceful teardown; a second Ctrl-C forces). Exits 0 when every node\n"
+      "succeeded, 1 when the job failed, 2 for a bad manifest, 130 when interrupted.\n\noptions");
+  std::string manifest;
+  RunOptions opt;
+  desc.add_options()("manifest", po::value(&manifest), "the job manifest")(
+      "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugin debug logs")(
+      "quiet-results", po::bool_switch(&opt.quiet_results), "do not print per-task results of a map job")(
+      "pipeline", po::value(&opt.pipeline)->default_value(2), "map: batches in flight per slot (>= 1)")(
+      "timings", po::bool_switch(&opt.timings), "print phase timings (ms) and map batch round trips on stderr")(
+      "join-timeout", po::value(&opt.join_timeout_ms)->default_value(60000),
+      "ms to wait for every worker to join and become ready");
+  po::positional_options_description pos;
+  pos.add("manifest", 1);
+  auto p = parse("run", argc, argv, desc, &pos);
+  if (p.help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (manifest.empty()) {
+    std::cerr << "skyforge run: missing <job.toml>\n" << desc;
+    return kExitUsage;
+  }
+  if (opt.pipeline < 1) {
+    std::cerr << "skyforge run: --pipeline must be >= 1\n";
+    return kExitUsage;
+  }
+  Manifest m;
+  std::unique_ptr<Catalog> catalog;
+  if (!load_checked(manifest, m, catalog)) return kExitUsage;
+  return run_job(m, *catalog, opt);
+}
+
+int cmd_validate(int argc, char** argv) {
+  po::options_description desc(
+      "usage: skyforge validate <job.toml>\n\n"
+      "Checks the manifest (syntax, keys, types, values) and that every plugin it names is\n"
+      "installed, of the right kind, with valid options. Starts nothing. Exits 0 when valid, 2\n"
+      "otherwise, printing each problem as file:line:col.\n\noptions");
+  std::string manifest;
+  desc.add_options()("manifest", po::value(&manifest), "the job manifest");
+  po::positional_options_description pos;
+  pos.add("manifest", 1);
+  auto p = parse("validate", argc, argv, desc, &pos);
+  if (p.help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (manifest.empty()) {
+    std::cerr << "skyforge validate: missing <job.toml>\n" << desc;
+    return kExitUsage;
+  }
+  Manifest m;
+  std::unique_ptr<Catalog> catalog;
+  if (!load_checked(manifest, m, catalog)) return kExitUsage;
+  std::string what = m.job.command.empty() ? "app " + m.job.app + ", mode " + m.job.mode : "command " + m.job.command[0];
+  std::cout << m.path << ": valid (" << m.pool.nodes << " node" << (m.pool.nodes == 1 ? "" : "s") << " on '"
+            << m.pool.provider << "', " << what << ", " << m.plugins.size() << " framework plugin"
+            << (m.plugins.size() == 1 ? "" : "s") << ")\n";
+  return 0;
+}
+
+int cmd_plugins(int argc, char** argv) {
+  po::options_description desc(
+      "usage: skyforge plugins [--plugin-path DIR]...\n\n"
+      "Lists installed plugins from their plugin.toml files, without loading any code.\n\noptions");
+  std::vector<std::string> extra;
+  desc.add_options()("plugin-path,p", po::value(&extra)->composing(), "also search DIR (first)");
+  auto p = parse("plugins", argc, argv, desc, nullptr);
+  if (p.help) {
+    std::cout << desc;
+    return 0;
+  }
+  Catalog c(Catalog::default_search_dirs(extra));
+  std::cout << std::left << std::setw(16) << "KIND" << std::setw(16) << "NAME" << std::setw(10) << "VERSION"
+            << std::setw(6) << "ABI" << "PATH\n";
+  for (const auto& pl : c.plugins())
+    std::cout << std::setw(16) << pl.kind << std::setw(16) << pl.name << std::setw(10) << pl.version << std::setw(6)
+              << (std::to_string(pl.abi_major) + "." + std::to_string(pl.abi_minor)) << pl.library << "\n";
+  std::cout << "\nsearched:";
+  for (const auto& d : c.search_dirs()) std::cout << " " << d;
+  std::cout << "\n";
+  for (const auto& problem : c.problems()) std::cerr << "warning: " << problem << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  signal(SIGPIPE, SIG_IGN);
+  if (argc < 2) {
+    std::cerr << kMainHelp;
+    return kExitUsage;
+  }
+  std::string cmd = argv[1];
+  try {
+    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+      std::cout << kMainHelp;
+      return 0;
+    }
+    if (cmd == "--version") {
+      std::cout << "skyforge " << SKYFORGE_VERSION << " (plugin ABI " << SKYFORGE_ABI_MAJOR << "." << SKYFORGE_ABI_MINOR
+                << ")\n";
+      return 0;
+    }
+    if (cmd == "run") return cmd_run(argc - 1, argv + 1);
+    if (cmd == "validate") return cmd_validate(argc - 1, argv + 1);
+    if (cmd == "plugins") return cmd_plugins(argc - 1, argv + 1);
+    std::cerr << "skyforge: unknown command '" << cmd << "'\n\n" << kMainHelp;
+    return kExitUsage;
+  } catch (const po::error& e) {
+    std::cerr << "skyforge " << cmd << ": " << e.what() << " (see skyforge " << cmd << " --help)\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "skyforge: " << e.what() << "\n";
+    return kExitJobFailed;
+  }
+}

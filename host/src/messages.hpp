@@ -1,0 +1,173 @@
+// Control-plane messages (DESIGN.md §8). Each is the Boost.Serialization payload of one frame;
+// the frame's type field says which. Nothing here is deserialised before a peer has proved
+// the pool secret (see protocol.hpp).
+#pragma once
+
+#include <boost/serialization/map.hpp>
+#include <boost/serialization/string.hpp>
+#include <boost/serialization/utility.hpp>
+#include <boost/serialization/vector.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace skyforge::msg {
+
+enum class Type : uint16_t {
+  // handshake: raw payloads, never deserialised with Boost
+  Challenge = 1,  // server -> client: 32-byte nonce
+  AuthReply = 2,  // client -> server: node(u32 LE) | client nonce(32) | HMAC(secret, nonce|node)
+  AuthOk = 3,     // server -> client: HMAC(secret, client nonce|"host")
+  // pool
+  Hello = 10,       // worker -> host
+  Job = 11,         // host -> worker
+  Heartbeat = 12,   // both ways, empty payload
+  Log = 13,         // worker -> host
+  TaskBatch = 14,   // host -> worker
+  TaskResults = 15, // worker -> host
+  RunResult = 16,   // worker -> host
+  Shutdown = 17,    // host -> worker
+  Ready = 18,       // worker -> host: plugins loaded, around_app entered
+  // rendezvous store
+  KvSet = 30,
+  KvGet = 31,
+  KvAdd = 32,
+  KvReply = 33,
+};
+constexpr uint16_t kMaxType = 33;
+bool known_type(uint16_t t);
+
+struct Hello {
+  uint32_t node = 0;
+  int64_t pid = 0;
+  std::string hostname;
+  std::string private_ip;
+  std::string store_addr;  // head only: host:port of its rendezvous store
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & node & pid & hostname & private_ip & store_addr;
+  }
+};
+
+struct PluginSpec {
+  std::string name;
+  std::string library;  // absolute path of the .so
+  std::vector<std::pair<std::string, std::string>> options;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & name & library & options;
+  }
+};
+
+struct Job {
+  // instance info
+  uint32_t node = 0;
+  uint32_t total_nodes = 1;
+  std::string head_addr;
+  std::string private_ip;
+  uint32_t local_rank = 0;
+  uint32_t local_world_size = 1;
+  uint32_t accelerators = 0;
+  std::string accelerator;
+  uint32_t concurrency = 1;
+  std::string pool_id;
+  std::string store_addr;
+  // what to run
+  std::vector<PluginSpec> frameworks;  // manifest order
+  PluginSpec app;                      // empty name for a command app
+  std::string mode;                    // broadcast | single | map
+  std::vector<std::string> command;
+  std::map<std::string, std::string> env;  // image env
+  std::map<std::string, std::string> config;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & node & total_nodes & head_addr & private_ip & local_rank & local_world_size & accelerators & accelerator &
+        concurrency & pool_id & store_addr & frameworks & app & mode & command & env & config;
+  }
+};
+
+struct Log {
+  uint32_t node = 0;
+  uint8_t stream = 1;  // 1 stdout, 2 stderr, 3 skyforge worker's own log
+  std::string text;    // one or more whole lines, '\n'-terminated
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & node & stream & text;
+  }
+};
+
+struct TaskBatch {
+  uint64_t first = 0;  // index of inputs[0] in the map
+  std::vector<std::string> inputs;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & first & inputs;
+  }
+};
+
+struct TaskResult {
+  bool ok = true;
+  uint32_t slot = 0;
+  std::string value;  // output, or the error message
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & ok & slot & value;
+  }
+};
+
+struct TaskResults {
+  uint64_t first = 0;
+  uint64_t elapsed_ns = 0;  // time the worker spent on the batch, for auto-batching
+  std::vector<TaskResult> results;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & first & elapsed_ns & results;
+  }
+};
+
+struct RunResult {
+  uint32_t node = 0;
+  bool ok = true;
+  int32_t exit_code = 0;  // command apps; -signal when killed by one
+  std::string value;      // native app's result
+  std::string error;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & node & ok & exit_code & value & error;
+  }
+};
+
+struct Shutdown {
+  std::string reason;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & reason;
+  }
+};
+
+struct KvRequest {
+  uint64_t id = 0;
+  std::string key;
+  std::string value;       // KvSet
+  int64_t delta = 0;       // KvAdd
+  int64_t timeout_ms = 0;  // KvGet
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & id & key & value & delta & timeout_ms;
+  }
+};
+
+struct KvReply {
+  uint64_t id = 0;
+  int32_t status = 0;  // sf_status
+  std::string value;
+  std::string error;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & id & status & value & error;
+  }
+};
+
+}  // namespace skyforge::msg

@@ -1,0 +1,82 @@
+#include "output_pump.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+#include <system_error>
+
+namespace skyforge {
+namespace {
+int checked(int rc, const char* what) {
+  if (rc < 0) throw std::system_error(errno, std::generic_category(), what);
+  return rc;
+}
+}  // namespace
+
+OutputPump::OutputPump(LineFn fn) : fn_(std::move(fn)) {
+  std::fflush(nullptr);
+  saved_out_ = checked(fcntl(1, F_DUPFD_CLOEXEC, 3), "dup stdout");
+  saved_err_ = checked(fcntl(2, F_DUPFD_CLOEXEC, 3), "dup stderr");
+  diag_fd_ = saved_err_;
+  int out[2], err[2];
+  checked(pipe2(out, O_CLOEXEC), "pipe");
+  checked(pipe2(err, O_CLOEXEC), "pipe");
+  // dup2 clears FD_CLOEXEC on 1 and 2: children inherit the write ends, nothing else.
+  checked(dup2(out[1], 1), "dup2 stdout");
+  checked(dup2(err[1], 2), "dup2 stderr");
+  close(out[1]);
+  close(err[1]);
+  read_out_ = out[0];
+  read_err_ = err[0];
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  t_out_ = std::thread([this] { reader(read_out_, 1); });
+  t_err_ = std::thread([this] { reader(read_err_, 2); });
+}
+
+OutputPump::~OutputPump() { finish(); }
+
+void OutputPump::reader(int fd, int stream) {
+  std::string pending;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buf, static_cast<size_t>(n));
+    size_t last_nl = pending.rfind('\n');
+    if (last_nl == std::string::npos) {
+      if (pending.size() < (1u << 20)) continue;  // an endless line: forward it in 1 MiB pieces
+      pending.push_back('\n');
+      last_nl = pending.size() - 1;
+    }
+    std::string whole = pending.substr(0, last_nl + 1);
+    pending.erase(0, last_nl + 1);
+    fn_(stream, std::move(whole));
+  }
+  if (!pending.empty()) {
+    pending.push_back('\n');
+    fn_(stream, std::move(pending));
+  }
+  close(fd);
+}
+
+void OutputPump::finish() {
+  if (finished_) return;
+  finished_ = true;
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  // Closing our write ends (by pointing 1 and 2 back) lets the readers see EOF.
+  dup2(saved_out_, 1);
+  dup2(saved_err_, 2);
+  if (t_out_.joinable()) t_out_.join();
+  if (t_err_.joinable()) t_err_.join();
+  close(saved_out_);
+  // saved_err_ stays open as diag_fd_ until the process exits.
+}
+
+}  // namespace skyforge

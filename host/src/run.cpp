@@ -1,0 +1,817 @@
+#include "run.hpp"
+
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <future>
+#include <iostream>
+#include <mutex>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "loader.hpp"
+#include "protocol.hpp"
+#include "services.hpp"
+
+namespace skyforge {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string self_dir() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : p.parent_path().string();
+}
+
+// Serialises terminal output from many nodes: whole lines, never interleaved mid-line.
+class Printer {
+ public:
+  void node_lines(uint32_t node, int stream, const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    FILE* f = stream == 1 ? stdout : stderr;
+    std::string prefix = "[node " + std::to_string(node) + "] ";
+    size_t start = 0;
+    while (start < text.size()) {
+      size_t nl = text.find('\n', start);
+      if (nl == std::string::npos) nl = text.size();
+      std::string line = prefix;
+      line.append(text, start, nl - start);
+      line.push_back('\n');
+      std::fwrite(line.data(), 1, line.size(), f);
+      start = nl + 1;
+    }
+    std::fflush(f);
+  }
+  void out(const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fputc('\n', stdout);
+  }
+  void err(const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string l = "skyforge: " + line + "\n";
+    std::fwrite(l.data(), 1, l.size(), stderr);
+    std::fflush(stderr);
+  }
+  void flush() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fflush(stdout);
+  }
+
+ private:
+  std::mutex mu_;
+};
+
+bool policy_allows(OutputPolicy p, uint32_t node) {
+  return p == OutputPolicy::All || (p == OutputPolicy::Head && node == 0);
+}
+
+struct NodeState {
+  std::string id;       // provider's handle
+  std::string address;  // as other nodes see it
+  std::shared_ptr<net::Connection> conn;
+  std::optional<msg::Hello> hello;
+  bool ready = false;
+  bool closed = false;
+  std::string lost;  // why the connection ended before the node was done
+  std::optional<msg::RunResult> result;
+  uint32_t inflight = 0;  // map: batches sent, not yet answered
+};
+
+class PoolRun {
+ public:
+  PoolRun(const Manifest& m, const Catalog& c, const RunOptions& o)
+      : m_(m), catalog_(c), opt_(o), services_([this](int32_t level, const std::string& msg) {
+          if (level >= SF_LOG_WARN || opt_.verbose) printer_.err(msg);
+        }) {}
+  int run();
+
+ private:
+  // phases
+  void load_plugins();
+  void client_enter();
+  void client_exit(bool ok);
+  void provision();
+  void bootstrap_nodes();
+  void start_workers();
+  void wait_joined();
+  void send_jobs();
+  void wait_ready();
+  void execute();
+  void teardown();
+  int report();
+
+  // io-thread callbacks
+  void on_authenticated(std::shared_ptr<net::Connection> c);
+  void on_frame(uint32_t node, msg::Type t, std::string&& payload);
+  void on_closed(uint32_t node, const std::string& reason);
+  void on_signal(int sig);
+
+  // map scheduling (under mu_)
+  std::string input(uint64_t i) const;
+  void dispatch(uint32_t node);
+  void on_results(uint32_t node, msg::TaskResults&& r);
+
+  // Waits until pred() holds, the run is cancelled or the deadline passes. Under mu_.
+  template <class Pred>
+  bool wait_for(std::unique_lock<std::mutex>& lock, Pred pred, std::optional<Clock::time_point> deadline);
+  void fail(const std::string& why);  // under mu_
+  std::string first_lost() const;     // under mu_
+  bool node_done(const NodeState& n) const;
+
+  const Manifest& m_;
+  const Catalog& catalog_;
+  RunOptions opt_;
+  Printer printer_;
+  Services services_;
+  Loader loader_{services_.table()};
+  std::unique_ptr<PluginInstance> provider_;
+  std::vector<std::unique_ptr<PluginInstance>> frameworks_;
+  size_t client_entered_ = 0;
+  const LoadedPlugin* app_ = nullptr;
+  sf_cluster cluster_{};
+  std::string pool_id_ = net::random_hex(6);
+  std::string secret_ = net::random_hex(32);
+  std::vector<std::string> bootstrap_lines_;
+  Image image_;
+
+  boost::asio::io_context io_;
+  std::unique_ptr<net::Server> server_;
+  std::string control_address_ = "127.0.0.1";
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<NodeState> nodes_;
+  bool provisioned_ = false;
+  std::string failure_;        // first failure; the run's verdict
+  std::atomic<int> signals_{0};
+  int signal_exit_ = 0;
+  Clock::time_point deadline_;
+  bool has_deadline_ = false;
+
+  // map
+  uint64_t n_tasks_ = 0;
+  uint64_t next_task_ = 0;
+  uint64_t tasks_done_ = 0;
+  std::vector<msg::TaskResult> task_results_;
+  std::vector<uint32_t> task_node_;
+  double ns_per_task_ = 0;  // moving estimate, for auto batching
+  std::optional<uint64_t> failed_task_;
+  std::map<uint64_t, Clock::time_point> batch_sent_;  // first index -> send time (for --timings)
+  std::vector<double> batch_rtt_us_;
+
+  // --timings
+  Clock::time_point t0_ = Clock::now();
+  std::vector<std::pair<std::string, double>> phases_;
+  void mark(const std::string& phase) {
+    phases_.emplace_back(phase, std::chrono::duration<double, std::milli>(Clock::now() - t0_).count());
+  }
+  void print_timings();
+};
+
+template <class Pred>
+bool PoolRun::wait_for(std::unique_lock<std::mutex>& lock, Pred pred, std::optional<Clock::time_point> deadline) {
+  auto stop = [&] { return pred() || !failure_.empty(); };
+  for (;;) {
+    auto until = Clock::now() + std::chrono::milliseconds(100);
+    if (deadline && *deadline < until) until = *deadline;
+    if (has_deadline_ && deadline_ < until) until = deadline_;
+    cv_.wait_until(lock, until, stop);
+    if (pred()) return true;
+    if (!failure_.empty()) return false;
+    if (has_deadline_ && Clock::now() >= deadline_) {
+      fail("the job ran past its timeout of " + std::to_string(m_.job.timeout_s) + " s");
+      return false;
+    }
+    if (deadline && Clock::now() >= *deadline) return false;
+  }
+}
+
+void PoolRun::fail(const std::string& why) {
+  if (failure_.empty()) failure_ = why;
+  cv_.notify_all();
+}
+
+bool PoolRun::node_done(const NodeState& n) const { return n.result.has_value(); }
+
+std::string PoolRun::first_lost() const {
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    if (!nodes_[i].lost.empty()) return "node " + std::to_string(i) + " lost: " + nodes_[i].lost;
+  return "";
+}
+
+void PoolRun::load_plugins() {
+  const PluginInfo* prov = catalog_.find(m_.pool.provider);
+  provider_ = loader_.create(loader_.load(prov->library, prov->name, SF_KIND_PROVIDER), m_.pool.provider_options);
+  for (const auto& use : m_.plugins) {
+    const PluginInfo* info = catalog_.find(use.name);
+    frameworks_.push_back(loader_.create(loader_.load(info->library, info->name), use.options));
+  }
+  if (!m_.job.app.empty()) {
+    // Loaded here too, so that a broken or unsuitable app fails before any node exists.
+    const PluginInfo* info = catalog_.find(m_.job.app);
+    app_ = &loader_.load(info->library, info->name, SF_KIND_APP);
+    auto* h = static_cast<const sf_app_hooks*>(app_->hooks);
+    bool has_task = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, task) && h->task;
+    bool has_run = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, run) && h->run;
+    if (m_.job.mode == "map" && !has_task)
+      throw LoadError(app_->path + ": app '" + app_->name + "' has no task() hook, which mode = \"map\" needs");
+    if (m_.job.mode != "map" && !has_run)
+      throw LoadError(app_->path + ": app '" + app_->name + "' has no run() hook, which mode = \"" + m_.job.mode +
+                      "\" needs");
+  }
+}
+
+void PoolRun::client_enter() {
+  cluster_.struct_size = sizeof(sf_cluster);
+  cluster_.total_nodes = m_.pool.nodes;
+  cluster_.concurrency = m_.pool.concurrency;
+  cluster_.accelerator = m_.pool.accelerator.c_str();
+  cluster_.provider = m_.pool.provider.c_str();
+  cluster_.pool_id = pool_id_.c_str();
+  image_ = m_.image;
+  sf_image_editor ed{};
+  ed.ctx = &image_;
+  ed.add_apt = [](void* c, const char* p) { static_cast<Image*>(c)->apt.emplace_back(p); };
+  ed.add_pip = [](void* c, const char* p) { static_cast<Image*>(c)->pip.emplace_back(p); };
+  ed.set_env = [](void* c, const char* k, const char* v) { static_cast<Image*>(c)->env[k] = v ? v : ""; };
+  ed.add_file = [](void* c, const char* s, const char* d) { static_cast<Image*>(c)->files.push_back({s, d}); };
+  for (auto& fw : frameworks_) {
+    auto* h = fw->hooks<sf_framework_hooks>();
+    if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
+    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, transform_image)) && h->transform_image)
+      fw->check(h->transform_image(fw->self(), &cluster_, &ed), "transform_image");
+  }
+  for (auto& fw : frameworks_) {
+    auto* h = fw->hooks<sf_framework_hooks>();
+    if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
+    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, bootstrap)) && h->bootstrap) {
+      sf_sink sink{&bootstrap_lines_, [](void* c, const char* d, size_t n) {
+                     static_cast<std::vector<std::string>*>(c)->emplace_back(d, n);
+                   }};
+      fw->check(h->bootstrap(fw->self(), &cluster_, sink), "bootstrap");
+    }
+  }
+  for (auto& fw : frameworks_) {
+    auto* h = fw->hooks<sf_framework_hooks>();
+    ++client_entered_;
+    if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
+    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_client_enter)) && h->around_client_enter)
+      fw->check(h->around_client_enter(fw->self(), &cluster_), "around_client_enter");
+  }
+}
+
+void PoolRun::client_exit(bool ok) {
+  while (client_entered_ > 0) {
+    auto& fw = frameworks_[--client_entered_];
+    auto* h = fw->hooks<sf_framework_hooks>();
+    if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
+    if (!fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_client_exit)) || !h->around_client_exit) continue;
+    try {
+      fw->check(h->around_client_exit(fw->self(), &cluster_, ok ? SF_OK : SF_ERR), "around_client_exit");
+    } catch (const std::exception& e) {
+      printer_.err(e.what());
+    }
+  }
+}
+
+void PoolRun::provision() {
+  struct Sink {
+    std::vector<NodeState>* nodes;
+    std::string* control;
+  } sink{&nodes_, &control_address_};
+  sf_node_sink ns{};
+  ns.ctx = &sink;
+  ns.add_node = [](void* c, const char* id, const char* addr) {
+    NodeState n;
+    n.id = id ? id : "";
+    n.address = addr ? addr : "";
+    static_cast<Sink*>(c)->nodes->push_back(std::move(n));
+  };
+  ns.set_control_address = [](void* c, const char* a) { *static_cast<Sink*>(c)->control = a ? a : ""; };
+  sf_pool_spec spec{};
+  spec.struct_size = sizeof spec;
+  spec.nodes = m_.pool.nodes;
+  spec.concurrency = m_.pool.concurrency;
+  spec.accelerator = m_.pool.accelerator.c_str();
+  spec.pool_id = pool_id_.c_str();
+  auto* h = provider_->hooks<sf_provider_hooks>();
+  sf_status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    provisioned_ = true;  // from here on, teardown calls terminate even if provision fails half-way
+    st = h->provision(provider_->self(), &spec, &ns);
+  }
+  provider_->check(st, "provision");
+  if (nodes_.size() != m_.pool.nodes)
+    throw std::runtime_error("provider '" + m_.pool.provider + "' provisioned " + std::to_string(nodes_.size()) +
+                             " nodes, " + std::to_string(m_.pool.nodes) + " were asked for");
+  if (control_address_.empty()) control_address_ = "127.0.0.1";
+}
+
+void PoolRun::bootstrap_nodes() {
+  std::string script = bootstrap_script(image_, bootstrap_lines_);
+  auto* h = provider_->hooks<sf_provider_hooks>();
+  std::vector<std::future<std::string>> jobs;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    jobs.push_back(std::async(std::launch::async, [&, i]() -> std::string {
+      struct Ctx {
+        PoolRun* self;
+        uint32_t node;
+      } ctx{this, static_cast<uint32_t>(i)};
+      sf_sink log{&ctx, [](void* c, const char* d, size_t n) {
+                    auto* x = static_cast<Ctx*>(c);
+                    std::string line(d, n);
+                    if (line.empty() || line.back() != '\n') line.push_back('\n');
+                    if (x->self->opt_.verbose) x->self->printer_.node_lines(x->node, 2, "[bootstrap] " + line);
+                  }};
+      sf_status st = h->bootstrap(provider_->self(), nodes_[i].id.c_str(), script.c_str(), log);
+      if (st == SF_OK) return "";
+      const char* msg = provider_->plugin().descriptor->last_error(provider_->self());
+      return "node " + std::to_string(i) + ": bootstrap failed: " + (msg ? msg : "");
+    }));
+  }
+  std::string first;
+  for (auto& j : jobs) {
+    std::string e = j.get();
+    if (!e.empty() && first.empty()) first = e;
+  }
+  if (!first.empty()) throw std::runtime_error(first);
+}
+
+void PoolRun::start_workers() {
+  server_ = std::make_unique<net::Server>(
+      io_, control_address_, 0, secret_,
+      net::ConnectionOptions{net::kDefaultMaxFrame, opt_.heartbeat_ms, opt_.lease_ms, 5000},
+      [this](std::shared_ptr<net::Connection> c) { on_authenticated(std::move(c)); },
+      [this](const std::string& peer, const std::string& why) {
+        printer_.err("rejected a connection from " + peer + ": " + why);
+      });
+  std::string worker = opt_.worker_path.empty() ? self_dir() + "/skyforge-worker" : opt_.worker_path;
+  std::string connect = control_address_ + ":" + std::to_string(server_->port());
+  std::string secret_key = "SKYFORGE_POOL_SECRET";
+  auto* h = provider_->hooks<sf_provider_hooks>();
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    std::vector<std::string> argv = {worker,    "--connect", connect, "--node", std::to_string(i), "--address",
+                                     nodes_[i].address, "--lease-ms", std::to_string(opt_.lease_ms),
+                                     "--heartbeat-ms", std::to_string(opt_.heartbeat_ms), "--remove-work-dir"};
+    std::vector<const char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.c_str());
+    sf_argv av{cargv.size(), cargv.data()};
+    sf_kv env[] = {{secret_key.c_str(), secret_.c_str()}};
+    provider_->check(h->start_worker(provider_->self(), nodes_[i].id.c_str(), &av, env, 1), "start_worker");
+  }
+}
+
+void PoolRun::on_authenticated(std::shared_ptr<net::Connection> c) {
+  uint32_t node = c->node();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (node >= nodes_.size() || nodes_[node].conn) {
+    printer_.err("dropping a duplicate or out-of-range worker claiming node " + std::to_string(node));
+    c->abort();
+    return;
+  }
+  nodes_[node].conn = c;
+  c->start([this, node](msg::Type t, std::string&& p) { on_frame(node, t, std::move(p)); },
+           [this, node](const std::string& reason) { on_closed(node, reason); });
+}
+
+void PoolRun::on_frame(uint32_t node, msg::Type t, std::string&& payload) {
+  std::unique_lock<std::mutex> lock(mu_);
+  NodeState& n = nodes_[node];
+  try {
+    switch (t) {
+      case msg::Type::Hello: {
+        auto h = net::deserialize<msg::Hello>(payload);
+        if (h.node != node) throw std::runtime_error("Hello names node " + std::to_string(h.node));
+        n.hello = std::move(h);
+        break;
+      }
+      case msg::Type::Ready:
+        n.ready = true;
+        if (m_.job.mode == "map") dispatch(node);
+        break;
+      case msg::Type::Log: {
+        auto l = net::deserialize<msg::Log>(payload);
+        lock.unlock();
+        if (l.stream == 3) printer_.node_lines(node, 2, l.text);
+        else if (policy_allows(l.stream == 1 ? m_.job.stdout_policy : m_.job.stderr_policy, node))
+          printer_.node_lines(node, l.stream, l.text);
+        return;
+      }
+      case msg::Type::TaskResults:
+        on_results(node, net::deserialize<msg::TaskResults>(payload));
+        break;
+      case msg::Type::RunResult: {
+        auto r = net::deserialize<msg::RunResult>(payload);
+        if (!r.ok && failure_.empty() && m_.job.mode != "map") {
+          fail("node " + std::to_string(node) + " failed: " + r.error);
+        }
+        if (!r.ok && m_.job.mode == "map" && failure_.empty()) fail("node " + std::to_string(node) + ": " + r.error);
+        n.result = std::move(r);
+        break;
+      }
+      default:
+        throw std::runtime_error("unexpected frame type " + std::to_string(static_cast<int>(t)));
+    }
+  } catch (const std::exception& e) {
+    fail("node " + std::to_string(node) + " sent a bad frame: " + e.what());
+  }
+  cv_.notify_all();
+}
+
+void PoolRun::on_closed(uint32_t node, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  NodeState& n = nodes_[node];
+  n.closed = true;
+  bool expected = n.result.has_value() || signals_ > 0;
+  if (!expected) {
+    n.lost = reason;
+    fail("node " + std::to_string(node) + " lost: " + reason);
+  }
+  cv_.notify_all();
+}
+
+void PoolRun::on_signal(int sig) {
+  int count = ++signals_;
+  if (count == 1) {
+    signal_exit_ = 128 + sig;
+    printer_.err(std::string(sig == SIGINT ? "interrupted" : "terminated") +
+                 ": tearing the pool down (Ctrl-C again to force)");
+    std::lock_guard<std::mutex> lock(mu_);
+    fail(std::string("cancelled by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+    return;
+  }
+  // Second signal: no more waiting on anyone. Terminate what exists, then leave.
+  printer_.err("forced: terminating the pool now");
+  std::vector<std::string> ids;
+  for (auto& n : nodes_) ids.push_back(n.id);
+  std::vector<const char*> cids;
+  for (auto& s : ids) cids.push_back(s.c_str());
+  if (provider_) provider_->hooks<sf_provider_hooks>()->terminate(provider_->self(), cids.data(), cids.size());
+  std::fflush(nullptr);
+  _exit(kExitInterrupted);
+}
+
+void PoolRun::wait_joined() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = Clock::now() + std::chrono::milliseconds(opt_.join_timeout_ms);
+  auto* h = provider_->hooks<sf_provider_hooks>();
+  bool alive_hook = provider_->has_hook(SKYFORGE_HOOK_END(sf_provider_hooks, worker_alive)) && h->worker_alive;
+  for (;;) {
+    bool all = std::all_of(nodes_.begin(), nodes_.end(), [](const NodeState& n) { return n.hello.has_value(); });
+    if (all) return;
+    if (!wait_for(lock, [&] {
+          return std::all_of(nodes_.begin(), nodes_.end(), [](const NodeState& n) { return n.hello.has_value(); });
+        }, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)))) {
+      if (!failure_.empty()) return;
+      if (Clock::now() >= deadline) {
+        std::string missing;
+        for (size_t i = 0; i < nodes_.size(); ++i)
+          if (!nodes_[i].hello) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+        fail("nodes " + missing + " did not join the pool within " + std::to_string(opt_.join_timeout_ms) + " ms");
+        return;
+      }
+      if (alive_hook)
+        for (size_t i = 0; i < nodes_.size(); ++i)
+          if (!nodes_[i].hello && h->worker_alive(provider_->self(), nodes_[i].id.c_str()) == 0) {
+            fail("node " + std::to_string(i) + ": the worker exited before joining the pool");
+            return;
+          }
+    }
+  }
+}
+
+void PoolRun::send_jobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.empty()) return;
+  const std::string head_addr = nodes_[0].address;
+  const std::string store_addr = nodes_[0].hello->store_addr;
+  // local_rank: workers sharing one machine address
+  std::map<std::string, uint32_t> per_addr;
+  for (auto& n : nodes_) per_addr[n.address]++;
+  std::map<std::string, uint32_t> seen;
+  std::vector<msg::PluginSpec> fws;
+  for (size_t i = 0; i < m_.plugins.size(); ++i)
+    fws.push_back(msg::PluginSpec{frameworks_[i]->plugin().name, frameworks_[i]->plugin().path, m_.plugins[i].options});
+  msg::PluginSpec app;
+  if (app_) {
+    app.name = app_->name;
+    app.library = app_->path;
+    const PluginInfo* info = catalog_.find(m_.job.app);
+    (void)info;
+  }
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    msg::Job j;
+    j.node = static_cast<uint32_t>(i);
+    j.total_nodes = static_cast<uint32_t>(nodes_.size());
+    j.head_addr = head_addr;
+    j.private_ip = nodes_[i].address;
+    j.local_rank = seen[nodes_[i].address]++;
+    j.local_world_size = per_addr[nodes_[i].address];
+    j.accelerator = m_.pool.accelerator;
+    j.accelerators = m_.pool.accelerator.empty() ? 0 : 1;
+    j.concurrency = m_.pool.concurrency;
+    j.pool_id = pool_id_;
+    j.store_addr = store_addr;
+    j.frameworks = fws;
+    j.app = app;
+    j.mode = m_.job.mode;
+    j.command = m_.job.command;
+    j.env = image_.env;
+    j.config = {{"job.mode", m_.job.mode},
+                {"job.manifest", m_.path},
+                {"pool.provider", m_.pool.provider},
+                {"log.verbose", opt_.verbose ? "true" : "false"}};
+    nodes_[i].conn->send_msg(msg::Type::Job, j);
+  }
+}
+
+void PoolRun::wait_ready() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = Clock::now() + std::chrono::milliseconds(opt_.join_timeout_ms);
+  bool ok = wait_for(lock, [&] {
+    return std::all_of(nodes_.begin(), nodes_.end(), [](const NodeState& n) { return n.ready || n.result; });
+  }, deadline);
+  if (!ok && failure_.empty()) fail("not every node became ready within " + std::to_string(opt_.join_timeout_ms) + " ms");
+}
+
+std::string PoolRun::input(uint64_t i) const {
+  return m_.job.inputs.empty() ? std::to_string(i) : m_.job.inputs[i];
+}
+
+void PoolRun::dispatch(uint32_t node) {
+  NodeState& n = nodes_[node];
+  if (!n.ready || n.closed || failed_task_ || !failure_.empty()) return;
+  const uint32_t slots_here = std::max<uint32_t>(1, m_.pool.concurrency);
+  const uint64_t total_slots = uint64_t(slots_here) * nodes_.size();
+  while (n.inflight < uint32_t(opt_.pipeline) * slots_here && next_task_ < n_tasks_) {
+    uint64_t remaining = n_tasks_ - next_task_;
+    uint64_t size = m_.job.batch;
+    if (size == 0) {
+      // Auto batching: ~20 ms of work per batch once the cost of a task is known, but never so
+      // large that the tail leaves slots idle (at least 4 batches per slot remain available).
+      uint64_t cap = std::max<uint64_t>(1, remaining / (4 * total_slots));
+      uint64_t want = ns_per_task_ > 0 ? static_cast<uint64_t>(20e6 / ns_per_task_) : 1;
+      size = std::clamp<uint64_t>(want, 1, cap);
+    }
+    size = std::min(size, remaining);
+    msg::TaskBatch b;
+    b.first = next_task_;
+    b.inputs.reserve(size);
+    for (uint64_t i = 0; i < size; ++i) b.inputs.push_back(input(next_task_ + i));
+    next_task_ += size;
+    ++n.inflight;
+    if (opt_.timings) batch_sent_[b.first] = Clock::now();
+    n.conn->send_msg(msg::Type::TaskBatch, b);
+  }
+}
+
+void PoolRun::on_results(uint32_t node, msg::TaskResults&& r) {
+  NodeState& n = nodes_[node];
+  if (n.inflight > 0) --n.inflight;
+  if (opt_.timings) {
+    auto it = batch_sent_.find(r.first);
+    if (it != batch_sent_.end()) {
+      batch_rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - it->second).count());
+      batch_sent_.erase(it);
+    }
+  }
+  if (r.first + r.results.size() > n_tasks_) throw std::runtime_error("task results out of range");
+  if (!r.results.empty()) {
+    double per = double(r.elapsed_ns) / double(r.results.size());
+    ns_per_task_ = ns_per_task_ == 0 ? per : 0.7 * ns_per_task_ + 0.3 * per;
+  }
+  for (size_t k = 0; k < r.results.size(); ++k) {
+    uint64_t idx = r.first + k;
+    if (!r.results[k].ok && (!failed_task_ || idx < *failed_task_)) failed_task_ = idx;
+    task_node_[idx] = node;
+    task_results_[idx] = std::move(r.results[k]);
+  }
+  tasks_done_ += r.results.size();
+  if (failed_task_) {
+    const auto& tr = task_results_[*failed_task_];
+    if (failure_.empty())
+      fail("task " + std::to_string(*failed_task_) + " failed on node " + std::to_string(task_node_[*failed_task_]) +
+           " slot " + std::to_string(tr.slot) + ": " + tr.value);
+    return;
+  }
+  dispatch(node);
+}
+
+void PoolRun::execute() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!failure_.empty()) return;
+  if (m_.job.mode == "map") {
+    wait_for(lock, [&] { return tasks_done_ == n_tasks_; }, std::nullopt);
+    return;
+  }
+  bool single = m_.job.mode == "single" && m_.job.command.empty();
+  wait_for(lock, [&] {
+    if (single) return nodes_[0].result.has_value();
+    return std::all_of(nodes_.begin(), nodes_.end(), [&](const NodeState& n) { return node_done(n); });
+  }, std::nullopt);
+}
+
+void PoolRun::teardown() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (auto& n : nodes_)
+      if (n.conn && !n.closed) n.conn->send_msg(msg::Type::Shutdown, msg::Shutdown{failure_.empty() ? "done" : failure_});
+    // Give workers a moment to run their exit hooks, flush output and leave on their own.
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    cv_.wait_until(lock, deadline, [&] {
+      return std::all_of(nodes_.begin(), nodes_.end(), [](const NodeState& n) { return !n.conn || n.closed; });
+    });
+  }
+  bool provisioned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    provisioned = provisioned_;
+  }
+  if (provisioned && provider_) {
+    std::vector<const char*> ids;
+    for (auto& n : nodes_) ids.push_back(n.id.c_str());
+    auto* h = provider_->hooks<sf_provider_hooks>();
+    sf_status st = h->terminate(provider_->self(), ids.data(), ids.size());
+    if (st != SF_OK) {
+      const char* msg = provider_->plugin().descriptor->last_error(provider_->self());
+      printer_.err(std::string("provider terminate failed: ") + (msg ? msg : "") + " — check for leftover nodes");
+    }
+  }
+  if (server_) server_->close();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& n : nodes_)
+    if (n.conn) n.conn->abort();
+}
+
+int PoolRun::report() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (m_.job.mode == "map" && failure_.empty()) {
+    if (!opt_.quiet_results) {
+      std::string out;
+      for (uint64_t i = 0; i < n_tasks_; ++i) out += "[task " + std::to_string(i) + "] => " + task_results_[i].value + "\n";
+      printer_.out(out.empty() ? "" : out.substr(0, out.size() - 1));
+    }
+  } else if (m_.job.command.empty() && failure_.empty()) {
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      if (nodes_[i].result && (m_.job.mode != "single" || i == 0))
+        printer_.out("[node " + std::to_string(i) + "] => " + nodes_[i].result->value);
+  }
+  if (!m_.job.command.empty()) {
+    std::string failed;
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      if (nodes_[i].result && nodes_[i].result->exit_code != 0)
+        failed += (failed.empty() ? "" : ", ") + std::string("node ") + std::to_string(i) + " (" +
+                  (nodes_[i].result->exit_code < 0 ? "signal " + std::to_string(-nodes_[i].result->exit_code)
+                                                   : "exit " + std::to_string(nodes_[i].result->exit_code)) +
+                  ")";
+    if (!failed.empty()) {
+      printer_.err("command failed on " + failed);
+      if (failure_.empty()) failure_ = "command failed";
+    }
+  }
+  printer_.flush();
+  if (signal_exit_) return signal_exit_ == 128 + SIGINT ? kExitInterrupted : signal_exit_;
+  if (!failure_.empty()) {
+    printer_.err("job failed: " + failure_);
+    return kExitJobFailed;
+  }
+  return kExitOk;
+}
+
+int PoolRun::run() {
+  boost::asio::signal_set signals(io_, SIGINT, SIGTERM);
+  std::function<void(const boost::system::error_code&, int)> on_sig = [&](const boost::system::error_code& ec,
+                                                                          int sig) {
+    if (ec) return;
+    on_signal(sig);
+    signals.async_wait(on_sig);
+  };
+  signals.async_wait(on_sig);
+  auto guard = boost::asio::make_work_guard(io_);
+  std::thread io_thread([this] { io_.run(); });
+
+  if (m_.job.mode == "map") {
+    n_tasks_ = m_.job.inputs.empty() ? m_.job.tasks : m_.job.inputs.size();
+    task_results_.resize(n_tasks_);
+    task_node_.resize(n_tasks_);
+  }
+  if (m_.job.timeout_s > 0) {
+    has_deadline_ = true;
+    deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(m_.job.timeout_s * 1000));
+  }
+  auto step = [&](auto&& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.empty()) return;
+    }
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      fail(e.what());
+    }
+  };
+  step([&] { load_plugins(); });
+  step([&] { client_enter(); });
+  step([&] { provision(); });
+  mark("provisioned");
+  step([&] { bootstrap_nodes(); });
+  mark("bootstrapped");
+  step([&] { start_workers(); });
+  step([&] { wait_joined(); });
+  mark("joined");
+  step([&] { send_jobs(); });
+  step([&] { wait_ready(); });
+  mark("ready");
+  step([&] { execute(); });
+  mark("ran");
+  teardown();
+  mark("torn_down");
+  if (opt_.timings) print_timings();
+  bool ok;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ok = failure_.empty();
+  }
+  client_exit(ok);
+  int code = report();
+  signals.cancel();
+  guard.reset();
+  io_.stop();
+  io_thread.join();
+  return code;
+}
+
+void PoolRun::print_timings() {
+  // One machine-readable line (bench/ parses it): phase=ms since `skyforge run` started.
+  std::string line = "timings:";
+  char buf[64];
+  for (const auto& [name, ms] : phases_) {
+    std::snprintf(buf, sizeof buf, " %s=%.3f", name.c_str(), ms);
+    line += buf;
+  }
+  if (!batch_rtt_us_.empty()) {
+    std::sort(batch_rtt_us_.begin(), batch_rtt_us_.end());
+    auto pct = [&](double q) { return batch_rtt_us_[std::min(batch_rtt_us_.size() - 1, size_t(q * batch_rtt_us_.size()))]; };
+    std::snprintf(buf, sizeof buf, " batches=%zu", batch_rtt_us_.size());
+    line += buf;
+    std::snprintf(buf, sizeof buf, " batch_rtt_p50_us=%.1f batch_rtt_p99_us=%.1f", pct(0.50), pct(0.99));
+    line += buf;
+  }
+  printer_.err(line);
+}
+
+}  // namespace
+
+std::string bootstrap_script(const Image& image, const std::vector<std::string>& extra_lines) {
+  std::string s = "# skyforge node bootstrap (generated)\nset -euo pipefail\n";
+  if (!image.apt.empty()) {
+    s += "missing=()\nfor p in";
+    for (const auto& p : image.apt) s += " " + shell_quote(p);
+    s += "; do\n  dpkg-query -W -f='${Status}' \"$p\" 2>/dev/null | grep -q 'install ok installed' || missing+=(\"$p\")\n"
+         "done\n"
+         "if [ ${#missing[@]} -gt 0 ]; then\n"
+         "  if [ \"$(id -u)\" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo='sudo -n'; else\n"
+         "    echo \"apt packages missing and no root to install them: ${missing[*]}\" >&2; exit 1; fi\n"
+         "  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q \"${missing[@]}\"\n"
+         "fi\n";
+  }
+  if (!image.pip.empty()) {
+    s += "python3 -m pip install --quiet --disable-pip-version-check --target .skyforge/site";
+    for (const auto& p : image.pip) s += " " + shell_quote(p);
+    s += "\n";
+  }
+  for (const auto& f : image.files) {
+    std::string dir = std::filesystem::path(f.target).parent_path().string();
+    if (!dir.empty()) s += "mkdir -p " + shell_quote(dir) + "\n";
+    s += "cp -a " + shell_quote(f.source) + " " + shell_quote(f.target) + "\n";
+  }
+  for (const auto& l : extra_lines) s += l + "\n";
+  return s;
+}
+
+int run_job(const Manifest& manifest, const Catalog& catalog, const RunOptions& options) {
+  PoolRun run(manifest, catalog, options);
+  return run.run();
+}
+
+}  // namespace skyforge

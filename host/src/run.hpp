@@ -1,0 +1,36 @@
+// `skyforge run`: provision a pool through the provider, bootstrap it, start a worker per
+// node, run the job, stream output, gather results and always tear the pool down.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "catalog.hpp"
+#include "manifest.hpp"
+
+namespace skyforge {
+
+struct RunOptions {
+  std::string worker_path;      // skyforge-worker; default: beside this executable
+  int join_timeout_ms = 60000;  // bootstrap done -> every worker connected and ready
+  int lease_ms = 4000;          // a node silent this long is declared lost
+  int heartbeat_ms = 400;
+  bool verbose = false;
+  bool quiet_results = false;   // do not print per-task results (benchmarks)
+  int pipeline = 2;              // map: batches in flight per slot
+  bool timings = false;         // print phase timings and map batch round trips on stderr
+};
+
+// Exit codes of `skyforge run`.
+constexpr int kExitOk = 0;
+constexpr int kExitJobFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitInterrupted = 130;
+
+// Runs a validated manifest. Returns the process exit code.
+int run_job(const Manifest& manifest, const Catalog& catalog, const RunOptions& options);
+
+// The bootstrap script every node runs before its worker starts.
+std::string bootstrap_script(const Image& image, const std::vector<std::string>& extra_lines);
+
+}  // namespace skyforge

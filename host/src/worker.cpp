@@ -1,0 +1,438 @@
+#include "worker.hpp"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "env.hpp"
+#include "loader.hpp"
+#include "output_pump.hpp"
+#include "protocol.hpp"
+#include "services.hpp"
+#include "store.hpp"
+
+extern char** environ;
+
+namespace skyforge {
+namespace {
+
+// Process group of the running command app, for signal handlers (async-signal-safe use only).
+std::atomic<pid_t> g_child_pgid{0};
+int g_diag_fd = 2;
+
+void diag(const std::string& line) {
+  std::string l = "skyforge-worker: " + line + "\n";
+  ssize_t rc = ::write(g_diag_fd, l.data(), l.size());
+  (void)rc;
+}
+
+void kill_children() {
+  pid_t pg = g_child_pgid.load();
+  if (pg > 0) ::kill(-pg, SIGKILL);
+}
+
+extern "C" void on_terminate_signal(int sig) {
+  // The provider asked us to go: take the command app's whole process group with us.
+  pid_t pg = g_child_pgid.load();
+  if (pg > 0) ::kill(-pg, SIGKILL);
+  _exit(128 + sig);
+}
+
+std::pair<std::string, uint16_t> split_host_port(const std::string& s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos) throw std::runtime_error("bad address '" + s + "', expected host:port");
+  return {s.substr(0, colon), static_cast<uint16_t>(std::stoul(s.substr(colon + 1)))};
+}
+
+class Worker {
+ public:
+  explicit Worker(const WorkerArgs& a) : args_(a), services_([this](int32_t level, const std::string& m) {
+    if (level < min_log_level_) return;
+    send_log(3, std::string(level >= SF_LOG_ERROR ? "error: " : level >= SF_LOG_WARN ? "warning: " : "") + m + "\n");
+  }) {}
+
+  int run();
+
+ private:
+  void on_frame(msg::Type type, std::string&& payload);
+  void on_close(const std::string& reason);
+  void send_log(int stream, std::string text);
+  bool wait_job();
+  void setup_plugins(EnvMap& env);
+  msg::RunResult run_app(EnvMap& env);
+  int run_command(const std::vector<std::string>& argv, const EnvMap& env);
+  void run_tasks();
+  void exit_hooks(bool ok);
+  void dead_man(const std::string& reason);
+
+  WorkerArgs args_;
+  boost::asio::io_context io_;
+  std::thread io_thread_;
+  std::shared_ptr<net::Connection> conn_;
+  std::unique_ptr<net::StoreServer> store_server_;
+  Services services_;
+  std::unique_ptr<Loader> loader_;
+  std::vector<std::unique_ptr<PluginInstance>> frameworks_;
+  size_t entered_ = 0;
+  std::unique_ptr<PluginInstance> app_;
+  sf_instance_info info_{};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<msg::Job> job_;
+  std::deque<msg::TaskBatch> batches_;
+  bool shutdown_ = false;
+  std::atomic<bool> finishing_{false};
+  std::atomic<int32_t> min_log_level_{SF_LOG_WARN};  // plugin logs below this stay on the node
+};
+
+void Worker::send_log(int stream, std::string text) {
+  auto c = conn_;
+  if (!c) {
+    diag(text);
+    return;
+  }
+  msg::Log l;
+  l.node = args_.node;
+  l.stream = static_cast<uint8_t>(stream);
+  l.text = std::move(text);
+  c->send_msg(msg::Type::Log, l);
+}
+
+void Worker::on_frame(msg::Type type, std::string&& payload) {
+  std::lock_guard<std::mutex> lock(mu_);
+  switch (type) {
+    case msg::Type::Job:
+      job_ = net::deserialize<msg::Job>(payload);
+      break;
+    case msg::Type::TaskBatch:
+      batches_.push_back(net::deserialize<msg::TaskBatch>(payload));
+      break;
+    case msg::Type::Shutdown:
+      shutdown_ = true;
+      if (pid_t pg = g_child_pgid.load(); pg > 0) ::kill(-pg, SIGTERM);  // cancel a running command
+      break;
+    default:
+      diag("ignoring unexpected frame type " + std::to_string(static_cast<int>(type)));
+      return;
+  }
+  cv_.notify_all();
+}
+
+void Worker::on_close(const std::string& reason) {
+  if (finishing_) return;  // our own orderly close
+  dead_man("lost the host (" + reason + ")");
+}
+
+// The host is gone: nobody will tear this node down, so do it ourselves, now.
+void Worker::dead_man(const std::string& reason) {
+  diag("node " + std::to_string(args_.node) + ": " + reason + "; shutting down");
+  kill_children();
+  if (args_.remove_work_dir && !args_.work_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::path wd(args_.work_dir);
+    if (chdir("/") == 0) {
+      std::filesystem::remove_all(wd, ec);
+      std::filesystem::remove(wd.parent_path(), ec);  // the pool dir, once its last node is gone
+    }
+  }
+  _exit(3);
+}
+
+bool Worker::wait_job() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return job_.has_value() || shutdown_; });
+  return job_.has_value() && !shutdown_;
+}
+
+void Worker::setup_plugins(EnvMap& env) {
+  const msg::Job& job = *job_;
+  loader_ = std::make_unique<Loader>(services_.table());
+  for (const auto& f : job.frameworks) {
+    const LoadedPlugin& p = loader_->load(f.library, f.name);
+    frameworks_.push_back(loader_->create(p, f.options));
+  }
+  if (!job.app.name.empty()) {
+    const LoadedPlugin& p = loader_->load(job.app.library, job.app.name, SF_KIND_APP);
+    app_ = loader_->create(p, job.app.options);
+  }
+  info_ = *services_.instance();
+  // Enter in manifest order; exit_hooks() leaves in reverse, failures included.
+  for (auto& fw : frameworks_) {
+    if (fw->plugin().kind != SF_KIND_FRAMEWORK) {
+      ++entered_;
+      continue;
+    }
+    auto* h = fw->hooks<sf_framework_hooks>();
+    ++entered_;
+    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_app_enter)) && h->around_app_enter) {
+      sf_env e = env.c_view();
+      fw->check(h->around_app_enter(fw->self(), &info_, &e), "around_app_enter");
+    }
+  }
+}
+
+void Worker::exit_hooks(bool ok) {
+  while (entered_ > 0) {
+    auto& fw = frameworks_[--entered_];
+    if (fw->plugin().kind != SF_KIND_FRAMEWORK) continue;
+    auto* h = fw->hooks<sf_framework_hooks>();
+    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_app_exit)) && h->around_app_exit) {
+      try {
+        fw->check(h->around_app_exit(fw->self(), &info_, ok ? SF_OK : SF_ERR), "around_app_exit");
+      } catch (const std::exception& e) {
+        send_log(3, std::string("error: ") + e.what() + "\n");
+      }
+    }
+  }
+}
+
+int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& env) {
+  std::vector<std::string> argv = argv_in;
+  for (auto& fw : frameworks_) {  // launcher hooks, manifest order
+    if (fw->plugin().kind != SF_KIND_FRAMEWORK) continue;
+    auto* h = fw->hooks<sf_framework_hooks>();
+    if (!fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, launcher)) || !h->launcher) continue;
+    std::vector<const char*> in;
+    for (auto& a : argv) in.push_back(a.c_str());
+    sf_argv cin{in.size(), in.data()};
+    std::vector<std::string> out;
+    sf_sink sink{&out, [](void* ctx, const char* d, size_t n) {
+                   static_cast<std::vector<std::string>*>(ctx)->emplace_back(d, n);
+                 }};
+    fw->check(h->launcher(fw->self(), &info_, &cin, sink), "launcher");
+    if (out.empty()) throw std::runtime_error("plugin '" + fw->plugin().name + "' launcher returned no command");
+    argv = std::move(out);
+  }
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  std::vector<std::string> envs = env.entries();
+  std::vector<char*> cenv;
+  for (auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    if (chdir(info_.work_dir) != 0) _exit(127);
+    execvpe(cargv[0], cargv.data(), cenv.data());
+    std::string m = std::string("cannot run '") + cargv[0] + "': " + std::strerror(errno) + "\n";
+    ssize_t rc = ::write(2, m.data(), m.size());
+    (void)rc;
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  g_child_pgid = pid;
+  int status = 0;
+  for (;;) {
+    pid_t r = waitpid(pid, &status, 0);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+  }
+  ::kill(-pid, SIGKILL);  // whatever the command left behind in its group
+  g_child_pgid = 0;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  return 1;
+}
+
+void Worker::run_tasks() {
+  const uint32_t slots = std::max<uint32_t>(1, job_->concurrency);
+  auto* h = app_->hooks<sf_app_hooks>();
+  std::vector<std::thread> threads;
+  for (uint32_t slot = 0; slot < slots; ++slot) {
+    threads.emplace_back([this, slot, h] {
+      for (;;) {
+        msg::TaskBatch batch;
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return !batches_.empty() || shutdown_; });
+          if (batches_.empty()) return;
+          batch = std::move(batches_.front());
+          batches_.pop_front();
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        msg::TaskResults out;
+        out.first = batch.first;
+        out.results.reserve(batch.inputs.size());
+        for (const auto& input : batch.inputs) {
+          msg::TaskResult r;
+          r.slot = slot;
+          sf_sink sink = {&r.value, [](void* ctx, const char* d, size_t n) {
+                            static_cast<std::string*>(ctx)->append(d, n);
+                          }};
+          sf_status st = h->task(app_->self(), input.data(), input.size(), slot, sink);
+          if (st != SF_OK) {
+            r.ok = false;
+            const char* m = app_->plugin().descriptor->last_error(app_->self());
+            r.value = (m && *m) ? m : "task failed with status " + std::to_string(st);
+          }
+          out.results.push_back(std::move(r));
+        }
+        out.elapsed_ns = static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+        conn_->send_msg(msg::Type::TaskResults, out);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+msg::RunResult Worker::run_app(EnvMap& env) {
+  msg::RunResult result;
+  result.node = args_.node;
+  const msg::Job& job = *job_;
+  if (!job.command.empty()) {
+    result.exit_code = run_command(job.command, env);
+    result.ok = result.exit_code == 0;
+    if (!result.ok)
+      result.error = result.exit_code < 0 ? "command killed by signal " + std::to_string(-result.exit_code)
+                                          : "command exited with status " + std::to_string(result.exit_code);
+    return result;
+  }
+  if (job.mode == "map") {
+    run_tasks();
+    return result;
+  }
+  if (job.mode == "single" && job.node != 0) return result;  // only the head runs it
+  auto* h = app_->hooks<sf_app_hooks>();
+  if (!h->run) throw std::runtime_error("app '" + app_->plugin().name + "' has no run() hook");
+  sf_sink sink = {&result.value,
+                  [](void* ctx, const char* d, size_t n) { static_cast<std::string*>(ctx)->append(d, n); }};
+  app_->check(h->run(app_->self(), sink), "run");
+  return result;
+}
+
+int Worker::run() {
+  g_diag_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+  if (g_diag_fd < 0) g_diag_fd = 2;
+  struct sigaction sa {};
+  sa.sa_handler = on_terminate_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  if (args_.work_dir.empty()) args_.work_dir = std::filesystem::current_path().string();
+
+  auto guard = boost::asio::make_work_guard(io_);
+  io_thread_ = std::thread([this] { io_.run(); });
+  auto stop_io = [&] {
+    guard.reset();
+    io_.stop();
+    if (io_thread_.joinable()) io_thread_.join();
+  };
+
+  net::ConnectionOptions opts;
+  opts.lease_ms = args_.lease_ms;
+  opts.heartbeat_ms = args_.heartbeat_ms;
+  msg::Hello hello;
+  hello.node = args_.node;
+  hello.pid = getpid();
+  char hn[256] = {0};
+  gethostname(hn, sizeof hn - 1);
+  hello.hostname = hn;
+  hello.private_ip = args_.address;
+  try {
+    if (args_.node == 0) {
+      // The head runs the pool's rendezvous store (DESIGN.md §8).
+      store_server_ = std::make_unique<net::StoreServer>(io_, args_.address, 0, args_.secret);
+      hello.store_addr = args_.address + ":" + std::to_string(store_server_->port());
+    }
+    conn_ = net::connect(io_, args_.host, args_.port, args_.secret, args_.node, opts, 15000);
+  } catch (const std::exception& e) {
+    diag(std::string("node ") + std::to_string(args_.node) + ": cannot join the pool: " + e.what());
+    stop_io();
+    return 2;
+  }
+  conn_->start([this](msg::Type t, std::string&& p) { on_frame(t, std::move(p)); },
+               [this](const std::string& reason) { on_close(reason); });
+  conn_->send_msg(msg::Type::Hello, hello);
+
+  OutputPump pump([this](int stream, std::string&& text) { send_log(stream, std::move(text)); });
+  g_diag_fd = pump.diag_fd();
+
+  msg::RunResult result;
+  result.node = args_.node;
+  bool have_job = false;
+  try {
+    have_job = wait_job();
+    if (have_job) {
+      services_.set_instance(*job_, args_.work_dir);
+      services_.set_config(job_->config);
+      if (auto it = job_->config.find("log.verbose"); it != job_->config.end() && it->second == "true")
+        min_log_level_ = SF_LOG_DEBUG;
+      auto [store_host, store_port] = split_host_port(job_->store_addr);
+      services_.set_store(net::StoreClient::connect(store_host, store_port, args_.secret, args_.node, 15000));
+      EnvMap env = EnvMap::from_environ(environ);
+      for (const auto& [k, v] : job_->env) env.set(k, v);
+      env.set("SKYFORGE_NODE", std::to_string(job_->node));
+      env.set("SKYFORGE_TOTAL_NODES", std::to_string(job_->total_nodes));
+      env.set("SKYFORGE_HEAD_ADDR", job_->head_addr);
+      env.set("SKYFORGE_POOL_ID", job_->pool_id);
+      env.set("SKYFORGE_WORK_DIR", args_.work_dir);
+      if (!env.get("PYTHONUNBUFFERED")) env.set("PYTHONUNBUFFERED", "1");  // live output from Python
+      setup_plugins(env);
+      if (job_->command.empty()) env.apply_to_process();  // native apps read the same environment
+      conn_->send(msg::Type::Ready, std::string());
+      result = run_app(env);
+    }
+  } catch (const std::exception& e) {
+    result.ok = false;
+    result.error = e.what();
+  }
+  if (have_job) exit_hooks(result.ok);
+  if (have_job) conn_->send_msg(msg::Type::RunResult, result);
+
+  // Stay until the host says goodbye: it may still be gathering other nodes' results.
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return shutdown_; });
+  }
+  finishing_ = true;
+  kill_children();
+  frameworks_.clear();
+  app_.reset();
+  pump.finish();
+  g_diag_fd = pump.diag_fd();
+  conn_->close();
+  conn_->wait_closed(3000);  // flush: the host reads every log line and the result
+  if (store_server_) store_server_->close();
+  services_.set_store(nullptr);
+  stop_io();
+  return result.ok ? 0 : 1;
+}
+
+}  // namespace
+
+int worker_main(const WorkerArgs& args) {
+  Worker w(args);
+  return w.run();
+}
+
+}  // namespace skyforge

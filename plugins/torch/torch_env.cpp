@@ -1,0 +1,84 @@
+#include "torch_env.hpp"
+
+#include <limits>
+#include <stdexcept>
+
+namespace skyforge::torch {
+
+namespace {
+uint32_t checked_mul(uint32_t a, uint32_t b, const char* what) {
+  uint64_t r = uint64_t(a) * b;
+  if (r > std::numeric_limits<uint32_t>::max()) throw std::invalid_argument(std::string(what) + " overflows");
+  return uint32_t(r);
+}
+}  // namespace
+
+Ranks compute_ranks(const Placement& p) {
+  if (p.nodes == 0) throw std::invalid_argument("a pool has at least one node");
+  if (p.node >= p.nodes)
+    throw std::invalid_argument("node " + std::to_string(p.node) + " is outside a pool of " + std::to_string(p.nodes));
+  if (p.machine_nodes == 0 || p.machine_slot >= p.machine_nodes)
+    throw std::invalid_argument("local rank " + std::to_string(p.machine_slot) + " is outside a local world of " +
+                                std::to_string(p.machine_nodes));
+  if (p.nproc_per_node == 0) throw std::invalid_argument("nproc_per_node must be at least 1");
+  if (p.local_proc >= p.nproc_per_node)
+    throw std::invalid_argument("process " + std::to_string(p.local_proc) + " is outside nproc_per_node " +
+                                std::to_string(p.nproc_per_node));
+  Ranks r;
+  r.nproc_per_node = p.nproc_per_node;
+  r.group_rank = p.node;
+  r.group_world_size = p.nodes;
+  r.world_size = checked_mul(p.nodes, p.nproc_per_node, "WORLD_SIZE");
+  r.rank = p.node * p.nproc_per_node + p.local_proc;  // < world_size, cannot overflow
+  r.local_world_size = checked_mul(p.machine_nodes, p.nproc_per_node, "LOCAL_WORLD_SIZE");
+  r.local_rank = p.machine_slot * p.nproc_per_node + p.local_proc;
+  return r;
+}
+
+std::string resolve_backend(std::string_view option, uint32_t accelerators) {
+  if (option.empty() || option == "auto") return accelerators > 0 ? "nccl" : "gloo";
+  if (option == "gloo" || option == "nccl") return std::string(option);
+  throw std::invalid_argument("backend: expected auto, gloo or nccl, got '" + std::string(option) + "'");
+}
+
+uint16_t parse_master_port(int64_t value) {
+  if (value < 0 || value > 65535)
+    throw std::invalid_argument("master_port: expected 0 (automatic) or a TCP port 1..65535, got " +
+                                std::to_string(value));
+  return uint16_t(value);
+}
+
+EnvList environment(const Ranks& r, const Rendezvous& rdzv, std::string_view backend) {
+  auto s = [](uint64_t v) { return std::to_string(v); };
+  const std::string port = s(rdzv.master_port);
+  return {
+      // What torch.distributed's env:// init reads.
+      {"MASTER_ADDR", rdzv.master_addr},
+      {"MASTER_PORT", port},
+      {"WORLD_SIZE", s(r.world_size)},
+      {"RANK", s(r.rank)},
+      // What torchrun gives each worker it spawns.
+      {"LOCAL_RANK", s(r.local_rank)},
+      {"LOCAL_WORLD_SIZE", s(r.local_world_size)},
+      {"GROUP_RANK", s(r.group_rank)},
+      {"GROUP_WORLD_SIZE", s(r.group_world_size)},
+      {"ROLE_NAME", "default"},
+      {"ROLE_RANK", s(r.rank)},
+      {"ROLE_WORLD_SIZE", s(r.world_size)},
+      {"TORCHELASTIC_RUN_ID", rdzv.run_id},
+      {"TORCHELASTIC_RESTART_COUNT", "0"},
+      {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      // Read by Lightning and by many launch scripts.
+      {"NODE_RANK", s(r.group_rank)},
+      // torchrun's own arguments (--nnodes ... ), so a bare `torchrun train.py` on every node
+      // forms this world with its static rendezvous on MASTER_ADDR:MASTER_PORT.
+      {"PET_NNODES", s(r.group_world_size)},
+      {"PET_NODE_RANK", s(r.group_rank)},
+      {"PET_NPROC_PER_NODE", s(r.nproc_per_node)},
+      {"PET_MASTER_ADDR", rdzv.master_addr},
+      {"PET_MASTER_PORT", port},
+      {"SKYFORGE_TORCH_BACKEND", std::string(backend)},
+  };
+}
+
+}  // namespace skyforge::torch

@@ -1,0 +1,61 @@
+// Pure rank arithmetic and environment of the `torch` framework plugin (no I/O, no SDK).
+//
+// Vocabulary (torchrun's): a *node* is one skyforge node, which runs one torchrun-like worker
+// group of `nproc_per_node` processes. Several skyforge nodes may share one *machine* (the local
+// provider does exactly that); LOCAL_RANK and LOCAL_WORLD_SIZE count torch processes on the
+// machine, so `torch.cuda.set_device(LOCAL_RANK)` gives every process on it its own device.
+// When each node has a machine to itself (every cloud/ssh/slurm pool), that is exactly
+// torchrun's `LOCAL_RANK in [0, nproc_per_node)`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace skyforge::torch {
+
+// Where one torch process sits. Today (issue 2) nproc_per_node is always 1 and local_proc 0;
+// several processes per node only change these two fields.
+struct Placement {
+  uint32_t node = 0;           // this skyforge node, 0 = head
+  uint32_t nodes = 1;          // nodes in the pool
+  uint32_t machine_slot = 0;   // this node's index among the nodes on its machine (info.local_rank)
+  uint32_t machine_nodes = 1;  // nodes on this machine (info.local_world_size)
+  uint32_t nproc_per_node = 1;
+  uint32_t local_proc = 0;     // 0 .. nproc_per_node-1
+};
+
+struct Ranks {
+  uint32_t rank = 0;              // RANK, ROLE_RANK
+  uint32_t world_size = 1;        // WORLD_SIZE, ROLE_WORLD_SIZE
+  uint32_t local_rank = 0;        // LOCAL_RANK
+  uint32_t local_world_size = 1;  // LOCAL_WORLD_SIZE
+  uint32_t group_rank = 0;        // GROUP_RANK, NODE_RANK
+  uint32_t group_world_size = 1;  // GROUP_WORLD_SIZE, nnodes
+  uint32_t nproc_per_node = 1;
+};
+
+// Throws std::invalid_argument when the placement is inconsistent (node >= nodes, ...).
+Ranks compute_ranks(const Placement& p);
+
+// "auto" -> "nccl" with accelerators, "gloo" without; "gloo"/"nccl" stay; anything else throws
+// std::invalid_argument.
+std::string resolve_backend(std::string_view option, uint32_t accelerators);
+
+struct Rendezvous {
+  std::string master_addr;
+  uint16_t master_port = 0;
+  std::string run_id;  // TORCHELASTIC_RUN_ID: the pool id
+};
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+// Every variable the plugin sets, in a stable order.
+EnvList environment(const Ranks& r, const Rendezvous& rdzv, std::string_view backend);
+
+// Validates a `master_port` option value: 0 (automatic) or 1..65535.
+uint16_t parse_master_port(int64_t value);
+
+}  // namespace skyforge::torch

@@ -1,0 +1,518 @@
+#include "local_provider.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "netns.hpp"
+#include "process.hpp"
+
+namespace skyforge::local {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kTermGrace = std::chrono::seconds(3);  // SIGTERM -> SIGKILL, for all nodes together
+constexpr auto kKillWait = std::chrono::seconds(2);   // after SIGKILL, for the kernel to finish
+constexpr size_t kTailLines = 12;                     // output quoted when a bootstrap fails
+constexpr size_t kMaxLine = 64 * 1024;                // a longer line is passed on in pieces
+
+bool valid_pool_id(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
+  });
+}
+
+void write_all(int fd, const std::string& data, const std::string& path) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error("local provider: cannot write " + path + ": " + std::strerror(errno));
+    off += size_t(n);
+  }
+}
+
+Fd open_file(const fs::path& p, int flags, mode_t mode) {
+  Fd fd(::open(p.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, mode));
+  if (!fd) throw Error("local provider: cannot open " + p.string() + ": " + std::strerror(errno));
+  return fd;
+}
+
+void make_private_dir(const fs::path& p) {
+  if (::mkdir(p.c_str(), 0700) != 0)
+    throw Error("local provider: cannot create " + p.string() + ": " + std::strerror(errno) +
+                (errno == EEXIST ? " (another pool with this id, or a leftover: remove it)" : ""));
+  ::chmod(p.c_str(), 0700);  // regardless of umask
+}
+
+// True once no process of group `pg` is left; reaps every child of ours in it on the way.
+bool group_gone(pid_t pg, pid_t worker, bool& worker_reaped, int& worker_status) {
+  int st = 0;
+  pid_t r;
+  while ((r = ::waitpid(-pg, &st, WNOHANG)) > 0)
+    if (r == worker) {
+      worker_reaped = true;
+      worker_status = st;
+    }
+  return ::kill(-pg, 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+LocalConfig LocalConfig::from(const Options& o) {
+  LocalConfig c;
+  std::string iso = o.get("isolation", "none");
+  if (iso == "none") c.isolation = Isolation::none;
+  else if (iso == "netns") c.isolation = Isolation::netns;
+  else throw Error("local provider: option 'isolation': expected \"none\" or \"netns\", got \"" + iso + "\"",
+                   SF_ERR_INVALID);
+  std::string root = o.get("work_root", "");
+  if (root.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    root = (tmp && *tmp) ? tmp : "/tmp";
+  }
+  c.work_root = fs::path(root);
+  if (c.work_root.is_relative()) c.work_root = fs::absolute(c.work_root);
+  c.keep_workdirs = o.get_bool("keep_workdirs", false);
+  return c;
+}
+
+LocalProvider::LocalProvider(const Context& ctx) : Provider(ctx), config_(LocalConfig::from(ctx.options)) {
+  // Fail at plugin creation, before anything starts, when isolation cannot work here.
+  if (config_.isolation == Isolation::netns) NetnsPool::check_supported();
+}
+
+LocalProvider::~LocalProvider() {
+  try {
+    terminate({});
+  } catch (const std::exception& e) {
+    host().warn(std::string("local provider: cleanup at exit: ") + e.what());
+  } catch (...) {
+  }
+}
+
+LocalProvider::Node* LocalProvider::find(const std::string& id) {
+  for (auto& n : nodes_)
+    if (n->id == id) return n.get();
+  return nullptr;
+}
+const LocalProvider::Node* LocalProvider::find(const std::string& id) const {
+  for (auto& n : nodes_)
+    if (n->id == id) return n.get();
+  return nullptr;
+}
+
+LocalProvider::Node& LocalProvider::require(const std::string& id, const char* op) {
+  Node* n = find(id);
+  if (!n) throw Error(std::string("local provider: ") + op + ": unknown node '" + id + "'", SF_ERR_INVALID);
+  if (n->gone) throw Error(std::string("local provider: ") + op + ": node '" + id + "' has been terminated");
+  return *n;
+}
+
+Provisioned LocalProvider::provision(const PoolSpec& spec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool live = std::any_of(nodes_.begin(), nodes_.end(), [](auto& n) { return !n->gone || n->bootstraps_running; });
+  if (live || (net_ && net_->has_bridge()) || (pool_dir_made_ && !config_.keep_workdirs))
+    throw Error("local provider: this instance still holds pool '" + pool_id_ + "'; terminate it first");
+  if (!valid_pool_id(spec.pool_id))
+    throw Error("local provider: pool id '" + spec.pool_id + "' must be 1-64 of [A-Za-z0-9._-]", SF_ERR_INVALID);
+  if (spec.nodes == 0) throw Error("local provider: a pool needs at least one node", SF_ERR_INVALID);
+  if (config_.isolation == Isolation::netns && spec.nodes > NetnsPool::kMaxNodes)
+    throw Error("local provider: isolation = \"netns\" supports at most " + std::to_string(NetnsPool::kMaxNodes) +
+                    " nodes per pool; " + std::to_string(spec.nodes) + " were asked for",
+                SF_ERR_INVALID);
+
+  nodes_.clear();
+  net_.reset();
+  pool_id_ = spec.pool_id;
+  pool_dir_ = config_.work_root / ("skyforge-" + pool_id_);
+  pool_dir_made_ = false;
+
+  Provisioned out;
+  try {
+    std::error_code ec;
+    fs::create_directories(config_.work_root, ec);
+    if (ec) throw Error("local provider: cannot create work_root " + config_.work_root.string() + ": " + ec.message());
+    make_private_dir(pool_dir_);
+    pool_dir_made_ = true;
+    if (config_.isolation == Isolation::netns) {
+      net_ = std::make_unique<NetnsPool>(pool_id_);
+      net_->create_bridge(spec.nodes);
+      out.control_address = net_->gateway();
+    } else {
+      out.control_address = "127.0.0.1";
+    }
+    for (uint32_t i = 0; i < spec.nodes; ++i) {
+      auto n = std::make_unique<Node>();
+      n->index = i;
+      n->id = "node-" + std::to_string(i);
+      n->dir = pool_dir_ / n->id;
+      Node& ref = *n;
+      nodes_.push_back(std::move(n));
+      make_private_dir(ref.dir);
+      ref.dir_made = true;
+      if (net_) {
+        ref.net_made = true;  // partial pieces are tracked inside NetnsPool
+        net_->add_node(i);
+        ref.address = net_->node_address(i);
+      } else {
+        ref.address = "127.0.0.1";
+      }
+      out.nodes.push_back({ref.id, ref.address});
+    }
+  } catch (const std::exception& e) {
+    std::vector<Node*> all;
+    for (auto& n : nodes_) all.push_back(n.get());
+    std::vector<std::string> problems;
+    teardown_locked(all, problems);
+    std::string msg = e.what();
+    if (!problems.empty()) {
+      msg += "; cleaning up after it also failed:";
+      for (auto& p : problems) msg += "\n  " + p;
+    }
+    throw Error(msg);
+  }
+  host().info("local provider: pool " + pool_id_ + ": " + std::to_string(spec.nodes) + " node(s) under " +
+              pool_dir_.string() +
+              (net_ ? ", network " + net_->subnet() + " on bridge " + net_->bridge_name() : std::string()));
+  return out;
+}
+
+void LocalProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {
+  Node* n;
+  pid_t pid;
+  Fd rd;
+  fs::path log_path;
+  Fd log_file;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n = &require(node_id, "bootstrap");
+    fs::path script_path = n->dir / "bootstrap.sh";
+    {
+      Fd f = open_file(script_path, O_WRONLY | O_CREAT | O_TRUNC, 0700);
+      write_all(f.get(), script, script_path.string());
+    }
+    log_path = n->dir / "bootstrap.log";
+    log_file = open_file(log_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) throw Error(std::string("local provider: pipe2: ") + std::strerror(errno));
+    rd.reset(p[0]);
+    Fd wr(p[1]);
+    Fd ns;
+    if (net_) ns = net_->open_netns(n->index);
+    SpawnSpec s;
+    s.argv = {"bash", "--noprofile", "--norc", "-e", "-u", "-o", "pipefail", script_path.string()};
+    s.env = environment_with({});
+    s.cwd = n->dir.string();
+    s.netns_fd = ns.get();
+    s.stdout_fd = wr.get();
+    s.stderr_fd = wr.get();
+    try {
+      pid = spawn(s);
+    } catch (const std::exception& e) {
+      throw Error("local provider: bootstrap of " + node_id + ": " + e.what());
+    }
+    n->groups.push_back(pid);
+    n->bootstraps_running++;
+  }
+  ::fcntl(rd.get(), F_SETFL, ::fcntl(rd.get(), F_GETFL) | O_NONBLOCK);
+
+  std::deque<std::string> tail;
+  std::string pending;
+  auto emit = [&](std::string line) {
+    line.push_back('\n');
+    if (log.write) log.write(log.ctx, line.data(), line.size());
+    ssize_t w = ::write(log_file.get(), line.data(), line.size());
+    (void)w;
+    line.pop_back();
+    tail.push_back(std::move(line));
+    if (tail.size() > kTailLines) tail.pop_front();
+  };
+  auto consume = [&](const char* data, size_t size) {
+    pending.append(data, size);
+    size_t start = 0, nl;
+    while ((nl = pending.find('\n', start)) != std::string::npos) {
+      emit(pending.substr(start, nl - start));
+      start = nl + 1;
+    }
+    pending.erase(0, start);
+    if (pending.size() >= kMaxLine) {
+      emit(pending);
+      pending.clear();
+    }
+  };
+
+  bool exited = false, eof = false, stolen = false;
+  int st = 0;
+  char buf[8192];
+  for (;;) {
+    pollfd p{rd.get(), POLLIN, 0};
+    int k = eof ? 0 : ::poll(&p, 1, exited ? 0 : 100);
+    if (k < 0 && errno != EINTR) break;
+    if (k > 0) {
+      for (;;) {
+        ssize_t r = ::read(rd.get(), buf, sizeof buf);
+        if (r > 0) consume(buf, size_t(r));
+        else if (r == 0) {
+          eof = true;
+          break;
+        } else if (errno != EINTR) break;
+      }
+    }
+    if (!exited) {
+      pid_t r = ::waitpid(pid, &st, eof ? 0 : WNOHANG);
+      if (r == pid) exited = true;
+      else if (r < 0 && errno == ECHILD) exited = stolen = true;  // reaped by terminate()
+    } else if (k == 0) {
+      break;  // exited and drained; background processes keeping the pipe open are not waited for
+    }
+    if (exited && eof) break;
+  }
+  if (!pending.empty()) emit(pending);
+
+  bool terminated;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n->bootstraps_running--;
+    terminated = n->gone;
+    bool dummy_reaped = false;
+    int dummy_status = 0;
+    if (group_gone(pid, -1, dummy_reaped, dummy_status))
+      n->groups.erase(std::remove(n->groups.begin(), n->groups.end(), pid), n->groups.end());
+  }
+  if (terminated || stolen)
+    throw Error("local provider: bootstrap of " + node_id + " was interrupted: the pool is being terminated",
+                SF_ERR_CANCELLED);
+  if (exit_code(st) != 0) {
+    std::string msg = "local provider: bootstrap of " + node_id + " failed (" + describe_status(st) + ")";
+    if (tail.empty()) msg += " with no output";
+    else {
+      msg += "; last lines of output:";
+      for (const auto& l : tail) msg += "\n  | " + l;
+    }
+    msg += "\n(full log: " + log_path.string() + ")";
+    throw Error(msg);
+  }
+}
+
+void LocalProvider::start_worker(const std::string& node_id, const std::vector<std::string>& argv,
+                                 const std::map<std::string, std::string>& env) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Node& n = require(node_id, "start_worker");
+  if (argv.empty()) throw Error("local provider: start_worker " + node_id + ": empty command", SF_ERR_INVALID);
+  for (const auto& [k, v] : env)
+    if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos)
+      throw Error("local provider: start_worker " + node_id + ": invalid environment variable name '" + k + "'",
+                  SF_ERR_INVALID);
+  if (n.worker > 0) {
+    reap_worker(n, false);
+    if (!n.worker_reaped)
+      throw Error("local provider: start_worker " + node_id + ": a worker (pid " + std::to_string(n.worker) +
+                  ") is already running there");
+  }
+  Fd out = open_file(n.dir / "worker.log", O_WRONLY | O_CREAT | O_APPEND, 0600);
+  Fd ns;
+  if (net_) ns = net_->open_netns(n.index);
+  SpawnSpec s;
+  s.argv = argv;
+  s.env = environment_with(env);  // values (the pool secret among them) never reach argv or a log
+  s.cwd = n.dir.string();
+  s.netns_fd = ns.get();
+  s.stdout_fd = out.get();
+  s.stderr_fd = out.get();
+  pid_t pid;
+  try {
+    pid = spawn(s);
+  } catch (const std::exception& e) {
+    throw Error("local provider: start_worker " + node_id + ": " + e.what());
+  }
+  n.worker = pid;
+  n.worker_reaped = false;
+  n.worker_status = 0;
+  n.groups.push_back(pid);
+}
+
+void LocalProvider::reap_worker(Node& n, bool block) {
+  if (n.worker <= 0 || n.worker_reaped) return;
+  int st = 0;
+  pid_t r;
+  do r = ::waitpid(n.worker, &st, block ? 0 : WNOHANG);
+  while (r < 0 && errno == EINTR);
+  if (r == n.worker) {
+    n.worker_reaped = true;
+    n.worker_status = st;
+  } else if (r < 0 && errno == ECHILD) {
+    n.worker_reaped = true;  // someone else reaped it; status unknown
+    n.worker_status = 0;
+  }
+}
+
+int LocalProvider::worker_alive(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Node* n = find(node_id);
+  if (!n) return -1;
+  if (n->worker <= 0) return 0;
+  reap_worker(*n, false);
+  return n->worker_reaped ? 0 : 1;
+}
+
+// SIGTERM every group of the nodes, give them kTermGrace together, SIGKILL what is left, reap.
+void LocalProvider::stop_groups(std::vector<Node*>& nodes) {
+  struct G {
+    Node* node;
+    pid_t pg;
+    bool gone;
+  };
+  std::vector<G> groups;
+  for (Node* n : nodes)
+    for (pid_t pg : n->groups) groups.push_back({n, pg, false});
+  if (groups.empty()) return;
+  auto poll_all = [&] {
+    bool any = false;
+    for (auto& g : groups)
+      if (!g.gone) {
+        g.gone = group_gone(g.pg, g.node->worker, g.node->worker_reaped, g.node->worker_status);
+        any = any || !g.gone;
+      }
+    return any;
+  };
+  auto wait_until = [&](Clock::time_point deadline) {
+    while (poll_all()) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  };
+  if (!poll_all()) goto done;
+  for (auto& g : groups)
+    if (!g.gone) {
+      ::kill(-g.pg, SIGTERM);
+      ::kill(-g.pg, SIGCONT);  // a stopped group would never act on SIGTERM
+    }
+  if (!wait_until(Clock::now() + kTermGrace)) {
+    for (auto& g : groups)
+      if (!g.gone) ::kill(-g.pg, SIGKILL);
+    if (!wait_until(Clock::now() + kKillWait))
+      for (auto& g : groups)
+        if (!g.gone)
+          host().warn("local provider: process group " + std::to_string(g.pg) + " of " + g.node->id +
+                      " still has members after SIGKILL (zombies whose parent does not reap them?)");
+  }
+done:
+  for (auto& g : groups)
+    if (g.gone) g.node->groups.erase(std::remove(g.node->groups.begin(), g.node->groups.end(), g.pg),
+                                     g.node->groups.end());
+  for (Node* n : nodes) reap_worker(*n, false);
+}
+
+void LocalProvider::teardown_locked(const std::vector<Node*>& targets, std::vector<std::string>& problems) {
+  std::vector<Node*> nodes(targets);
+  stop_groups(nodes);
+  for (Node* n : nodes) {
+    n->gone = true;
+    if (net_ && n->net_made) {
+      auto p = net_->remove_node(n->index);
+      if (p.empty()) n->net_made = false;
+      problems.insert(problems.end(), p.begin(), p.end());
+    }
+    if (n->dir_made) {
+      if (!config_.keep_workdirs) {
+        std::error_code ec;
+        fs::remove_all(n->dir, ec);
+        if (ec) problems.push_back("work directory " + n->dir.string() + ": " + ec.message());
+        else n->dir_made = false;
+      } else {
+        n->dir_made = false;
+      }
+    }
+  }
+  bool all_gone = std::all_of(nodes_.begin(), nodes_.end(), [](auto& n) { return n->gone; });
+  if (!all_gone) return;
+  if (net_) {
+    auto p = net_->remove_bridge();
+    problems.insert(problems.end(), p.begin(), p.end());
+  }
+  if (pool_dir_made_) {
+    if (config_.keep_workdirs) {
+      host().info("local provider: kept the pool's work directories in " + pool_dir_.string() +
+                  " (keep_workdirs = true)");
+      pool_dir_made_ = false;
+    } else {
+      std::error_code ec;
+      fs::remove_all(pool_dir_, ec);
+      if (ec) problems.push_back("pool directory " + pool_dir_.string() + ": " + ec.message());
+      else pool_dir_made_ = false;
+    }
+  }
+}
+
+void LocalProvider::terminate(const std::vector<std::string>& node_ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Node*> targets;
+  if (node_ids.empty()) {
+    for (auto& n : nodes_) targets.push_back(n.get());
+  } else {
+    for (const auto& id : node_ids)
+      if (Node* n = find(id)) targets.push_back(n);
+  }
+  // Nodes already gone come along too: a retry of what failed before (a netns, a directory).
+  std::vector<std::string> problems;
+  teardown_locked(targets, problems);
+  if (!problems.empty()) {
+    std::string msg = "local provider: pool " + pool_id_ + ": could not remove everything:";
+    for (auto& p : problems) msg += "\n  " + p;
+    throw Error(msg);
+  }
+}
+
+fs::path LocalProvider::pool_dir() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_dir_;
+}
+fs::path LocalProvider::node_dir(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = find(id);
+  return n ? n->dir : fs::path();
+}
+pid_t LocalProvider::worker_pid(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = find(id);
+  return n ? n->worker : -1;
+}
+std::optional<int> LocalProvider::worker_exit_code(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = find(id);
+  if (!n || !n->worker_reaped) return std::nullopt;
+  return exit_code(n->worker_status);
+}
+std::string LocalProvider::netns_name(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = find(id);
+  return (n && net_) ? net_->netns_name(n->index) : "";
+}
+std::string LocalProvider::bridge_name() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return net_ ? net_->bridge_name() : "";
+}
+std::string LocalProvider::subnet() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return net_ ? net_->subnet() : "";
+}
+
+}  // namespace skyforge::local

@@ -1,0 +1,91 @@
+// The `local` provider: a pool of N nodes on this machine. Each node is a private work
+// directory (and, with isolation = "netns", its own network namespace and address); its worker
+// is a child process of the host in a session of its own. See docs/providers.md.
+//
+// The class is usable without the plugin glue (tests drive it directly); plugin.cpp registers it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <skyforge/sdk.hpp>
+
+namespace skyforge::local {
+
+class NetnsPool;
+
+enum class Isolation { none, netns };
+
+struct LocalConfig {
+  Isolation isolation = Isolation::none;
+  std::filesystem::path work_root;  // where pool directories go
+  bool keep_workdirs = false;
+
+  // From the plugin's options (isolation, work_root, keep_workdirs). Throws Error(SF_ERR_INVALID).
+  static LocalConfig from(const Options& options);
+};
+
+class LocalProvider : public Provider {
+ public:
+  explicit LocalProvider(const Context& ctx);
+  ~LocalProvider() override;
+
+  Provisioned provision(const PoolSpec& spec) override;
+  void bootstrap(const std::string& node_id, const std::string& script, sf_sink log) override;
+  void start_worker(const std::string& node_id, const std::vector<std::string>& argv,
+                    const std::map<std::string, std::string>& env) override;
+  // Empty list: everything this instance made. Unknown ids are ignored. Pool-wide resources
+  // (bridge, pool directory) go once no node of the pool is left.
+  void terminate(const std::vector<std::string>& node_ids) override;
+  int worker_alive(const std::string& node_id) override;
+
+  // ---- introspection (tests, diagnostics) ----
+  const LocalConfig& config() const { return config_; }
+  std::filesystem::path pool_dir() const;
+  std::filesystem::path node_dir(const std::string& node_id) const;
+  pid_t worker_pid(const std::string& node_id) const;        // -1: none
+  std::optional<int> worker_exit_code(const std::string& node_id) const;  // once reaped
+  std::string netns_name(const std::string& node_id) const;  // "" without isolation
+  std::string bridge_name() const;                           // "" without isolation
+  std::string subnet() const;                                // "" without isolation
+
+ private:
+  struct Node {
+    uint32_t index = 0;
+    std::string id;
+    std::filesystem::path dir;
+    std::string address;
+    bool dir_made = false;
+    bool net_made = false;
+    bool gone = false;  // terminated
+    pid_t worker = -1;
+    bool worker_reaped = false;
+    int worker_status = 0;
+    std::vector<pid_t> groups;  // process groups to kill at terminate (worker, bootstraps)
+    int bootstraps_running = 0;
+  };
+
+  Node* find(const std::string& id);
+  const Node* find(const std::string& id) const;
+  Node& require(const std::string& id, const char* op);
+  void reap_worker(Node& n, bool block);
+  void stop_groups(std::vector<Node*>& nodes);
+  void teardown_locked(const std::vector<Node*>& nodes, std::vector<std::string>& problems);
+
+  LocalConfig config_;
+  mutable std::mutex mu_;
+  std::string pool_id_;
+  std::filesystem::path pool_dir_;
+  bool pool_dir_made_ = false;
+  std::vector<std::unique_ptr<Node>> nodes_;  // stable addresses: bootstraps hold them unlocked
+  std::unique_ptr<NetnsPool> net_;
+};
+
+}  // namespace skyforge::local

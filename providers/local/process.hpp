@@ -1,0 +1,81 @@
+// Process helpers of the local provider: spawning children safely from a multi-threaded host
+// (no fd leaks, clean signal state, own session, optional network namespace) and running
+// short helper commands (`ip ...`) with their output captured.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace skyforge::local {
+
+// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// What a spawned child gets. Everything is prepared in the parent; between fork and exec the
+// child only makes async-signal-safe system calls.
+struct SpawnSpec {
+  std::vector<std::string> argv;            // argv[0] is searched in PATH when it has no '/'
+  std::vector<std::string> env;             // complete environment, "KEY=VALUE"
+  std::string cwd;                          // empty: inherit
+  int netns_fd = -1;                        // >= 0: setns(CLONE_NEWNET) into it first
+  int stdin_fd = -1;                        // -1: /dev/null
+  int stdout_fd = -1;                       // -1: /dev/null
+  int stderr_fd = -1;                       // -1: same as stdout
+  bool new_session = true;                  // setsid(): own session and process group
+};
+
+// fork + exec. The child: unblocks all signals and resets their dispositions, joins the
+// network namespace, starts a new session, chdirs, wires fds 0-2, marks every other fd
+// close-on-exec, then execs. Returns the child's pid once exec has succeeded; throws
+// std::runtime_error quoting the failing step and errno (the child is reaped) otherwise.
+pid_t spawn(const SpawnSpec& spec);
+
+// The calling process's environment with `overrides` applied (replacing or adding keys).
+std::vector<std::string> environment_with(const std::map<std::string, std::string>& overrides);
+
+struct CommandResult {
+  int status = -1;  // exit code; 128+N when killed by signal N
+  std::string out;
+  std::string err;
+};
+
+// Runs argv to completion with stdin from /dev/null, capturing stdout and stderr, with
+// LC_ALL=C so that messages are stable. Throws std::runtime_error when it cannot start.
+CommandResult run_command(const std::vector<std::string>& argv, int netns_fd = -1);
+
+// Exit status of a waitpid() status word as a shell would report it.
+int exit_code(int wstatus);
+// "exit status 3" / "killed by signal 9 (Killed)"
+std::string describe_status(int wstatus);
+
+// First executable named `name` in PATH, then /usr/sbin and /sbin; empty when none.
+std::string find_program(const std::string& name);
+
+}  // namespace skyforge::local

@@ -1,0 +1,291 @@
+// End-to-end tests: the real `skyforge` binary, real worker processes on the local provider,
+// real plugins from the build tree. Each test runs under its own TMPDIR, so "nothing left
+// behind" is checked precisely: no process whose cwd is there, no directory left there.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <set>
+
+#include "process.hpp"
+
+using namespace skyforge::test;
+
+namespace {
+
+class E2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/skyforge-e2e-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    tmp_ = root_ / "tmp";
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    auto left = wait_no_processes_under(root_, 10);
+    for (pid_t p : left) {
+      ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
+      ::kill(p, SIGKILL);
+    }
+    EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    fs::path p = root_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::map<std::string, std::string> env() const { return {{"TMPDIR", tmp_.string()}}; }
+  Output run(const std::vector<std::string>& args, double timeout_s = 60) {
+    std::vector<std::string> argv = {SKYFORGE_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Child c(argv, env());
+    return c.wait(timeout_s);
+  }
+  std::unique_ptr<Child> start(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {SKYFORGE_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return std::make_unique<Child>(argv, env());
+  }
+  // Worker processes of this test's pools.
+  std::vector<pid_t> workers() {
+    std::vector<pid_t> w;
+    for (pid_t p : processes_under(root_))
+      if (comm_of(p) == "skyforge-worker") w.push_back(p);
+    return w;
+  }
+  bool wait_workers(size_t n, double timeout_s) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (workers().size() >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  fs::path root_, tmp_;
+};
+
+std::string command_manifest(int nodes, const std::string& sh, const std::string& extra_job = "",
+                             const std::string& plugins = "") {
+  return "[pool]\nnodes = " + std::to_string(nodes) + "\n" + plugins + "\n[job]\ncommand = [\"sh\", \"-c\", \"" + sh +
+         "\"]\n" + extra_job;
+}
+
+int count(const std::string& s, const std::string& needle) {
+  int n = 0;
+  for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
+  return n;
+}
+
+TEST_F(E2E, BroadcastNativeAppRunsOnEveryNode) {
+  auto m = write("hello.toml", "[pool]\nprovider = \"local\"\nnodes = 4\n[job]\napp = \"hello\"\n");
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_NE(o.out.find("[node " + std::to_string(i) + "] => node " + std::to_string(i) + "/4"), std::string::npos)
+        << o.out;
+}
+
+TEST_F(E2E, SingleModeRunsOnTheHeadOnly) {
+  auto m = write("single.toml", "[pool]\nnodes = 3\n[job]\napp = \"hello\"\nmode = \"single\"\n");
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(count(o.out, "] => node "), 1) << o.out;
+  EXPECT_NE(o.out.find("[node 0] => node 0/3"), std::string::npos) << o.out;
+}
+
+TEST_F(E2E, MapReturnsResultsInInputOrderAcrossAllSlots) {
+  auto m = write("map.toml",
+                 "[pool]\nnodes = 2\nconcurrency = 2\n[job]\napp = \"hello\"\nmode = \"map\"\ntasks = 40\n");
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  std::regex line(R"(\[task (\d+)\] => (\d+)\^2=(\d+))");
+  int expect = 0;
+  for (std::sregex_iterator it(o.out.begin(), o.out.end(), line), end; it != end; ++it, ++expect) {
+    EXPECT_EQ(std::stoi((*it)[1]), expect);
+    EXPECT_EQ(std::stoi((*it)[2]), expect);
+    EXPECT_EQ(std::stol((*it)[3]), long(expect) * expect);
+  }
+  EXPECT_EQ(expect, 40) << o.out;
+}
+
+TEST_F(E2E, MapTaskErrorNamesNodeSlotAndMessage) {
+  auto m = write("boom.toml",
+                 "[pool]\nnodes = 2\n[job]\napp = \"hello\"\nmode = \"map\"\ninputs = [\"1\", \"boom\", \"3\"]\n");
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(task 1 failed on node \d slot \d: .*boom)"))) << o.err;
+}
+
+TEST_F(E2E, CommandAppStreamsPrefixedLinesWithTorchEnvironment) {
+  auto m = write("cmd.toml", command_manifest(2, "echo rank=$RANK world=$WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT", "",
+                                              "[[plugins]]\nname = \"torch\"\n"));
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  std::smatch a, b;
+  ASSERT_TRUE(std::regex_search(o.out, a, std::regex(R"(\[node 0\] rank=0 world=2 master=([0-9.]+:\d+))"))) << o.out;
+  ASSERT_TRUE(std::regex_search(o.out, b, std::regex(R"(\[node 1\] rank=1 world=2 master=([0-9.]+:\d+))"))) << o.out;
+  EXPECT_EQ(a[1], b[1]) << "every rank must agree on MASTER_ADDR:MASTER_PORT";
+}
+
+TEST_F(E2E, StderrIsStreamedAndHeadPolicyKeepsOnlyTheHead) {
+  auto m = write("head.toml", command_manifest(3, "echo out-$SKYFORGE_NODE; echo err-$SKYFORGE_NODE >&2",
+                                               "stdout = \"head\"\n"));
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("[node 0] out-0"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("out-1"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("out-2"), std::string::npos) << o.out;
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NE(o.err.find("[node " + std::to_string(i) + "] err-" + std::to_string(i)), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, NonZeroExitFailsTheRunAndNamesTheNode) {
+  auto m = write("fail.toml", command_manifest(3, "if [ $SKYFORGE_NODE = 1 ]; then exit 3; fi"));
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.err.find("node 1"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("exit 3"), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, BadManifestIsRefusedBeforeAnythingStarts) {
+  auto m = write("bad.toml", "[pool]\nnodes = 0\n[job]\napp = \"hello\"\n");
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("bad.toml:2:"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("nodes"), std::string::npos) << o.err;
+  auto m2 = write("missing.toml", "[pool]\nnodes = 1\n[job]\napp = \"no_such_app\"\n");
+  o = run({"validate", m2.string()});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("missing.toml:4:"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("no_such_app"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("searched"), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, ValidateAndPluginsAndHelp) {
+  auto m = write("ok.toml", "[pool]\nnodes = 2\n[job]\napp = \"hello\"\n");
+  Output o = run({"validate", m.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("valid"), std::string::npos);
+  o = run({"plugins"});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(provider\s+local\s+\S+\s+1\.\d+\s+/\S+\.so)"))) << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(framework\s+torch\s)"))) << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(app\s+hello\s)"))) << o.out;
+  for (std::string cmd : {"run", "validate", "plugins"}) {
+    o = run({cmd, "--help"});
+    EXPECT_EQ(o.exit_code, 0) << cmd;
+    EXPECT_NE(o.out.find("usage: skyforge " + cmd), std::string::npos) << o.out;
+  }
+  o = run({"--help"});
+  EXPECT_EQ(o.exit_code, 0);
+}
+
+// ---- teardown on every exit path ------------------------------------------------------------
+
+TEST_F(E2E, SigintTearsThePoolDown) {
+  auto m = write("sleep.toml", command_manifest(2, "echo up; exec sleep 120"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
+  ASSERT_TRUE(c->wait_for_output("[node 0] up", 30));
+  c->signal(SIGINT);
+  Output o = c->wait(30);
+  EXPECT_EQ(o.exit_code, 130) << o.err;
+  EXPECT_LT(o.seconds, 20);
+}
+
+TEST_F(E2E, SigtermTearsThePoolDown) {
+  auto m = write("sleep.toml", command_manifest(2, "echo up; exec sleep 120"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
+  c->signal(SIGTERM);
+  Output o = c->wait(30);
+  EXPECT_EQ(o.exit_code, 143) << o.err;
+}
+
+TEST_F(E2E, SecondSigintForces) {
+  // A command that ignores SIGTERM would hold a graceful teardown; the second Ctrl-C must not wait.
+  auto m = write("stubborn.toml", command_manifest(2, "trap '' TERM; echo up; while :; do sleep 1; done"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
+  c->signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  c->signal(SIGINT);
+  Output o = c->wait(30);
+  EXPECT_EQ(o.exit_code, 130) << o.err;
+}
+
+TEST_F(E2E, WorkerKilledIsReportedLostAndPoolIsCleaned) {
+  auto m = write("sleep.toml", command_manifest(2, "echo up; exec sleep 120"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
+  ASSERT_TRUE(wait_workers(2, 10));
+  ::kill(workers()[0], SIGKILL);
+  Output o = c->wait(30);
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.err.find("lost"), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, StoppedWorkerIsDeclaredLostWithinFiveSeconds) {
+  auto m = write("sleep.toml", command_manifest(2, "echo up; exec sleep 120"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
+  ASSERT_TRUE(wait_workers(2, 10));
+  auto t0 = std::chrono::steady_clock::now();
+  ::kill(workers()[1], SIGSTOP);
+  ASSERT_TRUE(c->wait_for_output("lost", 10));
+  double lost_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LE(lost_after, 5.0);
+  Output o = c->wait(30);
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.err.find("lease expired"), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, HostKilledWorkersExitOnTheirOwn) {
+  auto m = write("sleep.toml", command_manifest(2, "echo up; exec sleep 120"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
+  ASSERT_TRUE(wait_workers(2, 10));
+  c->signal(SIGKILL);
+  c->wait(10);
+  // Each worker's dead-man switch: it kills its command and removes its work dir.
+  EXPECT_TRUE(wait_no_processes_under(root_, 8).empty());
+}
+
+TEST_F(E2E, HostFrozenWorkersLeaseRunsOut) {
+  auto m = write("sleep.toml", command_manifest(2, "echo up; exec sleep 120"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
+  ASSERT_TRUE(wait_workers(2, 10));
+  c->signal(SIGSTOP);  // no heartbeats, but the TCP connection stays open
+  auto left = wait_no_processes_under(root_, 10);
+  EXPECT_TRUE(left.empty()) << left.size() << " processes outlived the host's lease";
+  c->signal(SIGKILL);
+  c->signal(SIGCONT);
+  c->wait(10);
+}
+
+TEST_F(E2E, JobTimeoutFailsAndCleansUp) {
+  auto m = write("timeout.toml", command_manifest(2, "exec sleep 120", "timeout = 1.5\n"));
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.err.find("timeout"), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, NetnsIsolationGivesEachNodeItsOwnAddress) {
+  if (geteuid() != 0) GTEST_SKIP() << "isolation = \"netns\" needs root (CAP_NET_ADMIN)";
+  if (system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "ip netns is not available";
+  auto m = write("netns.toml", "[pool]\nnodes = 3\n[provider]\nisolation = \"netns\"\n[job]\napp = \"hello\"\n");
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  std::regex ip(R"(\[node (\d)\] => .* ip=([0-9.]+))");
+  std::set<std::string> ips;
+  for (std::sregex_iterator it(o.out.begin(), o.out.end(), ip), end; it != end; ++it) ips.insert((*it)[2]);
+  EXPECT_EQ(ips.size(), 3u) << o.out;
+  EXPECT_EQ(ips.count("127.0.0.1"), 0u) << o.out;
+}
+
+}  // namespace

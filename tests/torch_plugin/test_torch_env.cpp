@@ -1,0 +1,114 @@
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "torch_env.hpp"
+
+using namespace skyforge::torch;
+
+namespace {
+
+std::map<std::string, std::string> as_map(const EnvList& l) {
+  std::map<std::string, std::string> m;
+  for (const auto& [k, v] : l) EXPECT_TRUE(m.emplace(k, v).second) << "set twice: " << k;
+  return m;
+}
+
+TEST(TorchRanks, OneProcessPerNodeOneNodePerMachineIsTorchrunsLayout) {
+  for (uint32_t node = 0; node < 4; ++node) {
+    Ranks r = compute_ranks({.node = node, .nodes = 4});
+    EXPECT_EQ(r.rank, node);
+    EXPECT_EQ(r.world_size, 4u);
+    EXPECT_EQ(r.group_rank, node);
+    EXPECT_EQ(r.group_world_size, 4u);
+    EXPECT_EQ(r.local_rank, 0u);
+    EXPECT_EQ(r.local_world_size, 1u);
+    EXPECT_EQ(r.nproc_per_node, 1u);
+  }
+}
+
+TEST(TorchRanks, NodesSharingAMachineGetDistinctLocalRanks) {
+  // The local provider: 4 nodes on one machine; each process must pick its own device.
+  std::set<uint32_t> local;
+  for (uint32_t node = 0; node < 4; ++node) {
+    Ranks r = compute_ranks({.node = node, .nodes = 4, .machine_slot = node, .machine_nodes = 4});
+    EXPECT_EQ(r.rank, node);
+    EXPECT_EQ(r.local_world_size, 4u);
+    local.insert(r.local_rank);
+  }
+  EXPECT_EQ(local, (std::set<uint32_t>{0, 1, 2, 3}));
+}
+
+TEST(TorchRanks, SeveralProcessesPerNodeCoverEveryRankExactlyOnce) {
+  // The shape issue 4's nproc_per_node needs: 3 nodes x 4 processes, two nodes on one machine.
+  const uint32_t nodes = 3, nproc = 4;
+  const uint32_t slot[] = {0, 1, 0}, on_machine[] = {2, 2, 1};
+  std::set<uint32_t> ranks;
+  for (uint32_t node = 0; node < nodes; ++node) {
+    std::set<uint32_t> local;
+    for (uint32_t p = 0; p < nproc; ++p) {
+      Ranks r = compute_ranks({.node = node, .nodes = nodes, .machine_slot = slot[node],
+                               .machine_nodes = on_machine[node], .nproc_per_node = nproc, .local_proc = p});
+      EXPECT_EQ(r.world_size, nodes * nproc);
+      EXPECT_EQ(r.group_rank, node);
+      EXPECT_EQ(r.group_world_size, nodes);
+      EXPECT_EQ(r.rank / nproc, node) << "ranks of a node are contiguous, as torchrun assigns them";
+      EXPECT_EQ(r.local_world_size, on_machine[node] * nproc);
+      EXPECT_LT(r.local_rank, r.local_world_size);
+      EXPECT_TRUE(ranks.insert(r.rank).second) << "rank " << r.rank << " given twice";
+      local.insert(r.local_rank);
+    }
+    EXPECT_EQ(local.size(), nproc);
+  }
+  EXPECT_EQ(ranks.size(), nodes * nproc);
+  EXPECT_EQ(*ranks.rbegin(), nodes * nproc - 1);
+}
+
+TEST(TorchRanks, InconsistentPlacementsAreRefused) {
+  EXPECT_THROW(compute_ranks({.node = 0, .nodes = 0}), std::invalid_argument);
+  EXPECT_THROW(compute_ranks({.node = 4, .nodes = 4}), std::invalid_argument);
+  EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .machine_slot = 1, .machine_nodes = 1}), std::invalid_argument);
+  EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .machine_slot = 0, .machine_nodes = 0}), std::invalid_argument);
+  EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .nproc_per_node = 0}), std::invalid_argument);
+  EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .nproc_per_node = 2, .local_proc = 2}), std::invalid_argument);
+  EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1u << 20, .nproc_per_node = 1u << 13}), std::invalid_argument);
+}
+
+TEST(TorchBackend, AutoFollowsAcceleratorsAndExplicitChoicesWin) {
+  EXPECT_EQ(resolve_backend("auto", 0), "gloo");
+  EXPECT_EQ(resolve_backend("auto", 8), "nccl");
+  EXPECT_EQ(resolve_backend("", 1), "nccl");
+  EXPECT_EQ(resolve_backend("gloo", 8), "gloo");
+  EXPECT_EQ(resolve_backend("nccl", 0), "nccl");
+  EXPECT_THROW(resolve_backend("mpi", 0), std::invalid_argument);
+}
+
+TEST(TorchMasterPort, ZeroIsAutomaticAndOnlyTcpPortsAreAccepted) {
+  EXPECT_EQ(parse_master_port(0), 0);
+  EXPECT_EQ(parse_master_port(29500), 29500);
+  EXPECT_EQ(parse_master_port(65535), 65535);
+  EXPECT_THROW(parse_master_port(-1), std::invalid_argument);
+  EXPECT_THROW(parse_master_port(65536), std::invalid_argument);
+}
+
+TEST(TorchEnvironment, HasEverythingEnvInitTorchrunAndABareTorchrunRead) {
+  Ranks r = compute_ranks({.node = 1, .nodes = 2, .machine_slot = 1, .machine_nodes = 2});
+  auto env = as_map(environment(r, Rendezvous{"10.0.0.5", 41234, "pool-abc"}, "gloo"));
+  const std::map<std::string, std::string> expected = {
+      {"MASTER_ADDR", "10.0.0.5"},   {"MASTER_PORT", "41234"},       {"WORLD_SIZE", "2"},
+      {"RANK", "1"},                 {"LOCAL_RANK", "1"},            {"LOCAL_WORLD_SIZE", "2"},
+      {"NODE_RANK", "1"},            {"GROUP_RANK", "1"},            {"GROUP_WORLD_SIZE", "2"},
+      {"ROLE_NAME", "default"},      {"ROLE_RANK", "1"},             {"ROLE_WORLD_SIZE", "2"},
+      {"TORCHELASTIC_RUN_ID", "pool-abc"}, {"TORCHELASTIC_RESTART_COUNT", "0"},
+      {"TORCHELASTIC_MAX_RESTARTS", "0"},  {"PET_NNODES", "2"},     {"PET_NODE_RANK", "1"},
+      {"PET_NPROC_PER_NODE", "1"},   {"PET_MASTER_ADDR", "10.0.0.5"}, {"PET_MASTER_PORT", "41234"},
+      {"SKYFORGE_TORCH_BACKEND", "gloo"},
+  };
+  EXPECT_EQ(env, expected);
+  // The agent store is torchrun's; without an agent, rank 0 must create the store itself.
+  EXPECT_EQ(env.count("TORCHELASTIC_USE_AGENT_STORE"), 0u);
+}
+
+}  // namespace
