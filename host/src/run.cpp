@@ -133,7 +133,6 @@ class PoolRun {
   template <class Pred>
   bool wait_for(std::unique_lock<std::mutex>& lock, Pred pred, std::optional<Clock::time_point> deadline);
   void fail(const std::string& why);  // under mu_
-  std::string first_lost() const;     // under mu_
   bool node_done(const NodeState& n) const;
 
   const Manifest& m_;
@@ -211,11 +210,6 @@ void PoolRun::fail(const std::string& why) {
 
 bool PoolRun::node_done(const NodeState& n) const { return n.result.has_value(); }
 
-std::string PoolRun::first_lost() const {
-  for (size_t i = 0; i < nodes_.size(); ++i)
-    if (!nodes_[i].lost.empty()) return "node " + std::to_string(i) + " lost: " + nodes_[i].lost;
-  return "";
-}
 
 void PoolRun::load_plugins() {
   const PluginInfo* prov = catalog_.find(m_.pool.provider);
@@ -252,7 +246,7 @@ void PoolRun::client_enter() {
   ed.add_apt = [](void* c, const char* p) { static_cast<Image*>(c)->apt.emplace_back(p); };
   ed.add_pip = [](void* c, const char* p) { static_cast<Image*>(c)->pip.emplace_back(p); };
   ed.set_env = [](void* c, const char* k, const char* v) { static_cast<Image*>(c)->env[k] = v ? v : ""; };
-  ed.add_file = [](void* c, const char* s, const char* d) { static_cast<Image*>(c)->files.push_back({s, d}); };
+  ed.add_file = [](void* c, const char* s, const char* d) { static_cast<Image*>(c)->files.push_back(FileCopy{s, d, SourcePos{}}); };
   for (auto& fw : frameworks_) {
     auto* h = fw->hooks<sf_framework_hooks>();
     if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;

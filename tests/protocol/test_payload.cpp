@@ -1,0 +1,187 @@
+// Boost.Serialization payloads: round trips of every message and rejection of malformed input,
+// plus the crypto helpers.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "protocol.hpp"
+
+using namespace skyforge;
+using namespace skyforge::net;
+
+namespace {
+
+// Round trip: deserialising the bytes and serialising again gives the same bytes, and every
+// strict prefix (and the bytes plus a trailing one) is rejected.
+template <class T>
+T round_trip(const T& value) {
+  const std::string bytes = serialize(value);
+  T back = deserialize<T>(bytes);
+  EXPECT_EQ(serialize(back), bytes);
+  for (size_t n = 0; n < bytes.size(); ++n)
+    EXPECT_THROW(deserialize<T>(std::string_view(bytes.data(), n)), ProtocolError) << "prefix of " << n << " bytes";
+  EXPECT_THROW(deserialize<T>(bytes + "!"), ProtocolError);
+  return back;
+}
+
+std::string le64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+std::string hex(const std::string& s) {
+  static const char* d = "0123456789abcdef";
+  std::string o;
+  for (unsigned char c : s) {
+    o += d[c >> 4];
+    o += d[c & 15];
+  }
+  return o;
+}
+
+}  // namespace
+
+TEST(Payload, Hello) {
+  msg::Hello h{3, 4242, "node-a", "10.0.0.3", "10.0.0.1:555"};
+  auto b = round_trip(h);
+  EXPECT_EQ(b.node, 3u);
+  EXPECT_EQ(b.pid, 4242);
+  EXPECT_EQ(b.hostname, "node-a");
+  EXPECT_EQ(b.store_addr, "10.0.0.1:555");
+}
+
+TEST(Payload, Job) {
+  msg::Job j;
+  j.node = 2;
+  j.total_nodes = 4;
+  j.head_addr = "10.0.0.1";
+  j.accelerators = 8;
+  j.accelerator = "H100";
+  j.pool_id = "abc123";
+  j.frameworks = {{"torch", "/p/torch.so", {{"backend", "nccl"}, {"x", ""}}}, {"jax", "/p/jax.so", {}}};
+  j.app = {"hello", "/p/hello.so", {{"k", "v"}}};
+  j.mode = "map";
+  j.command = {"python3", "train.py", std::string("\0bin", 4)};
+  j.env = {{"A", "1"}, {"B", "two"}};
+  j.config = {{"lr", "0.1"}};
+  auto b = round_trip(j);
+  EXPECT_EQ(b.total_nodes, 4u);
+  ASSERT_EQ(b.frameworks.size(), 2u);
+  EXPECT_EQ(b.frameworks[0].options[0].second, "nccl");
+  EXPECT_EQ(b.command[2], std::string("\0bin", 4));
+  EXPECT_EQ(b.env.at("B"), "two");
+}
+
+TEST(Payload, PluginSpecLogShutdownReady) {
+  EXPECT_EQ(round_trip(msg::PluginSpec{"a", "/b.so", {{"c", "d"}}}).library, "/b.so");
+  auto l = round_trip(msg::Log{1, 2, "line one\nline two\n"});
+  EXPECT_EQ(l.stream, 2);
+  EXPECT_EQ(l.text, "line one\nline two\n");
+  EXPECT_EQ(round_trip(msg::Shutdown{"done"}).reason, "done");
+}
+
+TEST(Payload, Tasks) {
+  msg::TaskBatch tb;
+  tb.first = 1000;
+  tb.inputs = {"", "x", std::string(300, 'y')};
+  auto b = round_trip(tb);
+  EXPECT_EQ(b.first, 1000u);
+  EXPECT_EQ(b.inputs[2].size(), 300u);
+
+  msg::TaskResults tr;
+  tr.first = 7;
+  tr.elapsed_ns = 123456789;
+  tr.results = {{true, 0, "ok"}, {false, 3, "boom"}};
+  auto r = round_trip(tr);
+  ASSERT_EQ(r.results.size(), 2u);
+  EXPECT_FALSE(r.results[1].ok);
+  EXPECT_EQ(r.results[1].slot, 3u);
+  EXPECT_EQ(round_trip(msg::TaskResult{false, 9, "e"}).slot, 9u);
+}
+
+TEST(Payload, RunResultAndKv) {
+  auto rr = round_trip(msg::RunResult{5, false, -9, "", "killed by SIGKILL"});
+  EXPECT_EQ(rr.exit_code, -9);
+  EXPECT_EQ(rr.error, "killed by SIGKILL");
+  auto kq = round_trip(msg::KvRequest{42, "key", "value", -3, 1000});
+  EXPECT_EQ(kq.delta, -3);
+  EXPECT_EQ(kq.timeout_ms, 1000);
+  auto kr = round_trip(msg::KvReply{42, 4, "", "timed out"});
+  EXPECT_EQ(kr.status, 4);
+}
+
+TEST(Payload, HugeStringLengthIsRejectedWithoutAllocating) {
+  // Shutdown = the 5-byte class preamble Boost writes for each class, then one string: an
+  // 8-byte length and the bytes. Claim 2^62 bytes.
+  const std::string preamble(5, '\0');
+  ASSERT_EQ(serialize(msg::Shutdown{"short"}), preamble + le64(5) + "short");
+  const std::string forged = preamble + le64(uint64_t{1} << 62) + "short";
+  try {
+    deserialize<msg::Shutdown>(forged);
+    FAIL();
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed Shutdown payload"), std::string::npos) << e.what();
+  }
+  // A length just above what is left is refused too.
+  EXPECT_THROW(deserialize<msg::Shutdown>(preamble + le64(6) + "short"), ProtocolError);
+  EXPECT_EQ(deserialize<msg::Shutdown>(preamble + le64(5) + "short").reason, "short");
+}
+
+TEST(Payload, HugeCollectionCountIsRejected) {
+  msg::TaskBatch tb;
+  tb.first = 1;
+  tb.inputs = {"a"};
+  std::string bytes = serialize(tb);
+  // Layout: preamble(5) | first(8) | vector preamble(5) | count(8) | item_version(4) | strings.
+  ASSERT_EQ(bytes.size(), 39u);
+  ASSERT_EQ(bytes.substr(18, 8), le64(1));
+  bytes.replace(18, 8, le64(uint64_t{1} << 60));
+  EXPECT_THROW(deserialize<msg::TaskBatch>(bytes), ProtocolError);
+  bytes.replace(18, 8, le64(1000000));
+  EXPECT_THROW(deserialize<msg::TaskBatch>(bytes), ProtocolError);
+}
+
+TEST(Payload, InvalidBoolIsRejected) {
+  std::string bytes = serialize(msg::TaskResult{true, 1, "v"});
+  // The bool follows the 5-byte class preamble.
+  ASSERT_EQ(bytes[5], 1);
+  bytes[5] = 7;
+  EXPECT_THROW(deserialize<msg::TaskResult>(bytes), ProtocolError);
+}
+
+TEST(Payload, RandomGarbageOnlyEverThrowsProtocolError) {
+  std::mt19937_64 rng(12345);
+  const std::string good = serialize(msg::Job{});
+  for (int i = 0; i < 3000; ++i) {
+    std::string s = good;
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < flips; ++k) s[rng() % s.size()] = static_cast<char>(rng());
+    if (rng() % 3 == 0) s.resize(rng() % (s.size() + 1));
+    try {
+      (void)deserialize<msg::Job>(s);
+    } catch (const ProtocolError&) {
+    }
+    std::string junk(rng() % 64, '\0');
+    for (auto& c : junk) c = static_cast<char>(rng());
+    try {
+      (void)deserialize<msg::TaskResults>(junk);
+    } catch (const ProtocolError&) {
+    }
+  }
+}
+
+TEST(Crypto, HmacSha256MatchesRfc4231) {
+  EXPECT_EQ(hex(hmac_sha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(hmac_sha256("", "").size(), 32u);
+}
+
+TEST(Crypto, RandomBytesAndHex) {
+  EXPECT_EQ(random_bytes(32).size(), 32u);
+  EXPECT_NE(random_bytes(32), random_bytes(32));
+  const std::string h = random_hex(16);
+  EXPECT_EQ(h.size(), 32u);
+  EXPECT_EQ(h.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(random_hex(0), "");
+}
