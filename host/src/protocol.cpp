@@ -397,7 +397,19 @@ void Connection::send(msg::Type type, std::string payload) {
   {
     std::lock_guard<std::mutex> lock(out_mu_);
     if (!accepting_) return;
-    append_frame(outbox_, type, payload);
+    if (!write_pending_ && outbox_.empty()) {
+      // Fast path: no write in flight and nothing queued, so the frame goes to the kernel from
+      // the calling thread (non-blocking). This saves a wake-up of the io thread per frame,
+      // which dominates the round trip of small task frames. Whatever the socket does not take
+      // now, and any error, is left to the asynchronous path below.
+      std::string frame;
+      append_frame(frame, type, payload);
+      ssize_t n = ::send(socket_.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n == static_cast<ssize_t>(frame.size())) return;
+      outbox_.assign(frame, n > 0 ? static_cast<size_t>(n) : 0, std::string::npos);
+    } else {
+      append_frame(outbox_, type, payload);
+    }
     queued = outbox_.size();
     if (queued > opts_.max_queued_bytes) {
       overflow = true;
@@ -522,14 +534,16 @@ void Connection::finish(const std::string& reason) {
   closing_ = true;
   heartbeat_timer_.cancel();
   lease_timer_.cancel();
-  boost::system::error_code ec;
-  socket_.shutdown(tcp::socket::shutdown_both, ec);
-  socket_.close(ec);
   {
+    // Before the socket closes: send()'s fast path writes to the descriptor under out_mu_,
+    // and must never see a closed (possibly reused) descriptor number.
     std::lock_guard<std::mutex> lock(out_mu_);
     accepting_ = false;
     outbox_.clear();
   }
+  boost::system::error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
   wbuf_.clear();
   CloseHandler cb = std::move(on_close_);
   on_close_ = nullptr;

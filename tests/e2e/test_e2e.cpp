@@ -184,6 +184,20 @@ TEST_F(E2E, ValidateAndPluginsAndHelp) {
   EXPECT_EQ(o.exit_code, 0);
 }
 
+TEST_F(E2E, FrameworkHooksEnterInManifestOrderAndExitInReverseEvenOnFailure) {
+  const std::string plugins = std::string("[[plugins]]\nname = \"trace_a\"\n[[plugins]]\nname = \"trace_b\"\n");
+  const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
+  for (int code : {0, 5}) {
+    auto m = write("order.toml", command_manifest(1, "echo app $TRACE; exit " + std::to_string(code), path, plugins));
+    Output o = run({"run", m.string()});
+    EXPECT_EQ(o.exit_code, code == 0 ? 0 : 1) << o.err;
+    std::string want = std::string("[node 0] enter trace_a\n[node 0] enter trace_b\n[node 0] app >trace_a>trace_b\n") +
+                       "[node 0] exit trace_b " + (code ? "failed" : "ok") + "\n[node 0] exit trace_a " +
+                       (code ? "failed" : "ok") + "\n";
+    EXPECT_EQ(o.out, want);
+  }
+}
+
 // ---- teardown on every exit path ------------------------------------------------------------
 
 TEST_F(E2E, SigintTearsThePoolDown) {
