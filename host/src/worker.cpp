@@ -33,6 +33,14 @@ extern char** environ;
 namespace skyforge {
 namespace {
 
+constexpr int kSpinUs = 50;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 // Process group of the running command app, for signal handlers (async-signal-safe use only).
 std::atomic<pid_t> g_child_pgid{0};
 int g_diag_fd = 2;
@@ -98,6 +106,7 @@ class Worker {
   std::condition_variable cv_;
   std::optional<msg::Job> job_;
   std::deque<msg::TaskBatch> batches_;
+  std::atomic<size_t> queued_{0};  // batches_.size(), readable without mu_
   bool shutdown_ = false;
   std::atomic<bool> finishing_{false};
   std::atomic<int32_t> min_log_level_{SF_LOG_WARN};  // plugin logs below this stay on the node
@@ -124,6 +133,7 @@ void Worker::on_frame(msg::Type type, std::string&& payload) {
       break;
     case msg::Type::TaskBatch:
       batches_.push_back(net::deserialize<msg::TaskBatch>(payload));
+      queued_.fetch_add(1, std::memory_order_release);
       break;
     case msg::Type::Shutdown:
       shutdown_ = true;
@@ -269,12 +279,18 @@ void Worker::run_tasks() {
     threads.emplace_back([this, slot, h] {
       for (;;) {
         msg::TaskBatch batch;
+        // A short spin before sleeping: the host usually answers a result with the next batch
+        // within tens of microseconds, and a futex wake-up costs about as much again.
+        for (auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinUs);
+             queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until;)
+          cpu_relax();
         {
           std::unique_lock<std::mutex> lock(mu_);
           cv_.wait(lock, [&] { return !batches_.empty() || shutdown_; });
           if (batches_.empty()) return;
           batch = std::move(batches_.front());
           batches_.pop_front();
+          queued_.fetch_sub(1, std::memory_order_relaxed);
         }
         auto t0 = std::chrono::steady_clock::now();
         msg::TaskResults out;
