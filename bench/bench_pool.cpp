@@ -8,6 +8,11 @@
 //   startup    `skyforge run` start -> all 8 workers ready (plugins loaded, hooks entered)
 //   rtt        one empty task's round trip on a 1-node pool (batch = 1, one in flight)
 //   throughput 100,000 empty map tasks over 2 nodes, automatic batching, vs joblib
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +48,52 @@ Timings parse_timings(const std::string& err) {
 double pct(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+}
+
+// The floor under any task round trip: two processes ping-ponging 20 bytes over loopback TCP
+// (TCP_NODELAY, blocking reads), measured on this machine in this run. Returns {p50, p99} in us.
+std::pair<double, double> tcp_ping_pong_us(int rounds) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(lfd, 1) != 0 ||
+      ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    throw std::runtime_error("ping-pong: cannot listen on loopback");
+  int one = 1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    ::close(lfd);
+    int c = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(c, reinterpret_cast<sockaddr*>(&addr), len) != 0) _exit(1);
+    ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    char buf[64];
+    for (;;) {
+      ssize_t n = ::recv(c, buf, sizeof buf, 0);
+      if (n <= 0 || ::send(c, buf, static_cast<size_t>(n), 0) != n) _exit(0);
+    }
+  }
+  int s = ::accept(lfd, nullptr, nullptr);
+  ::close(lfd);
+  ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::vector<double> us;
+  char msg[20] = {0}, buf[64];
+  for (int i = 0; i < rounds; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (::send(s, msg, sizeof msg, 0) != sizeof msg) break;
+    size_t got = 0;
+    while (got < sizeof msg) {
+      ssize_t n = ::recv(s, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ::close(s);
+  waitpid(pid, nullptr, 0);
+  if (us.empty()) throw std::runtime_error("ping-pong failed");
+  return {pct(us, 0.5), pct(us, 0.99)};
 }
 
 class Bench {
@@ -107,6 +158,10 @@ int main(int argc, char** argv) {
     std::printf("empty task round trip, 1 node (%ld tasks, batch 1, 1 in flight): p50 %.1f us, p99 %.1f us   "
                 "[target p50 < 50 us]\n",
                 5000L, t.get("batch_rtt_p50_us"), t.get("batch_rtt_p99_us"));
+    auto [pp50, pp99] = tcp_ping_pong_us(5000);
+    std::printf("peer: raw loopback TCP ping-pong between two processes, 20 bytes: p50 %.1f us, p99 %.1f us  "
+                "-> skyforge task round trip / raw ping-pong = %.2fx (p50)\n",
+                pp50, pp99, t.get("batch_rtt_p50_us") / pp50);
 
     // 3. throughput of empty map tasks over 2 nodes, auto batching, beside joblib
     auto m2 = b.manifest("map.toml", "[pool]\nnodes = 2\n[job]\napp = \"noop\"\nmode = \"map\"\ntasks = " +
