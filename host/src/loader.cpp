@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <mutex>
 #include <sstream>
 
 namespace skyforge {
@@ -56,16 +57,19 @@ const char* plugin_message(const sf_plugin_descriptor* d, void* self) {
   return (m && *m) ? m : "(the plugin gave no message)";
 }
 
+// Libraries stay resident for the life of the process (DESIGN.md §3: never dlclose): the
+// registry is reachable from a static and never destroyed, so nothing ever unloads one.
+void keep_resident(boost::dll::shared_library lib) {
+  static std::mutex mu;
+  static auto* libs = new std::vector<boost::dll::shared_library>();
+  std::lock_guard<std::mutex> lock(mu);
+  libs->push_back(std::move(lib));
+}
+
 }  // namespace
 
-struct Loader::Impl {
-  // Libraries stay resident for the life of the process (DESIGN.md §3: never dlclose):
-  // this vector is leaked on purpose at destruction.
-  std::vector<boost::dll::shared_library>* libs = new std::vector<boost::dll::shared_library>();
-};
-
-Loader::Loader(const sf_host_services* services) : impl_(std::make_unique<Impl>()), services_(services) {}
-Loader::~Loader() = default;  // Impl::libs intentionally not freed: no dlclose
+Loader::Loader(const sf_host_services* services) : services_(services) {}
+Loader::~Loader() = default;
 
 PluginInstance::~PluginInstance() {
   if (self_ && plugin_->descriptor->destroy) plugin_->descriptor->destroy(self_);
@@ -97,7 +101,7 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
 
   auto entry = lib.get<std::remove_pointer_t<sf_entry_fn>>(SKYFORGE_ENTRY_SYMBOL);
   const sf_plugin_descriptor* d = entry(services_, SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR);
-  impl_->libs->push_back(std::move(lib));  // resident from here on, whatever happens next
+  keep_resident(std::move(lib));  // resident from here on, whatever happens next
   if (!d) throw LoadError(path + ": the plugin's entry returned no descriptor (it declined this host)");
 
   // The first three fields are fixed forever: read the ABI before trusting anything else.

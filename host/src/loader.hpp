@@ -91,8 +91,6 @@ class Loader {
   const std::vector<std::unique_ptr<LoadedPlugin>>& loaded() const { return plugins_; }
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
   const sf_host_services* services_;
   std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
 };
