@@ -1,0 +1,172 @@
+// The loader against one real fixture .so per failure mode (DESIGN.md §3, §10).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "env.hpp"
+#include "loader.hpp"
+#include "services.hpp"
+
+using namespace skyforge;
+
+namespace {
+
+std::string fixture(const std::string& name) { return std::string(FIXTURES) + "/" + name + "/lib" + name + ".so"; }
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  Services services{[this](int32_t, const std::string& m) { logs.push_back(m); }};
+  Loader loader{services.table()};
+  std::vector<std::string> logs;
+
+  // The LoadError's message for loading `name` (fails the test if it loads).
+  std::string load_error(const std::string& path, const std::string& expected_name = "",
+                         std::optional<sf_kind> kind = std::nullopt) {
+    try {
+      loader.load(path, expected_name, kind);
+    } catch (const LoadError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << path << " loaded, but should not have";
+    return "";
+  }
+};
+
+TEST_F(LoaderTest, FrozenV1_0PluginLoadsAndItsHookRuns) {
+  const LoadedPlugin& p = loader.load(fixture("ok_v1_0"), "ok_v1_0", SF_KIND_FRAMEWORK);
+  EXPECT_EQ(p.name, "ok_v1_0");
+  EXPECT_EQ(p.abi_major, 1);
+  EXPECT_EQ(p.abi_minor, 0);
+  auto inst = loader.create(p, {});
+  auto* h = inst->hooks<sf_framework_hooks>();
+  ASSERT_TRUE(inst->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_app_enter)));
+  ASSERT_NE(h->around_app_enter, nullptr);
+  EnvMap env;
+  sf_env e = env.c_view();
+  sf_instance_info info{};
+  info.struct_size = sizeof info;
+  EXPECT_EQ(h->around_app_enter(inst->self(), &info, &e), SF_OK);
+  ASSERT_NE(env.get("FIXTURE"), nullptr);
+  EXPECT_STREQ(env.get("FIXTURE"), "ok_v1_0");
+}
+
+TEST_F(LoaderTest, MajorMismatchQuotesBothVersionsAndTheFile) {
+  std::string e = load_error(fixture("abi_major_mismatch"));
+  EXPECT_NE(e.find(fixture("abi_major_mismatch")), std::string::npos) << e;
+  EXPECT_NE(e.find(std::to_string(SKYFORGE_ABI_MAJOR + 1) + "." + std::to_string(SKYFORGE_ABI_MINOR)), std::string::npos) << e;
+  EXPECT_NE(e.find(std::to_string(SKYFORGE_ABI_MAJOR) + "." + std::to_string(SKYFORGE_ABI_MINOR)), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, MinorTooNewQuotesBothVersions) {
+  std::string e = load_error(fixture("abi_minor_too_new"));
+  EXPECT_NE(e.find(fixture("abi_minor_too_new")), std::string::npos) << e;
+  EXPECT_NE(e.find(std::to_string(SKYFORGE_ABI_MAJOR) + "." + std::to_string(SKYFORGE_ABI_MINOR + 1)), std::string::npos) << e;
+  EXPECT_NE(e.find("newer than host ABI " + std::to_string(SKYFORGE_ABI_MAJOR) + "." +
+                   std::to_string(SKYFORGE_ABI_MINOR)),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(LoaderTest, MissingRequiredHookIsNamed) {
+  std::string e = load_error(fixture("missing_required_hook"));
+  EXPECT_NE(e.find(fixture("missing_required_hook")), std::string::npos) << e;
+  EXPECT_NE(e.find("'terminate'"), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, InitFailureCarriesThePluginsMessage) {
+  const LoadedPlugin& p = loader.load(fixture("init_fails"));
+  try {
+    loader.create(p, {});
+    FAIL() << "create succeeded";
+  } catch (const PluginError& e) {
+    EXPECT_EQ(e.status(), SF_ERR_INVALID);
+    EXPECT_NE(std::string(e.what()).find("no licence server"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fixture("init_fails")), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LoaderTest, TwoLibrariesClaimingOneNameAreBothNamed) {
+  loader.load(fixture("dup_a"));
+  std::string e = load_error(fixture("dup_b"));
+  EXPECT_NE(e.find("'dup'"), std::string::npos) << e;
+  EXPECT_NE(e.find(fixture("dup_a")), std::string::npos) << e;
+  EXPECT_NE(e.find(fixture("dup_b")), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, NotAPluginAtAll) {
+  std::string path = std::string(FIXTURES) + "/not_a_plugin/libnot_a_plugin.so";
+  std::string e = load_error(path);
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  EXPECT_NE(e.find("not a skyforge plugin"), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, MissingFileAndNonLibrary) {
+  std::string e = load_error(std::string(FIXTURES) + "/nope/libnope.so");
+  EXPECT_NE(e.find("not found"), std::string::npos) << e;
+  e = load_error(std::string(FIXTURES) + "/ok_v1_0/plugin.toml");
+  EXPECT_NE(e.find("cannot load shared library"), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, EntryReturningNullIsRefused) {
+  std::string e = load_error(fixture("entry_returns_null"));
+  EXPECT_NE(e.find("no descriptor"), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, NameAndKindMustMatchWhatPluginTomlSays) {
+  std::string e = load_error(fixture("ok_v1_0"), "something_else");
+  EXPECT_NE(e.find("something_else"), std::string::npos) << e;
+  Loader other(services.table());
+  try {
+    other.load(fixture("ok_v1_0"), "ok_v1_0", SF_KIND_PROVIDER);
+    FAIL();
+  } catch (const LoadError& err) {
+    EXPECT_NE(std::string(err.what()).find("expected a provider plugin"), std::string::npos) << err.what();
+  }
+}
+
+TEST_F(LoaderTest, SdkAppRunsAndTaskErrorsComeBackAsStatusAndMessage) {
+  const LoadedPlugin& p = loader.load(fixture("sdk_app"), "sdk_app", SF_KIND_APP);
+  EXPECT_EQ(p.version, "1.2.3");
+  auto inst = loader.create(p, {{"greeting", "hi"}});
+  auto* h = inst->hooks<sf_app_hooks>();
+  std::string out;
+  sf_sink sink{&out, [](void* c, const char* d, size_t n) { static_cast<std::string*>(c)->append(d, n); }};
+  ASSERT_EQ(h->run(inst->self(), sink), SF_OK);
+  EXPECT_EQ(out, "ran with greeting=hi");
+  out.clear();
+  ASSERT_EQ(h->task(inst->self(), "x", 1, 3, sink), SF_OK);
+  EXPECT_EQ(out, "x@3");
+  EXPECT_EQ(h->task(inst->self(), "boom", 4, 0, sink), SF_ERR_INVALID);
+  EXPECT_STREQ(p.descriptor->last_error(inst->self()), "boom on purpose");
+  EXPECT_EQ(h->task(inst->self(), "std", 3, 0, sink), SF_ERR);
+  EXPECT_STREQ(p.descriptor->last_error(inst->self()), "std exception on purpose");
+}
+
+TEST_F(LoaderTest, ThrowingHookBecomesAStatusAndTheHostSurvives) {
+  const LoadedPlugin& p = loader.load(fixture("throwing_framework"));
+  auto inst = loader.create(p, {});
+  auto* h = inst->hooks<sf_framework_hooks>();
+  ASSERT_NE(h->around_app_enter, nullptr);
+  EXPECT_EQ(h->around_client_enter, nullptr) << "hooks a plugin does not override stay NULL";
+  EnvMap env;
+  sf_env e = env.c_view();
+  sf_instance_info info{};
+  info.struct_size = sizeof info;
+  sf_status st = h->around_app_enter(inst->self(), &info, &e);
+  EXPECT_EQ(st, SF_ERR);
+  try {
+    inst->check(st, "around_app_enter");
+    FAIL();
+  } catch (const PluginError& err) {
+    EXPECT_NE(std::string(err.what()).find("around_app_enter exploded"), std::string::npos) << err.what();
+  }
+}
+
+TEST_F(LoaderTest, LoadingTwiceReturnsTheSamePlugin) {
+  const LoadedPlugin& a = loader.load(fixture("ok_v1_0"));
+  const LoadedPlugin& b = loader.load(fixture("ok_v1_0"));
+  EXPECT_EQ(&a, &b);
+}
+
+}  // namespace
