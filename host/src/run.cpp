@@ -19,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "io_loop.hpp"
 #include "loader.hpp"
 #include "protocol.hpp"
 #include "services.hpp"
@@ -701,7 +702,7 @@ int PoolRun::run() {
   };
   signals.async_wait(on_sig);
   auto guard = boost::asio::make_work_guard(io_);
-  std::thread io_thread([this] { io_.run(); });
+  std::thread io_thread([this] { run_io_with_spin(io_, std::chrono::microseconds(50)); });
 
   if (m_.job.mode == "map") {
     n_tasks_ = m_.job.inputs.empty() ? m_.job.tasks : m_.job.inputs.size();

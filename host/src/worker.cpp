@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "env.hpp"
+#include "io_loop.hpp"
 #include "loader.hpp"
 #include "output_pump.hpp"
 #include "protocol.hpp"
@@ -34,12 +35,6 @@ namespace skyforge {
 namespace {
 
 constexpr int kSpinUs = 50;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 // Process group of the running command app, for signal handlers (async-signal-safe use only).
 std::atomic<pid_t> g_child_pgid{0};
