@@ -288,19 +288,23 @@ void PoolRun::client_exit(bool ok) {
 }
 
 void PoolRun::provision() {
-  struct Sink {
-    std::vector<NodeState>* nodes;
-    std::string* control;
-  } sink{&nodes_, &control_address_};
+  // Nodes are recorded as the provider reports them, under mu_, so that a forced teardown
+  // (second Ctrl-C) in the middle of a slow provision still terminates every node made so far.
   sf_node_sink ns{};
-  ns.ctx = &sink;
+  ns.ctx = this;
   ns.add_node = [](void* c, const char* id, const char* addr) {
+    auto* self = static_cast<PoolRun*>(c);
     NodeState n;
     n.id = id ? id : "";
     n.address = addr ? addr : "";
-    static_cast<Sink*>(c)->nodes->push_back(std::move(n));
+    std::lock_guard<std::mutex> lock(self->mu_);
+    self->nodes_.push_back(std::move(n));
   };
-  ns.set_control_address = [](void* c, const char* a) { *static_cast<Sink*>(c)->control = a ? a : ""; };
+  ns.set_control_address = [](void* c, const char* a) {
+    auto* self = static_cast<PoolRun*>(c);
+    std::lock_guard<std::mutex> lock(self->mu_);
+    self->control_address_ = a ? a : "";
+  };
   sf_pool_spec spec{};
   spec.struct_size = sizeof spec;
   spec.nodes = m_.pool.nodes;
@@ -308,13 +312,11 @@ void PoolRun::provision() {
   spec.accelerator = m_.pool.accelerator.c_str();
   spec.pool_id = pool_id_.c_str();
   auto* h = provider_->hooks<sf_provider_hooks>();
-  sf_status st;
   {
     std::lock_guard<std::mutex> lock(mu_);
     provisioned_ = true;  // from here on, teardown calls terminate even if provision fails half-way
-    st = h->provision(provider_->self(), &spec, &ns);
   }
-  provider_->check(st, "provision");
+  provider_->check(h->provision(provider_->self(), &spec, &ns), "provision");
   if (nodes_.size() != m_.pool.nodes)
     throw std::runtime_error("provider '" + m_.pool.provider + "' provisioned " + std::to_string(nodes_.size()) +
                              " nodes, " + std::to_string(m_.pool.nodes) + " were asked for");
@@ -457,7 +459,10 @@ void PoolRun::on_signal(int sig) {
   // Second signal: no more waiting on anyone. Terminate what exists, then leave.
   printer_.err("forced: terminating the pool now");
   std::vector<std::string> ids;
-  for (auto& n : nodes_) ids.push_back(n.id);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // only ever held briefly
+    for (auto& n : nodes_) ids.push_back(n.id);
+  }
   std::vector<const char*> cids;
   for (auto& s : ids) cids.push_back(s.c_str());
   if (provider_) provider_->hooks<sf_provider_hooks>()->terminate(provider_->self(), cids.data(), cids.size());
