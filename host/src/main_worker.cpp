@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
   const char* secret = std::getenv("SKYFORGE_POOL_SECRET");
   if (!secret || !*secret) return usage_error("$SKYFORGE_POOL_SECRET is not set");
   a.secret = secret;
-  unsetenv("SKYFORGE_POOL_SECRET");  // apps and commands never see it
+  // Scrub the value in place before dropping the variable: /proc/<pid>/environ reads the
+  // original environment block, which unsetenv() alone leaves intact. Apps, commands and
+  // other local users never see the secret.
+  std::memset(const_cast<char*>(secret), 0, std::strlen(secret));
+  unsetenv("SKYFORGE_POOL_SECRET");
   return skyforge::worker_main(a);
 }

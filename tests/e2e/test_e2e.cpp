@@ -198,6 +198,17 @@ TEST_F(E2E, FrameworkHooksEnterInManifestOrderAndExitInReverseEvenOnFailure) {
   }
 }
 
+TEST_F(E2E, PoolSecretIsNeverVisibleToTheCommandOrInTheWorkersEnviron) {
+  // The command's own environment, and the worker's (its parent) as /proc shows it.
+  auto m = write("secret.toml", command_manifest(2,
+      "echo own=$(env | grep -c ^SKYFORGE_POOL_SECRET=); "
+      "echo worker=$(tr '\\\\0' '\\\\n' < /proc/$PPID/environ | grep -a -c -E '^SKYFORGE_POOL_SECRET=.+')"));
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(count(o.out, "own=0"), 2) << o.out;
+  EXPECT_EQ(count(o.out, "worker=0"), 2) << o.out;
+}
+
 // ---- teardown on every exit path ------------------------------------------------------------
 
 TEST_F(E2E, SigintTearsThePoolDown) {
