@@ -234,6 +234,9 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
   for (auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
 
+  // Everything the child needs is prepared here: between fork() and exec() only
+  // async-signal-safe calls (no allocation: another thread may hold the malloc lock).
+  const std::string exec_error = std::string("cannot run '") + cargv[0] + "': ";
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
@@ -246,8 +249,10 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
     signal(SIGPIPE, SIG_DFL);
     if (chdir(info_.work_dir) != 0) _exit(127);
     execvpe(cargv[0], cargv.data(), cenv.data());
-    std::string m = std::string("cannot run '") + cargv[0] + "': " + std::strerror(errno) + "\n";
-    ssize_t rc = ::write(2, m.data(), m.size());
+    const char* why = strerrordesc_np(errno);  // a constant string: no locale, no allocation
+    ssize_t rc = ::write(2, exec_error.data(), exec_error.size());
+    rc = ::write(2, why ? why : "error", why ? std::strlen(why) : 5);
+    rc = ::write(2, "\n", 1);
     (void)rc;
     _exit(127);
   }
