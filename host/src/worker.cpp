@@ -413,6 +413,12 @@ int Worker::run() {
       env.set("SKYFORGE_POOL_ID", job_->pool_id);
       env.set("SKYFORGE_WORK_DIR", args_.work_dir);
       if (!env.get("PYTHONUNBUFFERED")) env.set("PYTHONUNBUFFERED", "1");  // live output from Python
+      // [image] pip packages are installed by the bootstrap script into the node's work dir.
+      const std::string site = args_.work_dir + "/.skyforge/site";
+      if (std::filesystem::is_directory(site)) {
+        const char* old = env.get("PYTHONPATH");
+        env.set("PYTHONPATH", old && *old ? site + ":" + old : site);
+      }
       setup_plugins(env);
       if (job_->command.empty()) env.apply_to_process();  // native apps read the same environment
       conn_->send(msg::Type::Ready, std::string());

@@ -209,6 +209,20 @@ TEST_F(E2E, PoolSecretIsNeverVisibleToTheCommandOrInTheWorkersEnviron) {
   EXPECT_EQ(count(o.out, "worker=0"), 2) << o.out;
 }
 
+TEST_F(E2E, ImageEnvAndFilesReachEveryNode) {
+  write("data.txt", "payload-line\n");
+  auto m = write("image.toml",
+                 "[pool]\nnodes = 2\n[image]\nenv = { FOO = \"bar baz\" }\n"
+                 "files = [{ source = \"data.txt\", target = \"in/data.txt\" }]\n"
+                 "[job]\ncommand = [\"sh\", \"-c\", \"echo foo=$FOO; cat in/data.txt\"]\n");
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(o.out.find("[node " + std::to_string(i) + "] foo=bar baz"), std::string::npos) << o.out;
+    EXPECT_NE(o.out.find("[node " + std::to_string(i) + "] payload-line"), std::string::npos) << o.out;
+  }
+}
+
 // ---- teardown on every exit path ------------------------------------------------------------
 
 TEST_F(E2E, SigintTearsThePoolDown) {
