@@ -6,12 +6,19 @@
 // rejection), never from std::shuffle or std::uniform_int_distribution, whose output is
 // implementation-defined.
 //
-//   shard(n, node, total, shuffle, seed)   this node's indices of [0, n)
+//   shard(n, node, total, shuffle, seed)          this node's indices of [0, n)
+//   shard(info, n, shuffle, seed)                 the same, info = instance_info() (or shard_for)
 //   shard(node, total, shuffle, seed, a, b, ...)  the same rows of several equal-length arrays
-//   DistributedSampler                      PyTorch's sampler semantics, epoch by epoch
+//   shard(info, shuffle, seed, a, b, ...)         the same, info = instance_info()
+//   DistributedSampler                            PyTorch's sampler semantics, epoch by epoch
+//   permutation(n, shuffle, seed), Rng            the building blocks, public and pinned
+//
+// The generator, the bounded draw and the shuffle are pinned by a golden test
+// (tests/sdk/test_sdk_data.cpp): a given (n, seed) splits the same way in every release.
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -41,21 +48,28 @@ class Rng {
     s_[3] = rotl(s_[3], 45);
     return result;
   }
-  // Uniform in [0, bound), unbiased (Lemire 2019). bound must be > 0.
+  // Uniform in [0, bound), unbiased: Lemire's multiply-shift ("Fast Random Integer Generation
+  // in an Interval", 2019) — the high 64 bits of next() * bound, redrawing when the low 64 bits
+  // fall below 2^64 mod bound. bound must be > 0.
   uint64_t below(uint64_t bound) {
-    unsigned __int128 m = static_cast<unsigned __int128>(next()) * bound;
-    uint64_t low = static_cast<uint64_t>(m);
-    if (low < bound) {
-      const uint64_t threshold = (0 - bound) % bound;
-      while (low < threshold) {
-        m = static_cast<unsigned __int128>(next()) * bound;
-        low = static_cast<uint64_t>(m);
-      }
+    uint64_t hi = 0, lo = 0;
+    mul_64x64(next(), bound, hi, lo);
+    if (lo < bound) {
+      const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
+      while (lo < threshold) mul_64x64(next(), bound, hi, lo);
     }
-    return static_cast<uint64_t>(m >> 64);
+    return hi;
   }
 
  private:
+  // Full 128-bit product as (hi, lo), in portable C++ (no __int128, so -pedantic builds stay clean).
+  static void mul_64x64(uint64_t a, uint64_t b, uint64_t& hi, uint64_t& lo) {
+    const uint64_t a_lo = a & 0xffffffffULL, a_hi = a >> 32, b_lo = b & 0xffffffffULL, b_hi = b >> 32;
+    const uint64_t p0 = a_lo * b_lo, p1 = a_lo * b_hi, p2 = a_hi * b_lo, p3 = a_hi * b_hi;
+    const uint64_t mid = (p0 >> 32) + (p1 & 0xffffffffULL) + (p2 & 0xffffffffULL);
+    hi = p3 + (p1 >> 32) + (p2 >> 32) + (mid >> 32);
+    lo = (mid << 32) | (p0 & 0xffffffffULL);
+  }
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   static uint64_t splitmix64(uint64_t& state) {
     uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
@@ -94,15 +108,43 @@ inline std::vector<size_t> shard(size_t n, uint32_t node, uint32_t total_nodes, 
                              all.begin() + static_cast<std::ptrdiff_t>(begin + count));
 }
 
-// Any `info` with .node and .total_nodes (skyforge::InstanceInfo).
-template <class Info>
-std::vector<size_t> shard_for(const Info& info, size_t n, bool shuffle = false, uint64_t seed = 0) {
-  return shard(n, info.node, info.total_nodes, shuffle, seed);
+namespace detail {
+// Anything that says which node this is: skyforge::InstanceInfo (sdk.hpp), or any struct with
+// integral .node and .total_nodes.
+template <class I>
+concept NodeInfo = requires(const I& i) {
+  { i.node } -> std::convertible_to<uint32_t>;
+  { i.total_nodes } -> std::convertible_to<uint32_t>;
+};
+}  // namespace detail
+
+// shard(n, info.node, info.total_nodes, shuffle, seed), for an InstanceInfo-like `info`:
+//   auto mine = skyforge::shard(instance_info(), n, /*shuffle=*/true, /*seed=*/42);
+template <detail::NodeInfo Info>
+std::vector<size_t> shard(const Info& info, size_t n, bool shuffle = false, uint64_t seed = 0) {
+  return shard(n, static_cast<uint32_t>(info.node), static_cast<uint32_t>(info.total_nodes), shuffle, seed);
 }
+// The same, under a name that cannot be confused with the other overloads.
+template <detail::NodeInfo Info>
+std::vector<size_t> shard_for(const Info& info, size_t n, bool shuffle = false, uint64_t seed = 0) {
+  return shard(n, static_cast<uint32_t>(info.node), static_cast<uint32_t>(info.total_nodes), shuffle, seed);
+}
+
+namespace detail {
+// What shard(node, total, shuffle, seed, arrays...) accepts as an array: size() and operator[].
+template <class A>
+concept IndexableRows = requires(const A& a, size_t i) {
+  { a.size() } -> std::convertible_to<size_t>;
+  a[i];
+};
+}  // namespace detail
 
 // Several arrays split consistently: row i of every array lands on the same node. Each array
 // is a std::vector (or anything with size() and operator[]); all must have one length.
+// The constraint keeps shard(n, node, total, shuffle, seed) unambiguous when seed is a plain
+// integer literal (without it, `shard(n, node, total, true, 42)` matched both overloads).
 template <class... Arrays>
+  requires(detail::IndexableRows<Arrays> && ...)
 auto shard(uint32_t node, uint32_t total_nodes, bool shuffle, uint64_t seed, const Arrays&... arrays) {
   static_assert(sizeof...(Arrays) > 0, "shard: pass at least one array");
   const size_t sizes[] = {static_cast<size_t>(arrays.size())...};
@@ -118,6 +160,14 @@ auto shard(uint32_t node, uint32_t total_nodes, bool shuffle, uint64_t seed, con
     return out;
   };
   return std::make_tuple(take(arrays)...);
+}
+
+// shard(info.node, info.total_nodes, shuffle, seed, arrays...), for an InstanceInfo-like `info`:
+//   auto [x_mine, y_mine] = skyforge::shard(instance_info(), /*shuffle=*/true, /*seed=*/42, x, y);
+template <detail::NodeInfo Info, class... Arrays>
+  requires(detail::IndexableRows<Arrays> && ...)
+auto shard(const Info& info, bool shuffle, uint64_t seed, const Arrays&... arrays) {
+  return shard(static_cast<uint32_t>(info.node), static_cast<uint32_t>(info.total_nodes), shuffle, seed, arrays...);
 }
 
 // PyTorch's DistributedSampler, deterministically:
@@ -144,6 +194,12 @@ class DistributedSampler {
   uint64_t epoch() const { return epoch_; }
   size_t num_samples() const { return num_samples_; }
   size_t total_size() const { return num_samples_ * world_; }
+  size_t size() const { return size_; }
+  uint32_t rank() const { return rank_; }
+  uint32_t world() const { return world_; }
+  bool shuffle() const { return shuffle_; }
+  uint64_t seed() const { return seed_; }
+  bool drop_last() const { return drop_last_; }
 
   std::vector<size_t> indices() const {
     std::vector<size_t> all = permutation(size_, shuffle_, seed_ + epoch_);
@@ -151,6 +207,9 @@ class DistributedSampler {
     if (all.size() > total) {
       all.resize(total);
     } else if (!all.empty()) {
+      // Cyclic repetition from the start (PyTorch: indices += indices[:padding], repeated as
+      // often as needed when world > size).
+      all.reserve(total);
       for (size_t i = 0; all.size() < total; ++i) all.push_back(all[i]);
     }
     std::vector<size_t> mine;

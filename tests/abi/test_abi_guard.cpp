@@ -48,12 +48,12 @@ TEST(AbiGuard, HeaderHashMatchesItsVersion) {
   for (std::string v, h; lines >> v >> h;) released[v] = h;
   auto it = released.find(version);
   ASSERT_NE(it, released.end()) << "abi.h says " << version << " (sha256 " << hash
-                                << ") but tests/loader_abi/abi_versions.txt has no line for it: add \"" << version
+                                << ") but tests/abi/abi_versions.txt has no line for it: add \"" << version
                                 << " " << hash << "\"";
   EXPECT_EQ(it->second, hash) << "abi.h changed (sha256 " << hash << ") but SKYFORGE_ABI_MAJOR/MINOR still say "
                               << version
                               << ": bump the minor version (fields appended) or the major version (anything else), "
-                                 "and add a line to tests/loader_abi/abi_versions.txt";
+                                 "and add a line to tests/abi/abi_versions.txt";
 }
 
 TEST(AbiGuard, FrozenV1_0CopyIsTheReleasedOne) {
