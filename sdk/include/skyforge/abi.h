@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 0
+#define SKYFORGE_ABI_MINOR 1
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -99,7 +99,40 @@ typedef struct sf_cluster {
   const char* pool_id;
 } sf_cluster;
 
+/* ---- collectives across the pool's nodes (DESIGN.md §6; ABI 1.1) ----------------------- */
+typedef int32_t sf_dtype;
+#define SF_DTYPE_F32 1
+#define SF_DTYPE_F64 2
+#define SF_DTYPE_I32 3
+#define SF_DTYPE_I64 4
+
+typedef int32_t sf_reduce_op;
+#define SF_REDUCE_SUM 1
+#define SF_REDUCE_MAX 2
+#define SF_REDUCE_MIN 3
+
+/* One process group over every node of the pool (rank = node). Calls are collective: every
+ * rank makes the same calls in the same order. Results are identical, bit for bit, on every
+ * rank. Buffers are the caller's; nothing is retained after a call returns. */
+typedef struct sf_communicator {
+  uint32_t struct_size;
+  void* ctx;
+  uint32_t rank;
+  uint32_t size;
+  /* In place: data[i] = op over ranks of data[i]. */
+  sf_status (*allreduce)(void* ctx, void* data, size_t count, sf_dtype dtype, sf_reduce_op op);
+  /* In place: every rank's `bytes` bytes become root's. */
+  sf_status (*broadcast)(void* ctx, void* data, size_t bytes, uint32_t root);
+  /* out (size * bytes) = rank 0's `in`, then rank 1's, ... */
+  sf_status (*allgather)(void* ctx, const void* in, size_t bytes, void* out);
+  sf_status (*barrier)(void* ctx);
+  /* Message of the last failed call on this thread. */
+  const char* (*last_error)(void* ctx);
+} sf_communicator;
+
 /* ---- services the host lends to every plugin ---------------------------------------- */
+struct sf_compute_hooks; /* defined below, with the compute backends */
+
 typedef struct sf_host_services {
   uint32_t struct_size;
   uint16_t abi_major;
@@ -118,6 +151,14 @@ typedef struct sf_host_services {
   const char* (*config)(void* ctx, const char* key);
   /* Message of the last failed service call on this thread. */
   const char* (*last_error)(void* ctx);
+  /* ABI 1.1 (check struct_size before use) ------------------------------------------------ */
+  /* The pool's communicator (rank = node), created on first use by a collective rendezvous of
+   * every node; NULL on the client or when it cannot be built (last_error says why). */
+  const sf_communicator* (*communicator)(void* ctx);
+  /* A compute backend loaded on this node: `name` as in the manifest, or NULL/"" for the one
+   * the manifest selected (the keras plugin's `backend`). The host owns the instance. */
+  sf_status (*compute_backend)(void* ctx, const char* name, const struct sf_compute_hooks** hooks,
+                               void** self);
 } sf_host_services;
 
 /* ---- framework plugins (DESIGN.md §4) ----------------------------------------------- */
@@ -199,6 +240,65 @@ typedef struct sf_app_hooks {
   sf_status (*task)(void* self, const char* input, size_t input_size, uint32_t slot, sf_sink result);
 } sf_app_hooks;
 
+/* ---- compute backends (DESIGN.md §7; ABI 1.1) ----------------------------------------- */
+/* An engine owns a whole training step (forward, backward, gradient allreduce, optimizer
+ * update), so a backend is free to fuse and overlap. Tensors are float32, row-major, images
+ * NHWC; labels int32 class indices. */
+typedef struct sf_layer_spec {
+  const char* type;     /* "dense", "conv2d", "batch_normalization", "relu", "softmax",
+                           "dropout", "flatten", "global_average_pooling2d", "max_pooling2d" */
+  const sf_kv* options; /* e.g. units=128, activation=relu; text values */
+  size_t n_options;
+} sf_layer_spec;
+
+typedef struct sf_model_spec {
+  uint32_t struct_size;
+  const uint32_t* input_shape; /* one sample's shape, e.g. {28, 28, 1} */
+  uint32_t input_rank;
+  const sf_layer_spec* layers;
+  size_t n_layers;
+  const char* optimizer; /* "sgd" | "adam" */
+  const sf_kv* optimizer_options; /* learning_rate, momentum, beta_1, beta_2, epsilon, nesterov */
+  size_t n_optimizer_options;
+  const char* loss;      /* "sparse_categorical_crossentropy" (from logits) */
+  uint64_t seed;         /* initial weights, dropout masks */
+  uint32_t threads;      /* 0: every core this process may use */
+} sf_model_spec;
+
+typedef struct sf_step_result {
+  uint32_t struct_size;
+  double loss;       /* mean over the global batch (every rank's samples) */
+  uint64_t correct;  /* correctly classified samples in the global batch */
+  uint64_t samples;  /* samples in the global batch */
+} sf_step_result;
+
+typedef struct sf_compute_hooks {
+  uint32_t struct_size;
+  /* comm may be NULL (one replica). With comm->size > 1 the engine is data-parallel: rank 0's
+   * initial weights are broadcast, gradients are averaged over the global batch every step. */
+  sf_status (*engine_create)(void* self, const sf_model_spec* spec, const sf_communicator* comm,
+                             void** engine);
+  void (*engine_destroy)(void* self, void* engine);
+  /* Message of the engine's last failure, owned by the engine until its next call. */
+  const char* (*engine_last_error)(void* self, void* engine);
+  /* Collective when data-parallel: every rank calls it once per step (batch may differ, > 0). */
+  sf_status (*train_step)(void* self, void* engine, const float* x, const int32_t* y, uint32_t batch,
+                          sf_step_result* out);
+  /* Inference mode; collective like train_step (the result covers every rank's batch). */
+  sf_status (*eval_step)(void* self, void* engine, const float* x, const int32_t* y, uint32_t batch,
+                         sf_step_result* out);
+  /* Local only: batch x classes logits into `logits`. */
+  sf_status (*predict)(void* self, void* engine, const float* x, uint32_t batch, float* logits);
+  /* Trainable parameters, flattened in layer order. */
+  sf_status (*param_count)(void* self, void* engine, uint64_t* count);
+  sf_status (*get_params)(void* self, void* engine, float* out, uint64_t count);
+  sf_status (*set_params)(void* self, void* engine, const float* in, uint64_t count);
+  /* Everything training needs to resume (parameters, optimizer slots, moving statistics,
+   * step), as opaque bytes the same backend reads back with load_state. */
+  sf_status (*state_dict)(void* self, void* engine, sf_sink out);
+  sf_status (*load_state)(void* self, void* engine, const char* data, size_t size);
+} sf_compute_hooks;
+
 /* ---- the descriptor every plugin returns --------------------------------------------- */
 typedef struct sf_plugin_descriptor {
   uint32_t struct_size;
@@ -215,7 +315,8 @@ typedef struct sf_plugin_descriptor {
   /* Message for the last failure of `self` (NULL self: of create). Owned by the plugin,
    * valid until the plugin's next call on the same thread. */
   const char* (*last_error)(void* self);
-  /* sf_framework_hooks / sf_provider_hooks / sf_app_hooks, by kind; first field struct_size */
+  /* sf_framework_hooks / sf_provider_hooks / sf_app_hooks / sf_compute_hooks, by kind;
+   * first field struct_size */
   const void* hooks;
 } sf_plugin_descriptor;
 

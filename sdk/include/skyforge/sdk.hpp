@@ -1,7 +1,7 @@
 // skyforge SDK — header-only C++ layer over the C ABI in abi.h.
 //
-// A plugin is a class deriving from one of skyforge::Framework, skyforge::Provider or
-// skyforge::App, constructible from a skyforge::Context, registered with one macro:
+// A plugin is a class deriving from one of skyforge::Framework, skyforge::Provider,
+// skyforge::App or skyforge::ComputeBackend, constructible from a skyforge::Context, registered with one macro:
 //
 //     class Hello : public skyforge::App {
 //      public:
@@ -16,8 +16,10 @@
 
 #include <skyforge/abi.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -133,6 +135,57 @@ struct Cluster {
   }
 };
 
+// The pool's process group (rank = node), over the host's sf_communicator (Gloo on CPU).
+// Every call is collective. Throws Error on failure.
+class Communicator {
+ public:
+  Communicator() = default;
+  explicit Communicator(const sf_communicator* c) : c_(c) {}
+  explicit operator bool() const { return c_ != nullptr; }
+  uint32_t rank() const { return c_ ? c_->rank : 0; }
+  uint32_t size() const { return c_ ? c_->size : 1; }
+  const sf_communicator* raw() const { return c_; }
+
+  template <class T>
+  void allreduce(T* data, size_t count, sf_reduce_op op = SF_REDUCE_SUM) const {
+    if (size() <= 1 || count == 0) return;
+    check(c_->allreduce(c_->ctx, data, count, dtype<T>(), op), "allreduce");
+  }
+  template <class T>
+  void allreduce(std::vector<T>& v, sf_reduce_op op = SF_REDUCE_SUM) const { allreduce(v.data(), v.size(), op); }
+  void broadcast(void* data, size_t bytes, uint32_t root = 0) const {
+    if (size() <= 1 || bytes == 0) return;
+    check(c_->broadcast(c_->ctx, data, bytes, root), "broadcast");
+  }
+  // Every rank's `bytes` bytes, in rank order.
+  std::string allgather(std::string_view mine) const {
+    if (size() <= 1) return std::string(mine);
+    std::string out(mine.size() * size(), '\0');
+    check(c_->allgather(c_->ctx, mine.data(), mine.size(), out.data()), "allgather");
+    return out;
+  }
+  void barrier() const {
+    if (size() > 1) check(c_->barrier(c_->ctx), "barrier");
+  }
+
+  template <class T>
+  static constexpr sf_dtype dtype() {
+    if constexpr (std::is_same_v<T, float>) return SF_DTYPE_F32;
+    else if constexpr (std::is_same_v<T, double>) return SF_DTYPE_F64;
+    else if constexpr (std::is_same_v<T, int32_t>) return SF_DTYPE_I32;
+    else if constexpr (std::is_same_v<T, int64_t>) return SF_DTYPE_I64;
+    else static_assert(std::is_same_v<T, float>, "allreduce: float, double, int32_t or int64_t");
+  }
+
+ private:
+  void check(sf_status st, const char* what) const {
+    if (st == SF_OK) return;
+    const char* m = c_->last_error ? c_->last_error(c_->ctx) : nullptr;
+    throw Error(std::string("communicator ") + what + ": " + (m && *m ? m : "failed"), st);
+  }
+  const sf_communicator* c_ = nullptr;
+};
+
 // The host's services, as lent to this plugin.
 class Host {
  public:
@@ -176,9 +229,29 @@ class Host {
     if (!v) return std::nullopt;
     return std::string(v);
   }
+  // The pool's communicator (ABI 1.1 hosts, on a node). Throws when there is none.
+  Communicator communicator() const {
+    if (!has_v11()) throw Error("communicator() needs a host with ABI 1.1", SF_ERR_UNSUPPORTED);
+    const sf_communicator* c = s_->communicator(s_->ctx);
+    if (!c) check(SF_ERR_UNSUPPORTED, "communicator()");
+    return Communicator(c);
+  }
+  // A compute backend loaded on this node: the manifest's selection for an empty name.
+  std::pair<const sf_compute_hooks*, void*> compute_backend(const std::string& name = "") const {
+    if (!has_v11()) throw Error("compute_backend() needs a host with ABI 1.1", SF_ERR_UNSUPPORTED);
+    const sf_compute_hooks* hooks = nullptr;
+    void* self = nullptr;
+    check(s_->compute_backend(s_->ctx, name.c_str(), &hooks, &self),
+          "compute_backend(" + (name.empty() ? std::string("selected") : name) + ")");
+    return {hooks, self};
+  }
   const sf_host_services* raw() const { return s_; }
 
  private:
+  bool has_v11() const {
+    return s_ && s_->struct_size >= offsetof(sf_host_services, compute_backend) + sizeof(s_->compute_backend) &&
+           s_->communicator && s_->compute_backend;
+  }
   void check(sf_status st, const std::string& what) const {
     if (st == SF_OK) return;
     const char* msg = (s_ && s_->last_error) ? s_->last_error(s_->ctx) : nullptr;
@@ -296,6 +369,65 @@ class App : public PluginBase {
   InstanceInfo instance_info() const { return host().instance_info(); }
 };
 
+// ---- compute backends (DESIGN.md §7) -------------------------------------------------------
+struct LayerSpec {
+  std::string type;  // "dense", "conv2d", ... (abi.h, sf_layer_spec)
+  Options options;
+};
+
+struct ModelSpec {
+  std::vector<uint32_t> input_shape;  // one sample, e.g. {28, 28, 1}
+  std::vector<LayerSpec> layers;
+  std::string optimizer = "adam";
+  Options optimizer_options;
+  std::string loss = "sparse_categorical_crossentropy";
+  uint64_t seed = 0;
+  uint32_t threads = 0;
+
+  static ModelSpec from_c(const sf_model_spec& c) {
+    ModelSpec m;
+    m.input_shape.assign(c.input_shape, c.input_shape + c.input_rank);
+    for (size_t i = 0; i < c.n_layers; ++i)
+      m.layers.push_back({detail::or_empty(c.layers[i].type), Options(c.layers[i].options, c.layers[i].n_options)});
+    m.optimizer = detail::or_empty(c.optimizer);
+    m.optimizer_options = Options(c.optimizer_options, c.n_optimizer_options);
+    m.loss = detail::or_empty(c.loss);
+    m.seed = c.seed;
+    m.threads = c.threads;
+    return m;
+  }
+};
+
+struct StepResult {
+  double loss = 0;
+  uint64_t correct = 0;
+  uint64_t samples = 0;
+};
+
+// One model being trained; made by ComputeBackend::create_engine. Semantics: abi.h,
+// sf_compute_hooks.
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual StepResult train_step(const float* x, const int32_t* y, uint32_t batch) = 0;
+  virtual StepResult eval_step(const float* x, const int32_t* y, uint32_t batch) = 0;
+  virtual void predict(const float* x, uint32_t batch, float* logits) = 0;
+  virtual uint64_t param_count() const = 0;
+  virtual void get_params(float* out, uint64_t count) const = 0;
+  virtual void set_params(const float* in, uint64_t count) = 0;
+  virtual std::string state_dict() const = 0;
+  virtual void load_state(std::string_view bytes) = 0;
+  std::string last_error;  // the C glue keeps the engine's last failure here
+};
+
+class ComputeBackend : public PluginBase {
+ public:
+  static constexpr sf_kind kind = SF_KIND_COMPUTE_BACKEND;
+  using PluginBase::PluginBase;
+  // comm is NULL or size 1 for one replica.
+  virtual std::unique_ptr<Engine> create_engine(const ModelSpec& spec, const Communicator& comm) = 0;
+};
+
 // ---- the C glue -------------------------------------------------------------------------
 namespace detail {
 
@@ -328,6 +460,32 @@ sf_status guard(void* self, F&& f) noexcept {
 
 inline void write(sf_sink s, std::string_view v) {
   if (s.write) s.write(s.ctx, v.data(), v.size());
+}
+
+inline void fill(sf_step_result* out, const StepResult& r) {
+  out->struct_size = sizeof(sf_step_result);
+  out->loss = r.loss;
+  out->correct = r.correct;
+  out->samples = r.samples;
+}
+
+// Like guard(), for an engine: its failures are kept on the engine (engine_last_error).
+template <class F>
+sf_status engine_guard(void* engine, F&& f) noexcept {
+  Engine& e = *static_cast<Engine*>(engine);
+  try {
+    f(e);
+    return SF_OK;
+  } catch (const Error& err) {
+    e.last_error = err.what();
+    return err.status() == SF_OK ? SF_ERR : err.status();
+  } catch (const std::exception& err) {
+    e.last_error = err.what();
+    return SF_ERR;
+  } catch (...) {
+    e.last_error = "unknown exception";
+    return SF_ERR;
+  }
 }
 
 template <class P>
@@ -457,11 +615,56 @@ const sf_app_hooks* app_hooks() {
 }
 
 template <class P>
+const sf_compute_hooks* compute_hooks() {
+  static const sf_compute_hooks h = [] {
+    sf_compute_hooks t{};
+    t.struct_size = sizeof(sf_compute_hooks);
+    t.engine_create = [](void* s, const sf_model_spec* spec, const sf_communicator* comm, void** engine) noexcept {
+      return guard<P>(s, [&](P& p) {
+        *engine = p.create_engine(ModelSpec::from_c(*spec), Communicator(comm)).release();
+      });
+    };
+    t.engine_destroy = [](void*, void* engine) noexcept { delete static_cast<Engine*>(engine); };
+    t.engine_last_error = [](void*, void* engine) noexcept -> const char* {
+      return engine ? static_cast<Engine*>(engine)->last_error.c_str() : t_last_error.c_str();
+    };
+    t.train_step = [](void*, void* e, const float* x, const int32_t* y, uint32_t b, sf_step_result* out) noexcept {
+      return engine_guard(e, [&](Engine& en) { fill(out, en.train_step(x, y, b)); });
+    };
+    t.eval_step = [](void*, void* e, const float* x, const int32_t* y, uint32_t b, sf_step_result* out) noexcept {
+      return engine_guard(e, [&](Engine& en) { fill(out, en.eval_step(x, y, b)); });
+    };
+    t.predict = [](void*, void* e, const float* x, uint32_t b, float* logits) noexcept {
+      return engine_guard(e, [&](Engine& en) { en.predict(x, b, logits); });
+    };
+    t.param_count = [](void*, void* e, uint64_t* n) noexcept {
+      return engine_guard(e, [&](Engine& en) { *n = en.param_count(); });
+    };
+    t.get_params = [](void*, void* e, float* out, uint64_t n) noexcept {
+      return engine_guard(e, [&](Engine& en) { en.get_params(out, n); });
+    };
+    t.set_params = [](void*, void* e, const float* in, uint64_t n) noexcept {
+      return engine_guard(e, [&](Engine& en) { en.set_params(in, n); });
+    };
+    t.state_dict = [](void*, void* e, sf_sink out) noexcept {
+      return engine_guard(e, [&](Engine& en) { write(out, en.state_dict()); });
+    };
+    t.load_state = [](void*, void* e, const char* data, size_t n) noexcept {
+      return engine_guard(e, [&](Engine& en) { en.load_state(std::string_view(data, n)); });
+    };
+    return t;
+  }();
+  return &h;
+}
+
+template <class P>
 const void* hooks_for() {
   if constexpr (std::is_base_of_v<Framework, P>) return framework_hooks<P>();
   else if constexpr (std::is_base_of_v<Provider, P>) return provider_hooks<P>();
   else if constexpr (std::is_base_of_v<App, P>) return app_hooks<P>();
-  else static_assert(std::is_base_of_v<Framework, P>, "a plugin derives from skyforge::Framework, Provider or App");
+  else if constexpr (std::is_base_of_v<ComputeBackend, P>) return compute_hooks<P>();
+  else static_assert(std::is_base_of_v<Framework, P>,
+                     "a plugin derives from skyforge::Framework, Provider, App or ComputeBackend");
 }
 
 template <class P>
