@@ -168,8 +168,9 @@ const PluginInfo* resolve(const Catalog& c, const std::string& name, const std::
 
 // Checks `options` (parallel pos/types) against `plugin`'s schema, coerces integer->float, then
 // appends defaults for absent options.
-void check_options(const PluginInfo& plugin, const std::string& label, const SourcePos& use_pos, OptionList& options,
-                   std::vector<SourcePos>& option_pos, std::vector<std::string>& option_types, Problems& out) {
+void check_options(const Catalog& c, const PluginInfo& plugin, const std::string& label, const SourcePos& use_pos,
+                   OptionList& options, std::vector<SourcePos>& option_pos, std::vector<std::string>& option_types,
+                   Problems& out) {
   std::vector<std::string> known;
   for (const auto& o : plugin.options) known.push_back(o.name);
   // Tolerate callers that filled options without the parallel vectors.
@@ -202,8 +203,16 @@ void check_options(const PluginInfo& plugin, const std::string& label, const Sou
                                  " (" + shown + ")");
       continue;
     }
-    if (!schema->choices.empty() &&
-        std::find(schema->choices.begin(), schema->choices.end(), canonical) == schema->choices.end()) {
+    const bool is_choice =
+        std::find(schema->choices.begin(), schema->choices.end(), canonical) != schema->choices.end();
+    if (!schema->plugin_kind.empty() && !is_choice) {
+      const std::string hint =
+          schema->choices.empty() ? "" : " (or one of: " + detail::join(schema->choices, ", ") + ")";
+      if (resolve(c, canonical, {schema->plugin_kind}, label + " " + name, option_pos[i], hint, out))
+        options[i].second = std::move(canonical);
+      continue;
+    }
+    if (!schema->choices.empty() && !is_choice) {
       out.add(option_pos[i], label + " " + name + ": '" + canonical + "' is not one of: " +
                                  detail::join(schema->choices, ", ") +
                                  (schema->type == "string" ? detail::did_you_mean(canonical, schema->choices) : ""));
@@ -233,7 +242,7 @@ void validate_against(Manifest& m, const Catalog& c) {
 
   if (const PluginInfo* p = resolve(c, m.pool.provider, {"provider"}, "[pool] provider", m.pool.provider_pos,
                                     " (framework plugins go in [[plugins]])", out)) {
-    check_options(*p, "[provider]", m.pool.provider_pos, m.pool.provider_options, m.pool.provider_option_pos,
+    check_options(c, *p, "[provider]", m.pool.provider_pos, m.pool.provider_options, m.pool.provider_option_pos,
                   m.pool.provider_option_types, out);
   }
 
@@ -249,7 +258,18 @@ void validate_against(Manifest& m, const Catalog& c) {
     }
     const PluginInfo* p = resolve(c, use.name, {"framework", "task_backend", "compute_backend"}, "[[plugins]] name",
                                   use.pos, "", out);
-    if (p) check_options(*p, label, use.pos, use.options, use.option_pos, use.option_types, out);
+    if (p) check_options(c, *p, label, use.pos, use.options, use.option_pos, use.option_types, out);
+  }
+
+  // Ordering rules from plugin.toml `after`.
+  for (size_t i = 0; i < m.plugins.size(); ++i) {
+    const PluginInfo* p = c.find(m.plugins[i].name);
+    if (!p) continue;
+    for (const auto& before : p->after)
+      for (size_t j = i + 1; j < m.plugins.size(); ++j)
+        if (m.plugins[j].name == before)
+          out.add(m.plugins[i].pos, "[[plugins]] " + p->name + ": must come after '" + before + "' (listed at " +
+                                        m.plugins[j].pos.str() + "); move it below");
   }
 
   for (const auto& f : m.image.files) {
@@ -258,6 +278,19 @@ void validate_against(Manifest& m, const Catalog& c) {
       out.add(f.pos, "[image] files source: " + f.source + " does not exist");
   }
   out.throw_if_any();
+}
+
+std::vector<const PluginInfo*> referenced_plugins(const PluginUse& use, const Catalog& c) {
+  std::vector<const PluginInfo*> out;
+  const PluginInfo* p = c.find(use.name);
+  if (!p) return out;
+  for (const auto& [name, value] : use.options) {
+    const OptionSchema* schema = p->option(name);
+    if (!schema || schema->plugin_kind.empty()) continue;
+    if (std::find(schema->choices.begin(), schema->choices.end(), value) != schema->choices.end()) continue;
+    if (const PluginInfo* q = c.find(value); q && q->kind == schema->plugin_kind) out.push_back(q);
+  }
+  return out;
 }
 
 }  // namespace skyforge

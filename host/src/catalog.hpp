@@ -17,6 +17,9 @@ struct OptionSchema {
   std::vector<std::string> choices;          // canonical text; empty = any value of the type
   bool required = false;
   std::string description;
+  // Set when the value names another plugin of this kind ("compute_backend"), unless it is one of
+  // `choices`: the manifest check resolves it, and the run loads that plugin on every node.
+  std::string plugin_kind;
 };
 
 struct PluginInfo {
@@ -28,6 +31,8 @@ struct PluginInfo {
   int abi_major = 0, abi_minor = 0;
   std::string manifest_path;  // absolute path of the plugin.toml
   std::vector<OptionSchema> options;  // as written in plugin.toml
+  // Plugins that must come before this one in a manifest's [[plugins]] when both are listed.
+  std::vector<std::string> after;
   SourcePos name_pos;  // the `name` value in plugin.toml
 
   const OptionSchema* option(const std::string& option_name) const;
@@ -74,9 +79,15 @@ PluginInfo parse_plugin_toml(const std::string& path);
 //  - options of the provider ([provider]) and of each [[plugins]] entry: no unknown option,
 //    right type (an integer is accepted for a float and becomes a float), value among the
 //    choices, required ones present; absent options with a default are appended with it;
+//  - an option whose schema names a plugin kind resolves to such a plugin (or is a choice);
+//  - a plugin listed before one its plugin.toml says it must come `after` is an error;
 //  - every [image] files source exists.
 // Throws ManifestError with every problem, each at the manifest's file:line:col. A missing
 // plugin's message lists the directories searched.
 void validate_against(Manifest& m, const Catalog& c);
+
+// Plugins a [[plugins]] entry names through an option of kind `plugin_kind` (after
+// validate_against), e.g. keras' backend = "cpu" -> the `cpu` compute backend.
+std::vector<const PluginInfo*> referenced_plugins(const PluginUse& use, const Catalog& c);
 
 }  // namespace skyforge

@@ -565,7 +565,7 @@ bool has_control_char(const std::string& s) {
   return std::any_of(s.begin(), s.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; });
 }
 
-const std::vector<std::string> kTopKeys = {"pool", "provider", "image", "plugins", "job"};
+const std::vector<std::string> kTopKeys = {"pool", "provider", "image", "plugins", "job", "train"};
 const std::vector<std::string> kPoolKeys = {"provider", "nodes", "concurrency", "accelerator"};
 const std::vector<std::string> kImageKeys = {"apt", "pip", "env", "files"};
 const std::vector<std::string> kFileKeys = {"source", "target"};
@@ -733,7 +733,7 @@ std::optional<OutputPolicy> read_policy(Reader& r, const Value& t, const std::st
   return std::nullopt;
 }
 
-void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job) {
+void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, bool has_train) {
   r.check_keys(t, kJobKeys, "[job]");
   const Value* app = Reader::find(t, "app");
   const Value* command = Reader::find(t, "command");
@@ -752,15 +752,22 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job) {
     };
     if (auto c = r.string_array(t, "command", "[job]", true, first_check)) job.command = std::move(*c);
   }
-  if (app && command) {
+  if (has_train && (app || command)) {
+    const Value* v = app ? app : command;
+    r.error(r.key_pos(*v, app ? "app" : "command"),
+            std::string("[job] ") + (app ? "app" : "command") + ": not allowed with a [train] table (the job is the built-in train)");
+  } else if (app && command) {
     r.error(r.key_pos(*command, "command"),
             "[job]: 'app' and 'command' are mutually exclusive (app is set at " + r.pos(*app).str() + ")");
-  } else if (!app && !command) {
+  } else if (!app && !command && !has_train) {
     r.error(r.pos(t), "[job]: expected exactly one of 'app' (a native app plugin) or 'command' (an array: program and arguments)");
   }
 
   const Value* mode = Reader::find(t, "mode");
-  if (mode) {
+  if (mode && has_train) {
+    r.error(r.key_pos(*mode, "mode"), "[job] mode: not allowed with a [train] table (train runs once on every node)");
+    mode = nullptr;
+  } else if (mode) {
     if (mode->is_string() && (mode->as_string().str == "broadcast" || mode->as_string().str == "single" ||
                               mode->as_string().str == "map")) {
       job.mode = mode->as_string().str;
@@ -820,6 +827,177 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job) {
   }
 }
 
+
+// ---- [train] ---------------------------------------------------------------------------------
+// Layer catalogue of the compute-backend contract (abi.h, sf_layer_spec): each layer's options
+// and what each accepts. Checked before anything starts, so a typo never reaches a node.
+enum class Want { PosInt, Float, Rate, PosFloat, Bool, Activation, Padding };
+
+struct LayerKind {
+  const char* type;
+  std::vector<std::pair<const char*, Want>> options;
+  std::vector<const char*> required;
+};
+
+const std::vector<LayerKind>& layer_kinds() {
+  static const std::vector<LayerKind> k = {
+      {"dense", {{"units", Want::PosInt}, {"activation", Want::Activation}, {"use_bias", Want::Bool}}, {"units"}},
+      {"conv2d",
+       {{"filters", Want::PosInt},
+        {"kernel_size", Want::PosInt},
+        {"strides", Want::PosInt},
+        {"padding", Want::Padding},
+        {"use_bias", Want::Bool},
+        {"activation", Want::Activation}},
+       {"filters", "kernel_size"}},
+      {"batch_normalization", {{"momentum", Want::Rate}, {"epsilon", Want::PosFloat}}, {}},
+      {"relu", {}, {}},
+      {"softmax", {}, {}},
+      {"dropout", {{"rate", Want::Rate}}, {"rate"}},
+      {"flatten", {}, {}},
+      {"global_average_pooling2d", {}, {}},
+      {"max_pooling2d", {{"pool_size", Want::PosInt}, {"strides", Want::PosInt}, {"padding", Want::Padding}}, {}},
+  };
+  return k;
+}
+
+// Canonical text of a layer or [train] value, or an error message.
+std::optional<std::string> want_text(Reader& r, const Value& v, Want w, const std::string& label) {
+  auto bad = [&](const char* what) {
+    r.expected(v, label, what);
+    return std::nullopt;
+  };
+  switch (w) {
+    case Want::PosInt: {
+      auto i = v.is_integer() ? checked_integer(v) : std::nullopt;
+      if (i && (*i < 1 || *i > std::numeric_limits<int32_t>::max())) {
+        r.error(r.pos(v), label + ": expected an integer between 1 and 2147483647, got " + std::to_string(*i));
+        return std::nullopt;
+      }
+      if (!i) return bad("an integer >= 1");
+      return std::to_string(*i);
+    }
+    case Want::Float:
+    case Want::Rate:
+    case Want::PosFloat: {
+      double d = v.is_floating() ? v.as_floating() : v.is_integer() ? static_cast<double>(v.as_integer()) : NAN;
+      if (!std::isfinite(d)) return bad("a number");
+      if (w == Want::Rate && (d < 0 || d >= 1)) return bad("a number in [0, 1)");
+      if (w == Want::PosFloat && d <= 0) return bad("a number > 0");
+      return float_text(d);
+    }
+    case Want::Bool:
+      if (!v.is_boolean()) return bad("a boolean");
+      return std::string(v.as_boolean() ? "true" : "false");
+    case Want::Activation:
+      if (!v.is_string() || (v.as_string().str != "linear" && v.as_string().str != "relu" && v.as_string().str != "softmax"))
+        return bad("one of \"linear\", \"relu\", \"softmax\"");
+      return v.as_string().str;
+    case Want::Padding:
+      if (!v.is_string() || (v.as_string().str != "valid" && v.as_string().str != "same"))
+        return bad("one of \"valid\", \"same\"");
+      return v.as_string().str;
+  }
+  return std::nullopt;
+}
+
+const std::vector<std::string> kTrainKeys = {"dataset", "data_dir", "layers", "optimizer", "learning_rate", "momentum",
+                                             "loss", "metrics", "epochs", "batch_size", "shuffle", "seed",
+                                             "history", "tensorboard", "checkpoint", "resume", "threads", "evaluate"};
+
+void read_train(Reader& r, const Value& t, const std::string& dir, TrainSpec& train) {
+  r.check_keys(t, kTrainKeys, "[train]");
+  train.present = true;
+  train.pos = r.pos(t);
+  auto put = [&](const std::string& key, std::string value) { train.config.emplace_back("train." + key, std::move(value)); };
+  auto choice = [&](const char* key, std::vector<std::string> allowed, const char* fallback) {
+    std::string value = fallback;
+    if (const Value* v = Reader::find(t, key)) {
+      if (v->is_string() && std::find(allowed.begin(), allowed.end(), v->as_string().str) != allowed.end())
+        value = v->as_string().str;
+      else
+        r.expected(*v, std::string("[train] ") + key, "one of " + join(allowed, ", ") +
+                                                          (v->is_string() ? did_you_mean(v->as_string().str, allowed) : ""));
+    }
+    put(key, value);
+  };
+  auto number = [&](const char* key, Want w, const char* fallback) {
+    const Value* v = Reader::find(t, key);
+    if (!v) return put(key, fallback);
+    if (auto s = want_text(r, *v, w, std::string("[train] ") + key)) put(key, *s);
+  };
+  auto path = [&](const char* key) {
+    if (auto s = r.string(t, key, "[train]", true)) put(key, detail::normalise_path(*s, dir));
+  };
+
+  choice("dataset", {"fashion-mnist", "mnist"}, "fashion-mnist");
+  if (auto s = r.string(t, "data_dir", "[train]", true)) put("data_dir", detail::normalise_path(*s, dir));
+  choice("optimizer", {"adam", "sgd"}, "adam");
+  number("learning_rate", Want::PosFloat, "0.001");
+  number("momentum", Want::Rate, "0");
+  choice("loss", {"sparse_categorical_crossentropy"}, "sparse_categorical_crossentropy");
+  if (auto m = r.string_array(t, "metrics", "[train]", false, [](const std::string& s, size_t) {
+        return s == "accuracy" ? std::string() : "expected \"accuracy\", got " + quote(s);
+      }))
+    put("metrics", join(*m, ","));
+  number("epochs", Want::PosInt, "1");
+  number("batch_size", Want::PosInt, "32");
+  if (auto n = r.integer(t, "seed", "[train]", 0, std::numeric_limits<int64_t>::max())) put("seed", std::to_string(*n));
+  if (auto b = r.boolean(t, "shuffle", "[train]")) put("shuffle", *b ? "true" : "false");
+  if (auto b = r.boolean(t, "resume", "[train]")) put("resume", *b ? "true" : "false");
+  if (auto b = r.boolean(t, "evaluate", "[train]")) put("evaluate", *b ? "true" : "false");
+  if (auto n = r.integer(t, "threads", "[train]", 0, 4096)) put("threads", std::to_string(*n));
+  path("history");
+  path("tensorboard");
+  path("checkpoint");
+  if (const Value* v = Reader::find(t, "resume"); v && v->is_boolean() && v->as_boolean() && !Reader::find(t, "checkpoint"))
+    r.error(r.key_pos(*v, "resume"), "[train] resume: needs 'checkpoint' (the directory to resume from)");
+
+  const Value* layers = Reader::find(t, "layers");
+  if (!layers || !layers->is_array() || layers->as_array().empty()) {
+    if (layers)
+      r.expected(*layers, "[train] layers", "a non-empty array of tables ([[train.layers]] with 'type')");
+    else
+      r.error(r.pos(t), "[train]: missing 'layers' (one [[train.layers]] table per layer, each with 'type')");
+    return;
+  }
+  std::vector<std::string> types;
+  for (const auto& k : layer_kinds()) types.emplace_back(k.type);
+  const auto& arr = layers->as_array();
+  put("layers", std::to_string(arr.size()));
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const Value& l = arr[i];
+    const std::string where = "[[train.layers]] #" + std::to_string(i + 1);
+    if (!l.is_table()) {
+      r.expected(l, where, "a table with 'type' and the layer's options");
+      continue;
+    }
+    const Value* type = Reader::find(l, "type");
+    const LayerKind* kind = nullptr;
+    if (!type) {
+      r.error(r.pos(l), where + ": missing 'type' (one of " + join(types, ", ") + ")");
+      continue;
+    }
+    for (const auto& k : layer_kinds())
+      if (type->is_string() && type->as_string().str == k.type) kind = &k;
+    if (!kind) {
+      r.expected(*type, where + " type",
+                 "one of " + join(types, ", ") + (type->is_string() ? did_you_mean(type->as_string().str, types) : ""));
+      continue;
+    }
+    const std::string prefix = "layers." + std::to_string(i) + ".";
+    put(prefix + "type", kind->type);
+    std::vector<std::string> known = {"type"};
+    for (const auto& [name, w] : kind->options) known.emplace_back(name);
+    r.check_keys(l, known, where + " (" + kind->type + ")");
+    for (const auto& [name, w] : kind->options)
+      if (const Value* v = Reader::find(l, name))
+        if (auto s = want_text(r, *v, w, where + " " + name)) put(prefix + name, *s);
+    for (const char* req : kind->required)
+      if (!Reader::find(l, req)) r.error(r.pos(*type), where + " (" + kind->type + "): missing '" + req + "'");
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -862,10 +1040,18 @@ Manifest parse_manifest(const std::string& text, const std::string& display_name
   }
   if (const Value* image = table("image")) read_image(r, *image, m.dir, m.image);
   if (const Value* plugins = Reader::find(root, "plugins")) read_plugins(r, *plugins, m.plugins);
+  const Value* train = table("train");
+  if (train) read_train(r, *train, m.dir, m.train);
   if (const Value* job = table("job"))
-    read_job(r, *job, m.dir, m.job);
-  else if (!Reader::find(root, "job"))
-    r.error(r.start(), "missing [job] table: a manifest needs [job] with 'app' or 'command'");
+    read_job(r, *job, m.dir, m.job, train != nullptr);
+  else if (!Reader::find(root, "job") && !train)
+    r.error(r.start(), "missing [job] table: a manifest needs [job] with 'app' or 'command', or a [train] table");
+  if (train) {
+    // The built-in `train` job is the `train` app (plugins/train), run once on every node.
+    m.job.app = "train";
+    m.job.app_pos = m.train.pos;
+    m.job.mode = "broadcast";
+  }
 
   r.throw_if_failed();
   return m;
@@ -880,8 +1066,9 @@ Manifest load_manifest(const std::string& path) {
 
 namespace {
 
-const std::vector<std::string> kPluginKeys = {"name", "kind", "library", "abi", "version", "description", "options"};
-const std::vector<std::string> kOptionKeys = {"type", "default", "choices", "required", "description"};
+const std::vector<std::string> kPluginKeys = {"name",    "kind",        "library", "abi",
+                                              "version", "description", "options", "after"};
+const std::vector<std::string> kOptionKeys = {"type", "default", "choices", "required", "description", "plugin"};
 
 // Canonical text of `v` as an option of `type`, or nullopt (an integer is accepted for a float).
 std::optional<std::string> typed_text(const Value& v, const std::string& type) {
@@ -944,7 +1131,8 @@ std::optional<OptionSchema> read_option_schema(Reader& r, const std::string& nam
     if (!text) {
       r.expected(*v, where + " default", a_type(o.type) + " (the option's type)");
       ok = false;
-    } else if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), *text) == o.choices.end()) {
+    } else if (!o.choices.empty() && !Reader::find(t, "plugin") &&
+               std::find(o.choices.begin(), o.choices.end(), *text) == o.choices.end()) {
       r.error(r.pos(*v), where + " default: " + quote(*text) + " is not one of the choices (" + join(o.choices, ", ") + ")");
       ok = false;
     } else {
@@ -957,6 +1145,18 @@ std::optional<OptionSchema> read_option_schema(Reader& r, const std::string& nam
     ok = false;
   }
   if (auto d = r.string(t, "description", where)) o.description = *d;
+  if (const Value* v = Reader::find(t, "plugin")) {
+    std::vector<std::string> kinds(std::begin(kPluginKinds), std::end(kPluginKinds));
+    if (o.type != "string") {
+      r.error(r.pos(*v), where + " plugin: only a string option can name a plugin");
+      ok = false;
+    } else if (v->is_string() && std::find(kinds.begin(), kinds.end(), v->as_string().str) != kinds.end()) {
+      o.plugin_kind = v->as_string().str;
+    } else {
+      r.expected(*v, where + " plugin", "a plugin kind (" + join(kinds, ", ") + ")");
+      ok = false;
+    }
+  }
   if (!ok) return std::nullopt;
   return o;
 }
@@ -1019,6 +1219,10 @@ PluginInfo parse_plugin_toml(const std::string& path_in) {
   }
   if (auto s = r.string(root, "version", "")) info.version = *s;
   if (auto s = r.string(root, "description", "")) info.description = *s;
+  if (auto a = r.string_array(root, "after", "", false, [](const std::string& s, size_t) {
+        return detail::valid_plugin_name(s) ? std::string() : "expected a plugin name, got " + quote(s);
+      }))
+    info.after = std::move(*a);
 
   if (const Value* opts = Reader::find(root, "options")) {
     if (!opts->is_table()) {

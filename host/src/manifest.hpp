@@ -97,6 +97,15 @@ struct JobSpec {
   std::vector<std::string> plugin_path;  // absolute, normalised
 };
 
+// The [train] table (built-in `train` job, DESIGN.md §5): a Keras-like model, its data and its
+// schedule. Checked here against the layer catalogue; carried to the nodes as flat config keys
+// ("train.epochs", "train.layers.0.type", ...) that the `train` app reads.
+struct TrainSpec {
+  bool present = false;
+  SourcePos pos;  // the [train] header
+  std::vector<std::pair<std::string, std::string>> config;  // "train.<key>" -> canonical text
+};
+
 struct Manifest {
   std::string path;  // absolute, normalised
   std::string dir;   // directory of path: relative paths in the manifest resolve against it
@@ -104,6 +113,7 @@ struct Manifest {
   Image image;
   std::vector<PluginUse> plugins;  // manifest order
   JobSpec job;
+  TrainSpec train;
 };
 
 // Reads and parses a manifest file. Messages name the file as `path` was given.

@@ -509,8 +509,25 @@ void PoolRun::send_jobs() {
   for (auto& n : nodes_) per_addr[n.address]++;
   std::map<std::string, uint32_t> seen;
   std::vector<msg::PluginSpec> fws;
+  std::map<std::string, std::string> config = {{"job.mode", m_.job.mode},
+                                                {"job.manifest", m_.path},
+                                                {"pool.provider", m_.pool.provider},
+                                                {"log.verbose", opt_.verbose ? "true" : "false"}};
   for (size_t i = 0; i < m_.plugins.size(); ++i)
     fws.push_back(msg::PluginSpec{frameworks_[i]->plugin().name, frameworks_[i]->plugin().path, m_.plugins[i].options});
+  // Plugins named through an option (keras' backend = "cpu"): loaded on every node as well, with
+  // their plugin.toml defaults unless the manifest lists them itself.
+  for (const auto& use : m_.plugins) {
+    for (const PluginInfo* ref : referenced_plugins(use, catalog_)) {
+      if (ref->kind == "compute_backend") config["compute.backend"] = ref->name;
+      if (std::any_of(fws.begin(), fws.end(), [&](const msg::PluginSpec& f) { return f.name == ref->name; })) continue;
+      msg::PluginSpec spec{ref->name, ref->library, {}};
+      for (const auto& o : ref->options)
+        if (o.default_value) spec.options.emplace_back(o.name, *o.default_value);
+      fws.push_back(std::move(spec));
+    }
+  }
+  for (const auto& [key, value] : m_.train.config) config[key] = value;
   msg::PluginSpec app;
   if (app_) {
     app.name = app_->name;
@@ -536,10 +553,7 @@ void PoolRun::send_jobs() {
     j.mode = m_.job.mode;
     j.command = m_.job.command;
     j.env = image_.env;
-    j.config = {{"job.mode", m_.job.mode},
-                {"job.manifest", m_.path},
-                {"pool.provider", m_.pool.provider},
-                {"log.verbose", opt_.verbose ? "true" : "false"}};
+    j.config = config;
     nodes_[i].conn->send_msg(msg::Type::Job, j);
   }
 }

@@ -122,7 +122,7 @@ TEST(PluginToml, ReportsEveryProblemWithPosition) {
                            "(did you mean 'framework'?), got a string (\"framwork\")");
     EXPECT_EQ(p[1], file + ":4:7: abi: expected a version string \"major.minor\" such as \"1.0\", got a string (\"one\")");
     EXPECT_EQ(p[2], file + ":5:1: unknown key 'colour' in plugin.toml (known: name, kind, library, abi, version, "
-                           "description, options)");
+                           "description, options, after)");
     EXPECT_EQ(p[3], file + ":9:11: [options.a] default: expected an integer (the option's type), got a string (\"ten\")");
     EXPECT_EQ(p[4], file + ":12:8: [options.b] type: expected one of string, integer, float, boolean, got a string (\"text\")");
   }

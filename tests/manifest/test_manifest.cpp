@@ -219,15 +219,15 @@ TEST(Manifest, UnknownKeyPointsAtKeyAndListsKnown) {
 
 TEST(Manifest, UnknownTopLevelTablesAndKeys) {
   EXPECT_EQ(problem_of(kJob + "[jbo]\nx = 1\n"),
-            "job.toml:3:1: unknown table [jbo] (known: pool, provider, image, plugins, job) (did you mean 'job'?)");
+            "job.toml:3:1: unknown table [jbo] (known: pool, provider, image, plugins, job, train) (did you mean 'job'?)");
   EXPECT_EQ(problem_of("nodes = 4\n" + kJob),
-            "job.toml:1:1: unknown key 'nodes' at top level (known tables: pool, provider, image, plugins, job)");
+            "job.toml:1:1: unknown key 'nodes' at top level (known tables: pool, provider, image, plugins, job, train)");
 }
 
 TEST(Manifest, MissingJob) {
   EXPECT_EQ(problem_of("[pool]\nnodes = 2\n"),
-            "job.toml:1:1: missing [job] table: a manifest needs [job] with 'app' or 'command'");
-  EXPECT_EQ(problem_of(""), "job.toml:1:1: missing [job] table: a manifest needs [job] with 'app' or 'command'");
+            "job.toml:1:1: missing [job] table: a manifest needs [job] with 'app' or 'command', or a [train] table");
+  EXPECT_EQ(problem_of(""), "job.toml:1:1: missing [job] table: a manifest needs [job] with 'app' or 'command', or a [train] table");
 }
 
 TEST(Manifest, CollectsAllProblemsInSourceOrder) {

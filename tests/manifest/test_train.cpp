@@ -1,0 +1,217 @@
+// The [train] table (built-in train job) and the plugin.toml rules it relies on: options that
+// name another plugin (keras' backend) and `after` ordering.
+#include "catalog.hpp"
+#include "manifest.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using namespace skyforge;
+
+namespace {
+
+std::vector<std::string> problems_of(const std::string& text) {
+  try {
+    parse_manifest(text, "job.toml");
+  } catch (const ManifestError& e) {
+    return e.problems();
+  }
+  ADD_FAILURE() << "manifest was accepted:\n" << text;
+  return {};
+}
+
+std::map<std::string, std::string> config_of(const Manifest& m) {
+  return {m.train.config.begin(), m.train.config.end()};
+}
+
+const std::string kMlp = R"([pool]
+nodes = 2
+
+[train]
+dataset = "fashion-mnist"
+optimizer = "adam"
+learning_rate = 1e-3
+metrics = ["accuracy"]
+epochs = 5
+batch_size = 64
+seed = 42
+history = "out/history.csv"
+
+[[train.layers]]
+type = "flatten"
+
+[[train.layers]]
+type = "dense"
+units = 128
+activation = "relu"
+
+[[train.layers]]
+type = "dense"
+units = 10
+)";
+
+// A plugin directory written for one test.
+struct PluginDir {
+  fs::path root = fs::temp_directory_path() / ("sf-train-" + std::to_string(::getpid()) + "-" +
+                                               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  PluginDir() { fs::create_directories(root); }
+  ~PluginDir() { fs::remove_all(root); }
+  void add(const std::string& name, const std::string& toml) {
+    fs::create_directories(root / name);
+    std::ofstream(root / name / "plugin.toml") << toml;
+  }
+};
+
+const std::string kKerasToml = R"(name = "keras"
+kind = "framework"
+library = "libkeras.so"
+abi = "1.1"
+after = ["jax", "torch"]
+[options.backend]
+type = "string"
+default = "cpu"
+choices = ["jax", "torch", "tensorflow"]
+plugin = "compute_backend"
+)";
+
+const std::string kLocalToml = "name = \"local\"\nkind = \"provider\"\nlibrary = \"liblocal.so\"\nabi = \"1.0\"\n";
+
+}  // namespace
+
+TEST(Train, MlpBecomesTheTrainAppWithFlatConfig) {
+  Manifest m = parse_manifest(kMlp, "/tmp/proj/job.toml");
+  EXPECT_TRUE(m.train.present);
+  EXPECT_EQ(m.job.app, "train");
+  EXPECT_EQ(m.job.mode, "broadcast");
+  auto c = config_of(m);
+  EXPECT_EQ(c["train.epochs"], "5");
+  EXPECT_EQ(c["train.batch_size"], "64");
+  EXPECT_EQ(c["train.seed"], "42");
+  EXPECT_EQ(c["train.optimizer"], "adam");
+  EXPECT_EQ(c["train.learning_rate"], "0.001");
+  EXPECT_EQ(c["train.metrics"], "accuracy");
+  EXPECT_EQ(c["train.history"], "/tmp/proj/out/history.csv");  // relative to the manifest
+  EXPECT_EQ(c["train.layers"], "3");
+  EXPECT_EQ(c["train.layers.0.type"], "flatten");
+  EXPECT_EQ(c["train.layers.1.type"], "dense");
+  EXPECT_EQ(c["train.layers.1.units"], "128");
+  EXPECT_EQ(c["train.layers.1.activation"], "relu");
+  EXPECT_EQ(c["train.layers.2.units"], "10");
+  EXPECT_EQ(c.count("train.layers.2.activation"), 0u);
+}
+
+TEST(Train, ExamplesParse) {
+  for (const char* name : {"fashion-mnist.toml", "fashion-mnist-convnet.toml"}) {
+    const fs::path p = fs::path(SKYFORGE_SOURCE_DIR) / "examples" / name;
+    if (!fs::exists(p)) continue;
+    Manifest m = load_manifest(p.string());
+    EXPECT_TRUE(m.train.present) << name;
+  }
+}
+
+TEST(Train, UnknownLayerTypeNamesTheLineAndTheChoices) {
+  auto p = problems_of("[train]\n[[train.layers]]\ntype = \"dense2\"\nunits = 3\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("job.toml:3:8"), std::string::npos) << p[0];
+  EXPECT_NE(p[0].find("one of dense, conv2d"), std::string::npos) << p[0];
+  EXPECT_NE(p[0].find("did you mean 'dense'"), std::string::npos) << p[0];
+}
+
+TEST(Train, LayerOptionsAreChecked) {
+  auto p = problems_of(
+      "[train]\n[[train.layers]]\ntype = \"dense\"\nunits = 0\nactivaton = \"relu\"\n"
+      "[[train.layers]]\ntype = \"dropout\"\nrate = 1.5\n[[train.layers]]\ntype = \"conv2d\"\nfilters = 8\n");
+  ASSERT_EQ(p.size(), 4u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("job.toml:4:9: [[train.layers]] #1 units: expected an integer between 1 and 2147483647, got 0"), std::string::npos) << p[0];
+  EXPECT_NE(p[1].find("job.toml:5:1: unknown key 'activaton'"), std::string::npos) << p[1];
+  EXPECT_NE(p[1].find("did you mean 'activation'"), std::string::npos) << p[1];
+  EXPECT_NE(p[2].find("#2 rate: expected a number in [0, 1)"), std::string::npos) << p[2];
+  EXPECT_NE(p[3].find("#3 (conv2d): missing 'kernel_size'"), std::string::npos) << p[3];
+}
+
+TEST(Train, TableKeysAreChecked) {
+  auto p = problems_of(
+      "[train]\nepochs = \"5\"\noptimizer = \"adamw\"\nresume = true\nbatchsize = 3\n[[train.layers]]\ntype = \"flatten\"\n");
+  ASSERT_EQ(p.size(), 4u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("job.toml:2:10: [train] epochs: expected an integer >= 1"), std::string::npos) << p[0];
+  EXPECT_NE(p[1].find("job.toml:3:13: [train] optimizer: expected one of adam, sgd"), std::string::npos) << p[1];
+  EXPECT_NE(p[2].find("job.toml:4:1: [train] resume: needs 'checkpoint'"), std::string::npos) << p[2];
+  EXPECT_NE(p[3].find("unknown key 'batchsize'"), std::string::npos) << p[3];
+}
+
+TEST(Train, LayersAreRequired) {
+  auto p = problems_of("[train]\nepochs = 1\n");
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("job.toml:1:1: [train]: missing 'layers'"), std::string::npos) << p[0];
+}
+
+TEST(Train, JobAppOrCommandConflictsWithTrain) {
+  auto p = problems_of("[job]\ncommand = [\"true\"]\n[train]\n[[train.layers]]\ntype = \"flatten\"\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("job.toml:2:1: [job] command: not allowed with a [train] table"), std::string::npos) << p[0];
+}
+
+TEST(Train, PluginOptionMustNameAPluginOfItsKind) {
+  PluginDir d;
+  d.add("keras", kKerasToml);
+  d.add("local", kLocalToml);
+  d.add("cpu", "name = \"cpu\"\nkind = \"compute_backend\"\nlibrary = \"libcpu.so\"\nabi = \"1.1\"\n");
+  d.add("hello", "name = \"hello\"\nkind = \"app\"\nlibrary = \"libhello.so\"\nabi = \"1.0\"\n");
+  Catalog c({d.root.string()});
+  ASSERT_TRUE(c.problems().empty()) << ::testing::PrintToString(c.problems());
+
+  Manifest ok = parse_manifest("[[plugins]]\nname = \"keras\"\nbackend = \"cpu\"\n" + std::string("[job]\napp = \"hello\"\n"), "job.toml");
+  validate_against(ok, c);
+  auto refs = referenced_plugins(ok.plugins[0], c);
+  ASSERT_EQ(refs.size(), 1u);
+  EXPECT_EQ(refs[0]->name, "cpu");
+
+  Manifest jax = parse_manifest("[[plugins]]\nname = \"keras\"\nbackend = \"jax\"\n[job]\ncommand = [\"true\"]\n", "job.toml");
+  validate_against(jax, c);
+  EXPECT_TRUE(referenced_plugins(jax.plugins[0], c).empty());  // a choice, not a plugin
+
+  for (const char* bad : {"hello", "cpuu"}) {
+    Manifest m = parse_manifest(std::string("[[plugins]]\nname = \"keras\"\nbackend = \"") + bad + "\"\n[job]\napp = \"hello\"\n",
+                                "job.toml");
+    try {
+      validate_against(m, c);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const ManifestError& e) {
+      ASSERT_EQ(e.problems().size(), 1u) << e.what();
+      const std::string& p = e.problems()[0];
+      EXPECT_NE(p.find("job.toml:3:11: [[plugins]] keras backend"), std::string::npos) << p;
+      if (std::string(bad) == "hello")
+        EXPECT_NE(p.find("is an app plugin, expected compute_backend"), std::string::npos) << p;
+      else
+        EXPECT_NE(p.find("no plugin named 'cpuu' (searched: " + d.root.string()), std::string::npos) << p;
+    }
+  }
+}
+
+TEST(Train, AfterOrderIsEnforced) {
+  PluginDir d;
+  d.add("keras", kKerasToml);
+  d.add("local", kLocalToml);
+  d.add("jax", "name = \"jax\"\nkind = \"framework\"\nlibrary = \"libjax.so\"\nabi = \"1.0\"\n");
+  Catalog c({d.root.string()});
+  Manifest good = parse_manifest("[[plugins]]\nname = \"jax\"\n[[plugins]]\nname = \"keras\"\nbackend = \"jax\"\n[job]\ncommand = [\"true\"]\n",
+                                 "job.toml");
+  validate_against(good, c);
+  Manifest bad = parse_manifest("[[plugins]]\nname = \"keras\"\nbackend = \"jax\"\n[[plugins]]\nname = \"jax\"\n[job]\ncommand = [\"true\"]\n",
+                                "job.toml");
+  try {
+    validate_against(bad, c);
+    ADD_FAILURE() << "keras before jax accepted";
+  } catch (const ManifestError& e) {
+    ASSERT_EQ(e.problems().size(), 1u) << e.what();
+    EXPECT_NE(e.problems()[0].find("job.toml:2:8: [[plugins]] keras: must come after 'jax' (listed at job.toml:5:8)"),
+              std::string::npos)
+        << e.what();
+  }
+}
