@@ -1,5 +1,7 @@
 #include "services.hpp"
 
+#include <stdexcept>
+
 #include "store.hpp"
 
 namespace skyforge {
@@ -62,6 +64,95 @@ Services::Services(LogFn log) : log_(std::move(log)) {
     return it == s.config_.end() ? nullptr : it->second.c_str();
   };
   table_.last_error = [](void*) -> const char* { return t_error.c_str(); };
+  table_.communicator = [](void* ctx) -> const sf_communicator* {
+    Services& s = self(ctx);
+    std::lock_guard<std::mutex> lock(s.comm_mutex_);
+    if (s.comm_) return s.comm_.get();
+    if (!s.comm_error_.empty()) {
+      fail(SF_ERR, s.comm_error_);
+      return nullptr;
+    }
+    if (!s.comm_factory_) {
+      fail(SF_ERR_UNSUPPORTED, "there is no communicator here: it exists only on a pool's nodes");
+      return nullptr;
+    }
+    try {
+      s.comm_ = s.comm_factory_();
+      if (!s.comm_) throw std::runtime_error("the communicator could not be built");
+      return s.comm_.get();
+    } catch (const std::exception& e) {
+      s.comm_error_ = e.what();
+    } catch (...) {
+      s.comm_error_ = "the communicator could not be built (unknown error)";
+    }
+    fail(SF_ERR, s.comm_error_);
+    return nullptr;
+  };
+  table_.compute_backend = [](void* ctx, const char* name, const sf_compute_hooks** hooks,
+                              void** self_out) -> sf_status {
+    return self(ctx).find_compute_backend(name, hooks, self_out);
+  };
+}
+
+void Services::set_communicator_factory(CommunicatorFactory factory) {
+  std::lock_guard<std::mutex> lock(comm_mutex_);
+  comm_factory_ = std::move(factory);
+}
+
+void Services::reset_communicator() {
+  std::shared_ptr<const sf_communicator> old;
+  {
+    std::lock_guard<std::mutex> lock(comm_mutex_);
+    old = std::move(comm_);
+    comm_factory_ = nullptr;
+    comm_error_ = "the communicator is gone: the job is over";
+  }
+  old.reset();  // outside the lock
+}
+
+void Services::add_compute_backend(const std::string& name, const sf_compute_hooks* hooks, void* self) {
+  std::lock_guard<std::mutex> lock(backends_mutex_);
+  backends_.push_back(Backend{name, hooks, self});
+}
+
+void Services::clear_compute_backends() {
+  std::lock_guard<std::mutex> lock(backends_mutex_);
+  backends_.clear();
+}
+
+sf_status Services::find_compute_backend(const char* name, const sf_compute_hooks** hooks, void** self_out) {
+  if (!hooks || !self_out) return fail(SF_ERR_INVALID, "compute_backend: hooks and self must not be NULL");
+  std::lock_guard<std::mutex> lock(backends_mutex_);
+  auto loaded = [&] {
+    if (backends_.empty()) return std::string("none is loaded on this node; list one in the manifest's [[plugins]]");
+    std::string l = "loaded: ";
+    for (size_t i = 0; i < backends_.size(); ++i) l += (i ? ", '" : "'") + backends_[i].name + "'";
+    return l;
+  };
+  auto give = [&](const Backend& b) {
+    *hooks = b.hooks;
+    *self_out = b.self;
+    return SF_OK;
+  };
+  auto find = [&](const std::string& n) -> const Backend* {
+    for (const auto& b : backends_)
+      if (b.name == n) return &b;
+    return nullptr;
+  };
+  if (!has_instance_ && backends_.empty())
+    return fail(SF_ERR_UNSUPPORTED, "compute backends exist only on a pool's nodes");
+  if (name && *name) {
+    if (const Backend* b = find(name)) return give(*b);
+    return fail(SF_ERR_INVALID, std::string("no compute backend named '") + name + "' (" + loaded() + ")");
+  }
+  if (auto it = config_.find("compute.backend"); it != config_.end() && !it->second.empty()) {
+    if (const Backend* b = find(it->second)) return give(*b);
+    return fail(SF_ERR_INVALID, "the selected compute backend '" + it->second + "' (compute.backend) is not loaded (" +
+                                    loaded() + ")");
+  }
+  if (backends_.size() == 1) return give(backends_.front());
+  return fail(SF_ERR_INVALID, "no compute backend is selected (" + loaded() +
+                                  (backends_.empty() ? "" : "; pass a name") + ")");
 }
 
 Services::~Services() = default;

@@ -1,10 +1,15 @@
 // The sf_host_services table the host lends to every plugin (DESIGN.md §3): logging, this
-// node's identity, the head's rendezvous store and job configuration. One per process.
+// node's identity, the head's rendezvous store, job configuration and (ABI 1.1) the pool's
+// communicator and the node's compute backends. One per process.
+//
+// The table is always the full 1.1 table (struct_size = sizeof(sf_host_services)); on the client
+// communicator() returns NULL and compute_backend() SF_ERR_UNSUPPORTED.
 #pragma once
 
 #include <skyforge/abi.h>
 
 #include <functional>
+#include <vector>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +25,10 @@ class StoreClient;
 class Services {
  public:
   using LogFn = std::function<void(int32_t level, const std::string& message)>;
+  // Builds the pool's communicator: collective (every node calls it once), may block up to
+  // the collective timeout, throws std::exception with the reason on failure. The returned
+  // pointer keeps whatever owns the table alive.
+  using CommunicatorFactory = std::function<std::shared_ptr<const sf_communicator>()>;
 
   explicit Services(LogFn log);
   ~Services();
@@ -33,6 +42,21 @@ class Services {
   void set_store(std::unique_ptr<net::StoreClient> store);
   void set_config(std::map<std::string, std::string> config) { config_ = std::move(config); }
   const sf_instance_info* instance() const { return has_instance_ ? &info_ : nullptr; }
+  net::StoreClient* store() const { return store_.get(); }
+
+  // Node side: communicator() builds it with `factory` on first use and returns the same one
+  // afterwards; a failure is remembered (a retry could not be collective) and repeated.
+  void set_communicator_factory(CommunicatorFactory factory);
+  // Destroys the communicator (teardown, after the app and compute backends are gone).
+  void reset_communicator();
+
+  // Node side: compute backends loaded for this job, in creation order. The host owns them;
+  // compute_backend(name) hands out (hooks, self). "compute.backend" in the config names the
+  // one an empty name selects.
+  void add_compute_backend(const std::string& name, const sf_compute_hooks* hooks, void* self);
+  void clear_compute_backends();
+  // The lookup behind the compute_backend service (see abi.h); sets last_error on failure.
+  sf_status find_compute_backend(const char* name, const sf_compute_hooks** hooks, void** self);
 
  private:
   static Services& self(void* ctx) { return *static_cast<Services*>(ctx); }
@@ -47,6 +71,19 @@ class Services {
   std::string head_addr_, private_ip_, accelerator_, pool_id_, store_addr_, work_dir_;
   std::unique_ptr<net::StoreClient> store_;
   std::map<std::string, std::string> config_;
+
+  std::mutex comm_mutex_;
+  CommunicatorFactory comm_factory_;
+  std::shared_ptr<const sf_communicator> comm_;
+  std::string comm_error_;  // the failure of the one attempt, repeated to later callers
+
+  struct Backend {
+    std::string name;
+    const sf_compute_hooks* hooks;
+    void* self;
+  };
+  std::mutex backends_mutex_;
+  std::vector<Backend> backends_;
 };
 
 }  // namespace skyforge

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "communicator.hpp"
 #include "env.hpp"
 #include "io_loop.hpp"
 #include "loader.hpp"
@@ -84,6 +86,7 @@ class Worker {
   void run_tasks();
   void exit_hooks(bool ok);
   void dead_man(const std::string& reason);
+  std::shared_ptr<const sf_communicator> make_communicator();
 
   WorkerArgs args_;
   boost::asio::io_context io_;
@@ -92,7 +95,8 @@ class Worker {
   std::unique_ptr<net::StoreServer> store_server_;
   Services services_;
   std::unique_ptr<Loader> loader_;
-  std::vector<std::unique_ptr<PluginInstance>> frameworks_;
+  std::vector<std::unique_ptr<PluginInstance>> frameworks_;  // [[plugins]] but compute backends
+  std::vector<std::unique_ptr<PluginInstance>> compute_backends_;  // creation order
   size_t entered_ = 0;
   std::unique_ptr<PluginInstance> app_;
   sf_instance_info info_{};
@@ -146,6 +150,29 @@ void Worker::on_close(const std::string& reason) {
   dead_man("lost the host (" + reason + ")");
 }
 
+// The pool's communicator (rank = node), built on the first communicator() call. The rendezvous
+// is collective: it waits up to the collective timeout for every node to call it too.
+std::shared_ptr<const sf_communicator> Worker::make_communicator() {
+  const msg::Job& job = *job_;
+  if (job.mode == "single" && job.command.empty() && job.total_nodes > 1)
+    throw std::runtime_error("communicator() needs the app running on every node, but with mode = \"single\" only "
+                             "the head runs it (use mode = \"broadcast\")");
+  GlooCommunicator::Options o;
+  o.rank = job.node;
+  o.size = job.total_nodes;
+  o.address = job.private_ip.empty() ? args_.address : job.private_ip;
+  o.prefix = "gloo/0/";  // one communicator per pool (job); the store lives as long as the pool
+  auto cfg = job.config.find("job.collective_timeout");
+  auto env = job.env.find("SKYFORGE_COLLECTIVE_TIMEOUT");
+  const char* env_value = env != job.env.end() ? env->second.c_str() : std::getenv("SKYFORGE_COLLECTIVE_TIMEOUT");
+  o.timeout = GlooCommunicator::parse_timeout(cfg != job.config.end() ? cfg->second.c_str() : nullptr, env_value);
+  net::StoreClient* store = services_.store();
+  if (!store) throw std::runtime_error("the rendezvous store is not connected");
+  auto comm = std::make_shared<GlooCommunicator>(*store, o);
+  const sf_communicator* table = comm->table();
+  return std::shared_ptr<const sf_communicator>(std::move(comm), table);
+}
+
 // The host is gone: nobody will tear this node down, so do it ourselves, now.
 void Worker::dead_man(const std::string& reason) {
   diag("node " + std::to_string(args_.node) + ": " + reason + "; shutting down");
@@ -172,6 +199,16 @@ void Worker::setup_plugins(EnvMap& env) {
   loader_ = std::make_unique<Loader>(services_.table());
   for (const auto& f : job.frameworks) {
     const LoadedPlugin& p = loader_->load(f.library, f.name);
+    if (p.kind == SF_KIND_COMPUTE_BACKEND) {
+      // No around_app hooks: created with its options, lent to the app through the
+      // compute_backend service, destroyed after the app.
+      if (!p.hooks || p.hooks_size < SKYFORGE_HOOK_END(sf_compute_hooks, engine_create))
+        throw LoadError(p.path + ": compute backend '" + p.name + "' has no compute hooks table");
+      compute_backends_.push_back(loader_->create(p, f.options));
+      auto& b = compute_backends_.back();
+      services_.add_compute_backend(p.name, b->hooks<sf_compute_hooks>(), b->self());
+      continue;
+    }
     frameworks_.push_back(loader_->create(p, f.options));
   }
   if (!job.app.name.empty()) {
@@ -405,6 +442,7 @@ int Worker::run() {
         min_log_level_ = SF_LOG_DEBUG;
       auto [store_host, store_port] = split_host_port(job_->store_addr);
       services_.set_store(net::StoreClient::connect(store_host, store_port, args_.secret, args_.node, 15000));
+      services_.set_communicator_factory([this] { return make_communicator(); });
       EnvMap env = EnvMap::from_environ(environ);
       for (const auto& [k, v] : job_->env) env.set(k, v);
       env.set("SKYFORGE_NODE", std::to_string(job_->node));
@@ -440,6 +478,11 @@ int Worker::run() {
   kill_children();
   frameworks_.clear();
   app_.reset();
+  // Compute backends outlive the app (its engines came from them), in reverse creation order;
+  // then the communicator they may have used.
+  services_.clear_compute_backends();
+  while (!compute_backends_.empty()) compute_backends_.pop_back();
+  services_.reset_communicator();
   pump.finish();
   g_diag_fd = pump.diag_fd();
   conn_->close();

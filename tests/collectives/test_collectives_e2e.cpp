@@ -1,0 +1,170 @@
+// The pool communicator end to end: the real `skyforge` binary, real workers on the local
+// provider, the collective_check app (fixtures/collective_check.cpp) on every node. Each test
+// runs under its own TMPDIR and checks that nothing is left behind, as tests/e2e does.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <set>
+
+#include "process.hpp"
+
+using namespace skyforge::test;
+
+namespace {
+
+class Collectives : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/skyforge-coll-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    tmp_ = root_ / "tmp";
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    auto left = wait_no_processes_under(root_, 10);
+    for (pid_t p : left) {
+      ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
+      ::kill(p, SIGKILL);
+    }
+    EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  fs::path write(const std::string& name, const std::string& text) {
+    fs::path p = root_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+  Output run(const std::vector<std::string>& args, double timeout_s = 150) {
+    std::vector<std::string> argv = {SKYFORGE_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Child c(argv, {{"TMPDIR", tmp_.string()}});
+    return c.wait(timeout_s);
+  }
+  // A manifest running collective_check on `nodes` nodes; `env` goes to [image] env.
+  std::string manifest(int nodes, const std::string& env = "", const std::string& extra = "",
+                       const std::string& extra_job = "") {
+    return "[pool]\nnodes = " + std::to_string(nodes) + "\n" + extra + (env.empty() ? "" : "[image]\nenv = { " + env + " }\n") +
+           "[job]\napp = \"collective_check\"\nplugin_path = [\"" + COLL_FIXTURES + "\"]\n" + extra_job;
+  }
+  // Every node's "ok" line; returns the hashes seen.
+  std::set<std::string> expect_ok(const Output& o, int nodes) {
+    std::set<std::string> hashes;
+    for (int i = 0; i < nodes; ++i) {
+      std::smatch m;
+      std::regex line("\\[node " + std::to_string(i) + "\\] => ok rank=" + std::to_string(i) + " size=" +
+                      std::to_string(nodes) + " checks=(\\d+) hash=([0-9a-f]{16})");
+      EXPECT_TRUE(std::regex_search(o.out, m, line)) << "node " << i << ":\n" << o.out << o.err;
+      if (!m.empty()) {
+        EXPECT_GT(std::stoi(m[1]), 50);
+        hashes.insert(m[2]);
+      }
+    }
+    return hashes;
+  }
+
+  fs::path root_, tmp_;
+};
+
+TEST_F(Collectives, TwoNodes) {
+  Output o = run({"run", write("c2.toml", manifest(2)).string()});
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(expect_ok(o, 2).size(), 1u) << "every rank must hold the same allreduce bits\n" << o.out;
+}
+
+TEST_F(Collectives, ThreeNodes) {
+  Output o = run({"run", write("c3.toml", manifest(3)).string()});
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(expect_ok(o, 3).size(), 1u) << "every rank must hold the same allreduce bits\n" << o.out;
+}
+
+TEST_F(Collectives, OneNodeIsLocal) {
+  Output o = run({"run", write("c1.toml", manifest(1)).string()});
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(expect_ok(o, 1).size(), 1u);
+}
+
+TEST_F(Collectives, ThreeNodesInNetworkNamespaces) {
+  if (geteuid() != 0) GTEST_SKIP() << "isolation = \"netns\" needs root (CAP_NET_ADMIN)";
+  if (system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "ip netns is not available";
+  Output o = run({"run", write("netns.toml", manifest(3, "", "[provider]\nisolation = \"netns\"\n")).string()});
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(expect_ok(o, 3).size(), 1u) << o.out;
+}
+
+// A node that fails before the collective: the run fails at once (not after the collective
+// timeout, 300 s by default), naming the node; the others, blocked in the rendezvous, are torn down.
+TEST_F(Collectives, NodeThrowingBeforeTheCollectiveFailsTheRunNamingIt) {
+  Output o = run({"run", write("throw.toml", manifest(3, "COLL_MODE = \"throw\"")).string()}, 60);
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("node 1 failed"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("gives up before the collective on purpose"), std::string::npos) << o.err;
+  EXPECT_LT(o.seconds, 30);
+}
+
+TEST_F(Collectives, NodeExitingBeforeTheCollectiveFailsTheRunNamingIt) {
+  Output o = run({"run", write("exit.toml", manifest(3, "COLL_MODE = \"exit\"")).string()}, 60);
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex("node \\d"))) << o.err;
+  EXPECT_LT(o.seconds, 30);
+}
+
+// A node that never calls communicator() (but does not fail): the others' rendezvous gives up
+// after the collective timeout with a message naming the missing node.
+TEST_F(Collectives, NodeSkippingTheCollectiveIsNamedAfterTheTimeout) {
+  Output o = run({"run", write("skip.toml", manifest(3, "COLL_MODE = \"skip\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"")).string()},
+                 60);
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("node 1 did not join the communicator within 3 s"), std::string::npos) << o.err;
+  EXPECT_LT(o.seconds, 30);
+}
+
+// A node that joins, then stalls: the others' allreduce times out with a clear error.
+TEST_F(Collectives, StalledPeerTimesOutWithAClearError) {
+  Output o = run({"run", write("stall.toml", manifest(2, "COLL_MODE = \"stall\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"")).string()},
+                 60);
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("node 0 failed"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("allreduce failed on node 0"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("within 3 s"), std::string::npos) << o.err;
+  EXPECT_LT(o.seconds, 30);
+}
+
+// mode = "single" runs the app on the head only: no group to join, so communicator() fails at
+// once instead of waiting out the timeout for nodes that never run the app.
+TEST_F(Collectives, SingleModeHasNoCommunicator) {
+  Output o = run({"run", write("single.toml", manifest(2, "", "", "mode = \"single\"\n")).string()}, 60);
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("node 0 failed"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("with mode = \"single\" only the head runs it"), std::string::npos) << o.err;
+  EXPECT_LT(o.seconds, 30);
+}
+
+// Compute backends listed in [[plugins]] are created on every node with their options, found
+// by name through compute_backend(), and destroyed after the app in reverse creation order.
+TEST_F(Collectives, ComputeBackendsAreLentByNameAndDestroyedAfterTheApp) {
+  const fs::path trace = root_ / "trace.txt";
+  std::string m = "[pool]\nnodes = 1\n"
+                  "[[plugins]]\nname = \"coll_backend_a\"\ntag = \"alpha\"\n"
+                  "[[plugins]]\nname = \"coll_backend_b\"\n"
+                  "[image]\nenv = { COLL_MODE = \"backend\", COLL_TRACE_FILE = \"" + trace.string() + "\" }\n"
+                  "[job]\napp = \"collective_check\"\nplugin_path = [\"" + COLL_FIXTURES + "\"]\n";
+  Output o = run({"run", write("backend.toml", m).string()}, 60);
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("[coll_backend_a] coll_backend_a tag=alpha"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("[coll_backend_b] coll_backend_b tag=none"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("[] error(2): compute_backend(selected): no compute backend is selected (loaded: "
+                       "'coll_backend_a', 'coll_backend_b'; pass a name)"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("[no_such_backend] error(2): compute_backend(no_such_backend): no compute backend named "
+                       "'no_such_backend' (loaded: 'coll_backend_a', 'coll_backend_b')"),
+            std::string::npos)
+      << o.out;
+  std::ifstream in(trace);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "destroy app\ndestroy coll_backend_b\ndestroy coll_backend_a\n");
+}
+
+}  // namespace
