@@ -1,0 +1,211 @@
+// skyforge `cpu` compute backend: the reference engine (DESIGN.md §7).
+//
+// float32, NHWC, Keras semantics and defaults. GEMMs go through OpenBLAS (cblas_sgemm),
+// convolutions through im2col + GEMM, everything else through OpenMP loops. The engine lives
+// in this static library (skyforge_cpu_engine) so tests drive it without a host; the plugin
+// (cpu_plugin.cpp) is a thin ComputeBackend around make_engine().
+//
+// Layout: every trainable parameter lives in one flat buffer (layer order, each layer's
+// kernel before its bias, BN gamma before beta), its gradient in a parallel flat buffer. That
+// makes get/set_params a copy, the optimizer one vectorised loop and gradient buckets
+// contiguous slices (reverse layer order = from the end of the buffer).
+#pragma once
+
+#include <skyforge/sdk.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace skyforge::cpu {
+
+using Shape = std::vector<uint32_t>;  // one sample's shape, no batch axis
+size_t numel(const Shape& s);
+std::string shape_str(const Shape& s);
+
+// Uniform float in [0, 1) from the pinned generator (24 random bits): identical everywhere.
+float uniform01(Rng& rng);
+
+// Threads and the fixed reduction split every kernel uses.
+struct Exec {
+  int threads = 1;  // OpenMP threads for elementwise / im2col / reduction loops
+};
+
+// Simple byte writer/reader for state_dict (native little-endian; size-checked).
+class ByteWriter {
+ public:
+  void raw(const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+  template <class T>
+  void put(const T& v) { raw(&v, sizeof(T)); }
+  void floats(const float* p, size_t n) {
+    put<uint64_t>(n);
+    raw(p, n * sizeof(float));
+  }
+  std::string out;
+};
+class ByteReader {
+ public:
+  explicit ByteReader(std::string_view b) : b_(b) {}
+  void raw(void* p, size_t n, const char* what);
+  template <class T>
+  T get(const char* what) {
+    T v;
+    raw(&v, sizeof(T), what);
+    return v;
+  }
+  // Reads a length-prefixed float array that must hold exactly n values.
+  void floats(float* p, size_t n, const char* what);
+  size_t left() const { return b_.size() - pos_; }
+
+ private:
+  std::string_view b_;
+  size_t pos_ = 0;
+};
+
+enum class Activation { linear, relu, softmax };
+
+// One layer. Buffers are batch-major: x is batch * numel(in_shape), y batch * numel(out_shape).
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  std::string type;
+  size_t index = 0;  // position in the model (for messages)
+  Shape in_shape, out_shape;
+
+  // Trainable parameters, as a count; the engine binds them into its flat buffers.
+  virtual size_t param_size() const { return 0; }
+  // Keras initialisers (glorot_uniform kernels, zero biases, gamma 1, beta 0), drawing from rng.
+  virtual void init_params(float* /*p*/, Rng& /*rng*/) const {}
+  void bind(float* params, float* grads) {
+    p_ = params;
+    g_ = grads;
+  }
+  // Preallocate scratch for up to `batch` samples (called when the batch capacity grows).
+  virtual void reserve(uint32_t /*batch*/) {}
+  virtual void forward(const float* x, float* y, uint32_t batch, bool training) = 0;
+  // Gradients: dy (mutable scratch, may be overwritten) -> dx (nullptr: not needed, the first
+  // layer) and the layer's parameter gradients, which are OVERWRITTEN (not accumulated) with the
+  // sum over the batch of dL/dparam. x and y are the buffers of the last training forward.
+  virtual void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) = 0;
+  // Non-trainable state (BN moving statistics, dropout generator) for state_dict.
+  virtual void save_state(ByteWriter& /*w*/) const {}
+  virtual void load_state(ByteReader& /*r*/) {}
+  // A short description that changes when the architecture does (state_dict compatibility).
+  virtual std::string describe() const;
+
+  void set_exec(const Exec& e) { exec_ = e; }
+  float* params() { return p_; }
+  float* grads() { return g_; }
+
+ protected:
+  float* p_ = nullptr;
+  float* g_ = nullptr;
+  Exec exec_;
+};
+
+// Builds layer `index` from its spec for input shape `in`; validates options and shapes,
+// throwing Error(SF_ERR_INVALID) "layer <index> (<type>): ...". seed/rank feed dropout's
+// generator.
+std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t index, uint64_t seed,
+                                  uint32_t rank);
+
+// Test hook: dropout with a frozen mask (a forward in training mode reuses the last mask
+// instead of drawing a new one). Throws unless `layer` is a dropout layer.
+void dropout_freeze_mask(Layer& layer, bool frozen);
+
+// Sparse categorical cross-entropy from logits over `batch` rows of `classes`, stable
+// log-softmax. Returns the SUM of per-sample losses (double); *correct counts argmax == label
+// (first maximum wins). dlogits (may be nullptr) receives softmax - onehot per sample, i.e. the
+// gradient of the summed loss. Labels must be in [0, classes) (checked by the caller).
+double sparse_xent(const float* logits, const int32_t* labels, uint32_t batch, uint32_t classes, float* dlogits,
+                   uint64_t* correct, const Exec& ex);
+
+// ---- optimizers (Keras update rules) ------------------------------------------------------
+struct OptimizerConfig {
+  std::string name = "adam";  // "sgd" | "adam"
+  double learning_rate = 0.001;
+  double momentum = 0.0;  // sgd
+  bool nesterov = false;  // sgd
+  double beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;  // adam
+};
+OptimizerConfig parse_optimizer(const std::string& name, const Options& opts);
+
+class Optimizer {
+ public:
+  Optimizer(OptimizerConfig cfg, size_t n);
+  // One update of every parameter from grads * grad_scale (grad_scale turns a gradient sum into
+  // a mean). `iteration` counts updates already applied (Keras' optimizer.iterations).
+  void apply(float* params, const float* grads, float grad_scale, uint64_t iteration, const Exec& ex);
+  size_t slot_count() const { return slots_.size(); }
+  float* slots() { return slots_.data(); }
+  const float* slots_data() const { return slots_.data(); }
+  const OptimizerConfig& config() const { return cfg_; }
+
+ private:
+  OptimizerConfig cfg_;
+  size_t n_;
+  std::vector<float> slots_;  // sgd+momentum: velocity; adam: m then v
+};
+
+// ---- the engine ----------------------------------------------------------------------------
+struct EngineOptions {
+  uint32_t default_threads = 0;  // the plugin's `threads` option; 0: every usable core
+  size_t bucket_bytes = 4u << 20;  // gradient allreduce bucket size
+};
+
+class CpuEngine : public Engine {
+ public:
+  CpuEngine(const ModelSpec& spec, const Communicator& comm, const EngineOptions& opt = {});
+
+  StepResult train_step(const float* x, const int32_t* y, uint32_t batch) override;
+  StepResult eval_step(const float* x, const int32_t* y, uint32_t batch) override;
+  void predict(const float* x, uint32_t batch, float* logits) override;
+  uint64_t param_count() const override { return params_.size(); }
+  void get_params(float* out, uint64_t count) const override;
+  void set_params(const float* in, uint64_t count) override;
+  std::string state_dict() const override;
+  void load_state(std::string_view bytes) override;
+
+  // Introspection for tests and tools.
+  int threads() const { return exec_.threads; }
+  uint64_t step() const { return step_; }
+  size_t num_layers() const { return layers_.size(); }
+  Layer& layer(size_t i) { return *layers_[i]; }
+  uint32_t classes() const { return classes_; }
+  // Mean gradient of the (global) batch loss in training mode, without an update
+  // (data-parallel: collective, like train_step). Returns the step's loss/accuracy.
+  StepResult gradients(const float* x, const int32_t* y, uint32_t batch, std::vector<float>& grads);
+
+ private:
+  void ensure_capacity(uint32_t batch);
+  void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
+  const float* forward(const float* x, uint32_t batch, bool training);
+  StepResult compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward);
+
+  Communicator comm_;
+  Exec exec_;
+  EngineOptions eopt_;
+  Shape input_shape_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<size_t> param_offset_;  // per layer
+  size_t first_trainable_ = 0;        // backward stops at this layer
+  uint32_t classes_ = 0;
+  std::vector<float> params_, grads_;
+  std::unique_ptr<Optimizer> opt_;
+  uint64_t step_ = 0;
+  uint32_t capacity_ = 0;
+  std::vector<std::vector<float>> acts_;  // acts_[i]: output of layer i
+  std::vector<float> gbuf_[2];            // ping-pong gradient buffers
+  std::string arch_;                      // describe() of every layer + optimizer
+};
+
+std::unique_ptr<Engine> make_engine(const ModelSpec& spec, const Communicator& comm,
+                                    const EngineOptions& opt = {});
+
+// Threads this process may use (sched_getaffinity), at least 1.
+int usable_cores();
+
+}  // namespace skyforge::cpu

@@ -1,0 +1,414 @@
+// The cpu backend's engine: model assembly, training step, data parallelism, optimizers,
+// state_dict.
+#include "kernels.hpp"
+
+#include <sched.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+namespace skyforge::cpu {
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return 1;
+}
+
+namespace {
+
+// OpenBLAS runs single-threaded: the engine's OpenMP threads split big GEMMs themselves
+// (kernels.hpp, gemm), so one pool of exactly `threads` threads does all the work.
+void use_single_threaded_blas() {
+  static std::atomic<bool> done{false};
+  if (!done.exchange(true)) openblas_set_num_threads(1);
+}
+
+[[noreturn]] void invalid(const std::string& m) { throw Error(m, SF_ERR_INVALID); }
+
+double parse_real(const Options& o, const std::string& opt, const std::string& key, double fallback, double lo,
+                  double hi, bool lo_open) {
+  if (!o.has(key)) return fallback;
+  const std::string v = o.get(key);
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d))
+    invalid("optimizer " + opt + ": option '" + key + "': expected a number, got '" + v + "'");
+  if (d < lo || d > hi || (lo_open && d == lo)) {
+    std::ostringstream os;
+    os << "optimizer " << opt << ": option '" << key << "': " << v << " is outside " << (lo_open ? "(" : "[") << lo
+       << ", " << hi << "]";
+    invalid(os.str());
+  }
+  return d;
+}
+
+constexpr char kMagic[8] = {'S', 'F', 'C', 'P', 'U', 'E', 'N', 'G'};
+constexpr uint32_t kStateVersion = 1;
+
+}  // namespace
+
+// ---- optimizers ----------------------------------------------------------------------------
+OptimizerConfig parse_optimizer(const std::string& name_in, const Options& o) {
+  OptimizerConfig c;
+  c.name = name_in.empty() ? "adam" : name_in;
+  std::set<std::string> known;
+  if (c.name == "sgd") {
+    known = {"learning_rate", "momentum", "nesterov"};
+    c.learning_rate = parse_real(o, "sgd", "learning_rate", 0.01, 0.0, 1e300, true);
+    c.momentum = parse_real(o, "sgd", "momentum", 0.0, 0.0, 1.0, false);
+    try {
+      c.nesterov = o.get_bool("nesterov", false);
+    } catch (const Error& e) {
+      invalid(std::string("optimizer sgd: ") + e.what());
+    }
+  } else if (c.name == "adam") {
+    known = {"learning_rate", "beta_1", "beta_2", "epsilon"};
+    c.learning_rate = parse_real(o, "adam", "learning_rate", 0.001, 0.0, 1e300, true);
+    c.beta_1 = parse_real(o, "adam", "beta_1", 0.9, 0.0, 1.0, false);
+    c.beta_2 = parse_real(o, "adam", "beta_2", 0.999, 0.0, 1.0, false);
+    c.epsilon = parse_real(o, "adam", "epsilon", 1e-7, 0.0, 1e300, true);
+    if (c.beta_1 >= 1.0 || c.beta_2 >= 1.0) invalid("optimizer adam: beta_1 and beta_2 must be below 1");
+  } else {
+    invalid("unknown optimizer '" + c.name + "' (known: sgd, adam)");
+  }
+  for (const auto& [k, v] : o.all())
+    if (!known.count(k)) invalid("optimizer " + c.name + ": unknown option '" + k + "'");
+  return c;
+}
+
+Optimizer::Optimizer(OptimizerConfig cfg, size_t n) : cfg_(std::move(cfg)), n_(n) {
+  if (cfg_.name == "adam") slots_.assign(2 * n, 0.f);
+  else if (cfg_.momentum != 0.0) slots_.assign(n, 0.f);
+}
+
+void Optimizer::apply(float* p, const float* g, float scale, uint64_t iteration, const Exec& ex) {
+  const size_t n = n_;
+  const float lr = static_cast<float>(cfg_.learning_rate);
+  if (cfg_.name == "sgd") {
+    if (slots_.empty()) {
+      k::for_range(n, ex, [&](size_t b, size_t e) {
+#pragma omp simd
+        for (size_t i = b; i < e; ++i) p[i] -= lr * (g[i] * scale);
+      });
+      return;
+    }
+    // Keras: m = momentum * m - lr * g; p += nesterov ? momentum * m - lr * g : m
+    const float mom = static_cast<float>(cfg_.momentum);
+    float* m = slots_.data();
+    if (cfg_.nesterov) {
+      k::for_range(n, ex, [&](size_t b, size_t e) {
+#pragma omp simd
+        for (size_t i = b; i < e; ++i) {
+          const float gi = g[i] * scale;
+          m[i] = m[i] * mom - lr * gi;
+          p[i] += m[i] * mom - lr * gi;
+        }
+      });
+    } else {
+      k::for_range(n, ex, [&](size_t b, size_t e) {
+#pragma omp simd
+        for (size_t i = b; i < e; ++i) {
+          m[i] = m[i] * mom - lr * (g[i] * scale);
+          p[i] += m[i];
+        }
+      });
+    }
+    return;
+  }
+  // Keras Adam: t = iterations + 1; alpha = lr * sqrt(1 - b2^t) / (1 - b1^t);
+  // m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); p -= alpha * m / (sqrt(v) + eps)
+  const double t = static_cast<double>(iteration + 1);
+  const float alpha = static_cast<float>(cfg_.learning_rate * std::sqrt(1.0 - std::pow(cfg_.beta_2, t)) /
+                                         (1.0 - std::pow(cfg_.beta_1, t)));
+  const float b1c = static_cast<float>(1.0 - cfg_.beta_1), b2c = static_cast<float>(1.0 - cfg_.beta_2);
+  const float eps = static_cast<float>(cfg_.epsilon);
+  float* m = slots_.data();
+  float* v = slots_.data() + n;
+  k::for_range(n, ex, [&](size_t b, size_t e) {
+#pragma omp simd
+    for (size_t i = b; i < e; ++i) {
+      const float gi = g[i] * scale;
+      m[i] += (gi - m[i]) * b1c;
+      v[i] += (gi * gi - v[i]) * b2c;
+      p[i] -= alpha * m[i] / (std::sqrt(v[i]) + eps);
+    }
+  });
+}
+
+// ---- engine --------------------------------------------------------------------------------
+CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const EngineOptions& opt)
+    : comm_(comm), eopt_(opt), input_shape_(spec.input_shape) {
+  exec_.threads = spec.threads > 0             ? static_cast<int>(spec.threads)
+                  : opt.default_threads > 0 ? static_cast<int>(opt.default_threads)
+                                            : usable_cores();
+  if (input_shape_.empty() || numel(input_shape_) == 0)
+    invalid("model input_shape " + shape_str(input_shape_) + " is empty or has a zero dimension");
+  if (spec.layers.empty()) invalid("the model has no layers");
+  if (!spec.loss.empty() && spec.loss != "sparse_categorical_crossentropy")
+    invalid("unknown loss '" + spec.loss + "' (known: sparse_categorical_crossentropy, from logits)");
+  const OptimizerConfig ocfg = parse_optimizer(spec.optimizer, spec.optimizer_options);
+
+  Shape shape = input_shape_;
+  size_t total = 0;
+  arch_ = "input" + shape_str(input_shape_);
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    auto l = make_layer(spec.layers[i], shape, i, spec.seed, comm_.rank());
+    l->set_exec(exec_);
+    param_offset_.push_back(total);
+    total += l->param_size();
+    shape = l->out_shape;
+    arch_ += ';';
+    arch_ += l->describe();
+    layers_.push_back(std::move(l));
+  }
+  if (shape.size() != 1)
+    invalid("layer " + std::to_string(layers_.size() - 1) + " (" + layers_.back()->type + "): the model's output " +
+            shape_str(shape) +
+            " must be (classes,) for sparse_categorical_crossentropy; add flatten or global_average_pooling2d");
+  classes_ = shape[0];
+  arch_ += ';';
+  arch_ += ocfg.name;
+
+  params_.assign(total, 0.f);
+  grads_.assign(total, 0.f);
+  Rng rng(spec.seed);  // every weight from one pinned stream, in layer order
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    layers_[i]->bind(params_.data() + param_offset_[i], grads_.data() + param_offset_[i]);
+    layers_[i]->init_params(params_.data() + param_offset_[i], rng);
+  }
+  first_trainable_ = layers_.size() - 1;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (layers_[i]->param_size() > 0) {
+      first_trainable_ = i;
+      break;
+    }
+  opt_ = std::make_unique<Optimizer>(ocfg, total);
+  // Data-parallel: every replica starts from rank 0's weights, whatever its seed.
+  comm_.broadcast(params_.data(), params_.size() * sizeof(float), 0);
+}
+
+void CpuEngine::ensure_capacity(uint32_t batch) {
+  if (batch <= capacity_) return;
+  // BLAS takes int dimensions: keep every activation tensor below 2^31 elements.
+  for (const auto& l : layers_)
+    if (static_cast<double>(batch) * static_cast<double>(numel(l->out_shape)) >= 2147483647.0 ||
+        static_cast<double>(batch) * static_cast<double>(numel(l->in_shape)) >= 2147483647.0)
+      invalid("batch " + std::to_string(batch) + " is too large for layer " + std::to_string(l->index) + " (" +
+              l->type + "): its activations would exceed 2^31 elements");
+  size_t widest = 0;
+  acts_.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const size_t n = numel(layers_[i]->out_shape);
+    widest = std::max(widest, n);
+    acts_[i].assign(batch * n, 0.f);
+    layers_[i]->reserve(batch);
+  }
+  for (auto& g : gbuf_) g.assign(batch * widest, 0.f);
+  capacity_ = batch;
+}
+
+void CpuEngine::check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const {
+  if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
+  if (!x) invalid(std::string(what) + ": x is NULL");
+  if (y) {
+    for (uint32_t i = 0; i < batch; ++i)
+      if (y[i] < 0 || static_cast<uint32_t>(y[i]) >= classes_)
+        invalid(std::string(what) + ": label " + std::to_string(y[i]) + " of sample " + std::to_string(i) +
+                " is outside [0, " + std::to_string(classes_) + ")");
+  }
+}
+
+const float* CpuEngine::forward(const float* x, uint32_t batch, bool training) {
+  const float* in = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    layers_[i]->forward(in, acts_[i].data(), batch, training);
+    in = acts_[i].data();
+  }
+  return in;
+}
+
+// One forward (+ backward with bucketed gradient allreduce). Leaves grads_ holding the GLOBAL
+// gradient SUM; the returned samples is the global count the caller divides by.
+StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward) {
+  check_batch(x, y, batch, training ? "train_step" : "eval_step");
+  if (!y) invalid("labels are NULL");
+  use_single_threaded_blas();
+  ensure_capacity(batch);
+  const float* logits = forward(x, batch, training);
+  uint64_t correct = 0;
+  const double loss_sum = sparse_xent(logits, y, batch, classes_, backward ? gbuf_[0].data() : nullptr, &correct,
+                                      exec_);
+  // loss sum, correct and samples of the global batch, in one small collective.
+  double stats[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(batch)};
+  comm_.allreduce(stats, 3, SF_REDUCE_SUM);
+
+  if (backward) {
+    const bool dp = comm_.size() > 1;
+    const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
+    size_t lo = params_.size(), hi = params_.size();  // pending bucket [lo, hi), grows downwards
+    int cur = 0;
+    for (size_t i = layers_.size(); i-- > first_trainable_;) {
+      const float* in = i == 0 ? x : acts_[i - 1].data();
+      // No gradient flows below the first layer with parameters (flatten of the input, ...).
+      float* dx = i == first_trainable_ ? nullptr : gbuf_[1 - cur].data();
+      layers_[i]->backward(in, acts_[i].data(), gbuf_[cur].data(), dx, batch);
+      cur = 1 - cur;
+      if (dp && layers_[i]->param_size() > 0) {
+        lo = param_offset_[i];
+        // Reverse layer order, as backward produces them: a bucket goes out once it is full.
+        if (hi - lo >= bucket) {
+          comm_.allreduce(grads_.data() + lo, hi - lo, SF_REDUCE_SUM);
+          hi = lo;
+        }
+      }
+    }
+    if (dp && hi > 0) comm_.allreduce(grads_.data(), hi, SF_REDUCE_SUM);
+  }
+  StepResult r;
+  r.samples = static_cast<uint64_t>(stats[2]);
+  r.correct = static_cast<uint64_t>(stats[1]);
+  r.loss = stats[0] / stats[2];
+  return r;
+}
+
+StepResult CpuEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
+  StepResult r = compute(x, y, batch, true, true);
+  // Every replica holds the same global sum, so the same update keeps them bit-identical.
+  opt_->apply(params_.data(), grads_.data(), static_cast<float>(1.0 / static_cast<double>(r.samples)), step_, exec_);
+  ++step_;
+  return r;
+}
+
+StepResult CpuEngine::gradients(const float* x, const int32_t* y, uint32_t batch, std::vector<float>& g) {
+  StepResult r = compute(x, y, batch, true, true);
+  g.resize(grads_.size());
+  const float s = static_cast<float>(1.0 / static_cast<double>(r.samples));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = grads_[i] * s;
+  return r;
+}
+
+StepResult CpuEngine::eval_step(const float* x, const int32_t* y, uint32_t batch) {
+  return compute(x, y, batch, false, false);
+}
+
+void CpuEngine::predict(const float* x, uint32_t batch, float* logits) {
+  check_batch(x, nullptr, batch, "predict");
+  if (!logits) invalid("predict: logits is NULL");
+  use_single_threaded_blas();
+  ensure_capacity(batch);
+  const float* out = forward(x, batch, false);
+  std::memcpy(logits, out, size_t{batch} * classes_ * sizeof(float));
+}
+
+void CpuEngine::get_params(float* out, uint64_t count) const {
+  if (count != params_.size())
+    invalid("get_params: count " + std::to_string(count) + " != param_count " + std::to_string(params_.size()));
+  if (count) std::memcpy(out, params_.data(), count * sizeof(float));
+}
+
+void CpuEngine::set_params(const float* in, uint64_t count) {
+  if (count != params_.size())
+    invalid("set_params: count " + std::to_string(count) + " != param_count " + std::to_string(params_.size()));
+  if (count) std::memcpy(params_.data(), in, count * sizeof(float));
+}
+
+// state_dict format, version 1 (native byte order, little-endian on every supported target):
+//   char[8] "SFCPUENG" | u32 version | u32 reserved (0)
+//   u64 n + arch text (layer descriptions and optimizer name: loads only into the same model)
+//   u64 step
+//   u64 n + f32[n] parameters          (n = param_count)
+//   u64 n + f32[n] optimizer slots     (sgd: 0 or velocity; adam: m then v)
+//   u32 n_layers, then each layer's state in order (batch_normalization: u64 C + moving_mean,
+//       u64 C + moving_variance; dropout: its 32-byte generator state; others: nothing)
+std::string CpuEngine::state_dict() const {
+  ByteWriter w;
+  w.raw(kMagic, sizeof(kMagic));
+  w.put<uint32_t>(kStateVersion);
+  w.put<uint32_t>(0);
+  w.put<uint64_t>(arch_.size());
+  w.raw(arch_.data(), arch_.size());
+  w.put<uint64_t>(step_);
+  w.floats(params_.data(), params_.size());
+  w.floats(opt_->slots_data(), opt_->slot_count());
+  w.put<uint32_t>(static_cast<uint32_t>(layers_.size()));
+  for (const auto& l : layers_) l->save_state(w);
+  return std::move(w.out);
+}
+
+namespace {
+std::string first_difference(const std::string& saved, const std::string& mine) {
+  auto split = [](const std::string& s) {
+    std::vector<std::string> v;
+    size_t a = 0;
+    for (size_t i = 0; i <= s.size(); ++i)
+      if (i == s.size() || s[i] == ';') {
+        v.push_back(s.substr(a, i - a));
+        a = i + 1;
+      }
+    return v;
+  };
+  const auto a = split(saved), b = split(mine);
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string x = i < a.size() ? a[i] : "<none>", y = i < b.size() ? b[i] : "<none>";
+    if (x != y) return "item " + std::to_string(i) + ": saved " + x + ", this engine " + y;
+  }
+  return "";
+}
+}  // namespace
+
+void CpuEngine::load_state(std::string_view bytes) {
+  // Validate everything before touching the engine: a failed load leaves it unchanged.
+  ByteReader r(bytes);
+  char magic[8];
+  r.raw(magic, sizeof(magic), "magic");
+  if (std::memcmp(magic, kMagic, sizeof(magic)) != 0) invalid("cpu state: not a cpu backend state (bad magic)");
+  const uint32_t version = r.get<uint32_t>("version");
+  if (version != kStateVersion)
+    invalid("cpu state: version " + std::to_string(version) + " is not supported (this backend reads version " +
+            std::to_string(kStateVersion) + ")");
+  r.get<uint32_t>("reserved");
+  const uint64_t alen = r.get<uint64_t>("architecture");
+  if (alen > r.left()) invalid("cpu state: truncated architecture");
+  std::string arch(alen, '\0');
+  r.raw(arch.data(), alen, "architecture");
+  if (arch != arch_) invalid("cpu state: saved from a different model or optimizer (" + first_difference(arch, arch_) + ")");
+  const uint64_t step = r.get<uint64_t>("step");
+  std::vector<float> params(params_.size()), slots(opt_->slot_count());
+  r.floats(params.data(), params.size(), "parameters");
+  r.floats(slots.data(), slots.size(), "optimizer slots");
+  const uint32_t nl = r.get<uint32_t>("layer count");
+  if (nl != layers_.size())
+    invalid("cpu state: " + std::to_string(nl) + " layers saved, this model has " + std::to_string(layers_.size()));
+  const std::string backup = [&] {
+    ByteWriter w;
+    for (const auto& l : layers_) l->save_state(w);
+    return std::move(w.out);
+  }();
+  try {
+    for (auto& l : layers_) l->load_state(r);
+    if (r.left() != 0) invalid("cpu state: " + std::to_string(r.left()) + " unexpected trailing bytes");
+  } catch (...) {
+    ByteReader b(backup);
+    for (auto& l : layers_) l->load_state(b);
+    throw;
+  }
+  step_ = step;
+  if (!params.empty()) std::memcpy(params_.data(), params.data(), params.size() * sizeof(float));
+  if (!slots.empty()) std::memcpy(opt_->slots(), slots.data(), slots.size() * sizeof(float));
+}
+
+std::unique_ptr<Engine> make_engine(const ModelSpec& spec, const Communicator& comm, const EngineOptions& opt) {
+  return std::make_unique<CpuEngine>(spec, comm, opt);
+}
+
+}  // namespace skyforge::cpu

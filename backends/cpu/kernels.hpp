@@ -1,0 +1,177 @@
+// Internal kernels of the cpu backend: BLAS wrapper, OpenMP loop helpers, deterministic
+// reductions. Not installed; included by the engine's .cpp files only.
+#pragma once
+
+#include "cpu_engine.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace skyforge::cpu::k {
+
+// Loops shorter than this (elements, or rows * width) stay on the calling thread: an OpenMP
+// fork/join costs more than the work.
+inline constexpr size_t kParallelMin = size_t{1} << 15;
+
+inline bool par(size_t work, const Exec& ex) { return ex.threads > 1 && work >= kParallelMin; }
+
+// f(begin, end) over [0, n), split across the engine's threads when n is large. Loops inside f
+// carry `#pragma omp simd` (a combined `parallel for simd` with an if clause loses its simd
+// when the clause is false, i.e. on every small loop).
+template <class F>
+void for_range(size_t n, const Exec& ex, F&& f) {
+  if (!par(n, ex)) {
+    f(size_t{0}, n);
+    return;
+  }
+  const size_t T = static_cast<size_t>(ex.threads);
+#pragma omp parallel for schedule(static) num_threads(ex.threads)
+  for (size_t c = 0; c < T; ++c) f(n * c / T, n * (c + 1) / T);
+}
+
+// Row-major C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
+//
+// One thread pool: OpenBLAS runs single-threaded (see use_single_threaded_blas) and a big GEMM
+// is split by OpenMP into `threads` independent GEMMs over blocks of C's rows (or columns, when
+// C is wide). A mix of OpenBLAS' own pthreads and OpenMP's threads spins two pools against each
+// other on the same cores; the split keeps every element's K-sum on one thread, in one order.
+inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
+                 const float* B, size_t ldb, float beta, float* C, size_t ldc, const Exec& ex) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (size_t i = 0; i < M; ++i)
+      for (size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
+    return;
+  }
+  auto call = [&](size_t m0, size_t m1, size_t n0, size_t n1) {
+    const float* a = ta ? A + m0 : A + m0 * lda;
+    const float* b = tb ? B + n0 * ldb : B + n0;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m1 - m0), static_cast<int>(n1 - n0), static_cast<int>(K), alpha, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), beta, C + m0 * ldc + n0, static_cast<int>(ldc));
+  };
+  const size_t T = static_cast<size_t>(std::max(ex.threads, 1));
+  const bool by_rows = M >= N;
+  const size_t span = by_rows ? M : N;
+  // Blocks of at least 16 rows/columns and ~0.4 MFLOP each, so the fork pays for itself.
+  const size_t blocks = std::min({T, span / 16, static_cast<size_t>(static_cast<double>(M) * N * K / 2.0e5)});
+  if (blocks <= 1) {
+    call(0, M, 0, N);
+    return;
+  }
+  const size_t step = (span + blocks - 1) / blocks;
+  const size_t chunk = (step + 15) / 16 * 16;
+#pragma omp parallel for schedule(static, 1) num_threads(static_cast<int>(blocks))
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t lo = std::min(span, b * chunk), hi = std::min(span, (b + 1) * chunk);
+    if (lo >= hi) continue;
+    if (by_rows) call(lo, hi, 0, N);
+    else call(0, M, lo, hi);
+  }
+}
+
+// Column sums of a [rows, width] matrix in double, through a fixed split of the rows into
+// chunks that depends on `rows` only — so the result is bit-identical whatever the thread count.
+// f(row_begin, row_end, acc) adds its rows' contributions to acc[width] (zeroed).
+template <class F>
+void reduce_rows(size_t rows, size_t width, const Exec& ex, double* out, F&& f) {
+  const size_t nchunks = std::clamp<size_t>(rows / 64, 1, 32);
+  static thread_local std::vector<double> partial;
+  if (partial.size() < nchunks * width) partial.resize(nchunks * width);
+  std::fill(partial.begin(), partial.begin() + static_cast<std::ptrdiff_t>(nchunks * width), 0.0);
+  double* part = partial.data();
+#pragma omp parallel for schedule(static) num_threads(ex.threads) if (nchunks > 1 && par(rows * width, ex))
+  for (size_t c = 0; c < nchunks; ++c) {
+    const size_t b = rows * c / nchunks, e = rows * (c + 1) / nchunks;
+    f(b, e, part + c * width);
+  }
+  for (size_t j = 0; j < width; ++j) out[j] = 0.0;
+  for (size_t c = 0; c < nchunks; ++c)
+    for (size_t j = 0; j < width; ++j) out[j] += part[c * width + j];
+}
+
+// Bias gradient: column sums of dy[rows, width] into float out.
+inline void bias_grad(const float* dy, size_t rows, size_t width, const Exec& ex, float* out) {
+  static thread_local std::vector<double> acc;
+  acc.resize(width);
+  reduce_rows(rows, width, ex, acc.data(), [&](size_t b, size_t e, double* a) {
+    for (size_t r = b; r < e; ++r) {
+      const float* row = dy + r * width;
+#pragma omp simd
+      for (size_t j = 0; j < width; ++j) a[j] += row[j];
+    }
+  });
+  for (size_t j = 0; j < width; ++j) out[j] = static_cast<float>(acc[j]);
+}
+
+// y[r, :] += bias, then the activation, in place over [rows, width].
+inline void bias_activation(float* y, const float* bias, size_t rows, size_t width, Activation act, const Exec& ex) {
+#pragma omp parallel for schedule(static) num_threads(ex.threads) if (par(rows * width, ex))
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = y + r * width;
+    if (bias) {
+#pragma omp simd
+      for (size_t j = 0; j < width; ++j) row[j] += bias[j];
+    }
+    if (act == Activation::relu) {
+#pragma omp simd
+      for (size_t j = 0; j < width; ++j) {
+        const float v = row[j];
+        row[j] = v > 0.f ? v : 0.f;
+      }
+    } else if (act == Activation::softmax) {
+      float m = row[0];
+      for (size_t j = 1; j < width; ++j) m = std::max(m, row[j]);
+      float s = 0.f;
+      for (size_t j = 0; j < width; ++j) {
+        row[j] = std::exp(row[j] - m);
+        s += row[j];
+      }
+      const float inv = 1.f / s;
+#pragma omp simd
+      for (size_t j = 0; j < width; ++j) row[j] *= inv;
+    }
+  }
+}
+
+// dy <- dL/d(pre-activation), from the activation's output y, in place over [rows, width].
+inline void activation_backward(const float* y, float* dy, size_t rows, size_t width, Activation act,
+                                const Exec& ex) {
+  if (act == Activation::linear) return;
+#pragma omp parallel for schedule(static) num_threads(ex.threads) if (par(rows * width, ex))
+  for (size_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * width;
+    float* d = dy + r * width;
+    if (act == Activation::relu) {
+#pragma omp simd
+      for (size_t j = 0; j < width; ++j) {
+        const float v = d[j];
+        d[j] = yr[j] > 0.f ? v : 0.f;
+      }
+    } else {
+      float dot = 0.f;
+      for (size_t j = 0; j < width; ++j) dot += d[j] * yr[j];
+#pragma omp simd
+      for (size_t j = 0; j < width; ++j) d[j] = yr[j] * (d[j] - dot);
+    }
+  }
+}
+
+inline void copy(const float* src, float* dst, size_t n, const Exec& ex) {
+  if (!par(n, ex)) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  const size_t nchunks = static_cast<size_t>(ex.threads);
+#pragma omp parallel for schedule(static) num_threads(ex.threads)
+  for (size_t c = 0; c < nchunks; ++c) {
+    const size_t b = n * c / nchunks, e = n * (c + 1) / nchunks;
+    std::memcpy(dst + b, src + b, (e - b) * sizeof(float));
+  }
+}
+
+}  // namespace skyforge::cpu::k

@@ -1,0 +1,823 @@
+// The cpu backend's layers (Keras semantics, NHWC, float32) and the loss.
+#include "kernels.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace skyforge::cpu {
+
+size_t numel(const Shape& s) {
+  size_t n = 1;
+  for (uint32_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + (s.size() == 1 ? ",)" : ")");
+}
+
+float uniform01(Rng& rng) { return static_cast<float>(rng.next() >> 40) * (1.0f / 16777216.0f); }
+
+void ByteReader::raw(void* p, size_t n, const char* what) {
+  if (left() < n)
+    throw Error(std::string("cpu state: truncated while reading ") + what + " (need " + std::to_string(n) +
+                    " bytes, " + std::to_string(left()) + " left)",
+                SF_ERR_INVALID);
+  std::memcpy(p, b_.data() + pos_, n);
+  pos_ += n;
+}
+
+void ByteReader::floats(float* p, size_t n, const char* what) {
+  const uint64_t have = get<uint64_t>(what);
+  if (have != n)
+    throw Error(std::string("cpu state: ") + what + " holds " + std::to_string(have) + " values, this model needs " +
+                    std::to_string(n),
+                SF_ERR_INVALID);
+  raw(p, n * sizeof(float), what);
+}
+
+std::string Layer::describe() const {
+  return type + shape_str(in_shape) + "->" + shape_str(out_shape) + "/p" + std::to_string(param_size());
+}
+
+namespace {
+
+// ---- option parsing --------------------------------------------------------------------------
+class LayerOptions {
+ public:
+  LayerOptions(const LayerSpec& spec, size_t index) : spec_(spec), index_(index) {}
+
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw Error("layer " + std::to_string(index_) + " (" + spec_.type + "): " + msg, SF_ERR_INVALID);
+  }
+  bool has(const std::string& key) {
+    used_.insert(key);
+    return spec_.options.has(key);
+  }
+  std::string text(const std::string& key, const std::string& fallback) {
+    used_.insert(key);
+    return spec_.options.get(key, fallback);
+  }
+  uint32_t positive(const std::string& key, std::optional<uint32_t> fallback) {
+    if (!has(key)) {
+      if (!fallback) fail("option '" + key + "' is required");
+      return *fallback;
+    }
+    const std::string v = spec_.options.get(key);
+    const auto n = parse_uint(v);
+    if (!n || *n == 0) fail("option '" + key + "': expected a positive integer, got '" + v + "'");
+    return *n;
+  }
+  double real(const std::string& key, double fallback, double lo, double hi, bool hi_open) {
+    if (!has(key)) return fallback;
+    const std::string v = spec_.options.get(key);
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d))
+      fail("option '" + key + "': expected a number, got '" + v + "'");
+    if (d < lo || d > hi || (hi_open && d == hi)) {
+      std::ostringstream os;
+      os << "option '" << key << "': " << v << " is outside [" << lo << ", " << hi << (hi_open ? ")" : "]");
+      fail(os.str());
+    }
+    return d;
+  }
+  bool boolean(const std::string& key, bool fallback) {
+    if (!has(key)) return fallback;
+    const std::string v = spec_.options.get(key);
+    if (v == "true" || v == "True" || v == "1") return true;
+    if (v == "false" || v == "False" || v == "0") return false;
+    fail("option '" + key + "': expected true or false, got '" + v + "'");
+  }
+  std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices) {
+    const std::string v = text(key, fallback);
+    for (const auto& c : choices)
+      if (v == c) return v;
+    std::string list;
+    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+    fail("option '" + key + "': expected one of " + list + ", got '" + v + "'");
+  }
+  // "3", "3,3", "(3, 3)" or "[3, 3]" -> {3, 3}
+  std::pair<uint32_t, uint32_t> pair(const std::string& key, std::optional<std::pair<uint32_t, uint32_t>> fallback) {
+    if (!has(key)) {
+      if (!fallback) fail("option '" + key + "' is required");
+      return *fallback;
+    }
+    const std::string v = spec_.options.get(key);
+    std::string s;
+    for (char c : v)
+      if (c != '(' && c != ')' && c != '[' && c != ']' && c != ' ') s += c;
+    std::vector<std::string> parts;
+    size_t start = 0;
+    for (size_t i = 0; i <= s.size(); ++i)
+      if (i == s.size() || s[i] == ',') {
+        parts.push_back(s.substr(start, i - start));
+        start = i + 1;
+      }
+    if (!parts.empty() && parts.back().empty() && parts.size() == 2) parts.pop_back();  // "(3,)"
+    std::vector<uint32_t> vals;
+    for (const auto& p : parts) {
+      const auto n = parse_uint(p);
+      if (!n || *n == 0) vals.clear(), parts.clear();
+      else vals.push_back(*n);
+    }
+    if (vals.size() == 1) return {vals[0], vals[0]};
+    if (vals.size() == 2) return {vals[0], vals[1]};
+    fail("option '" + key + "': expected a positive integer or a pair like 3,3, got '" + v + "'");
+  }
+  Activation activation() {
+    const std::string a = choice("activation", "linear", {"linear", "none", "relu", "softmax"});
+    return a == "relu" ? Activation::relu : a == "softmax" ? Activation::softmax : Activation::linear;
+  }
+  // Unknown options are errors (a typo like unit=128 must not pass silently); `name` is allowed.
+  void finish() {
+    for (const auto& [k, v] : spec_.options.all())
+      if (!used_.count(k) && k != "name") fail("unknown option '" + k + "'");
+  }
+  void need_rank(const Shape& in, size_t rank, const char* what) const {
+    if (in.size() != rank)
+      fail("expects " + std::string(what) + " input (rank " + std::to_string(rank) + " per sample), got shape " +
+           shape_str(in));
+  }
+
+ private:
+  static std::optional<uint32_t> parse_uint(const std::string& v) {
+    if (v.empty() || v.size() > 10) return std::nullopt;
+    for (char c : v)
+      if (c < '0' || c > '9') return std::nullopt;
+    const unsigned long long n = std::stoull(v);
+    if (n > 0x7fffffffULL) return std::nullopt;
+    return static_cast<uint32_t>(n);
+  }
+  const LayerSpec& spec_;
+  size_t index_;
+  std::set<std::string> used_;
+};
+
+void glorot_uniform(float* w, size_t n, size_t fan_in, size_t fan_out, Rng& rng) {
+  const float limit = static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
+  for (size_t i = 0; i < n; ++i) w[i] = (2.f * uniform01(rng) - 1.f) * limit;
+}
+
+const char* act_name(Activation a) {
+  return a == Activation::relu ? "relu" : a == Activation::softmax ? "softmax" : "linear";
+}
+
+// ---- dense ---------------------------------------------------------------------------------
+// Keras Dense: acts on the last axis (a rank-3 input is a batch of rows).
+class Dense final : public Layer {
+ public:
+  uint32_t units = 0;
+  bool use_bias = true;
+  Activation act = Activation::linear;
+  size_t fin = 0;
+
+  size_t param_size() const override { return fin * units + (use_bias ? units : 0); }
+  void init_params(float* p, Rng& rng) const override {
+    glorot_uniform(p, fin * units, fin, units, rng);
+    if (use_bias) std::fill(p + fin * units, p + param_size(), 0.f);
+  }
+  size_t rows(uint32_t batch) const { return batch * (numel(in_shape) / fin); }
+  void forward(const float* x, float* y, uint32_t batch, bool) override {
+    const size_t M = rows(batch);
+    k::gemm(false, false, M, units, fin, 1.f, x, fin, p_, units, 0.f, y, units, exec_);
+    k::bias_activation(y, use_bias ? p_ + fin * units : nullptr, M, units, act, exec_);
+  }
+  void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) override {
+    const size_t M = rows(batch);
+    k::activation_backward(y, dy, M, units, act, exec_);
+    k::gemm(true, false, fin, units, M, 1.f, x, fin, dy, units, 0.f, g_, units, exec_);
+    if (use_bias) k::bias_grad(dy, M, units, exec_, g_ + fin * units);
+    if (dx) k::gemm(false, true, M, fin, units, 1.f, dy, units, p_, units, 0.f, dx, fin, exec_);
+  }
+  std::string describe() const override {
+    return Layer::describe() + "/" + act_name(act) + (use_bias ? "/b" : "");
+  }
+};
+
+// ---- conv2d --------------------------------------------------------------------------------
+// im2col + GEMM. The kernel is Keras' (kh, kw, in_channels, filters), so a col row
+// (kh, kw, c) times the kernel matrix [kh*kw*C, F] gives one output pixel. The batch is
+// processed in chunks whose col buffer stays under kColBytes; with one chunk the forward's col
+// is reused by the backward, with several it is rebuilt chunk by chunk.
+class Conv2D final : public Layer {
+ public:
+  static constexpr size_t kColBytes = size_t{32} << 20;
+  uint32_t filters = 0, kh = 1, kw = 1, sh = 1, sw = 1;
+  bool same = false, use_bias = true;
+  Activation act = Activation::linear;
+  uint32_t H = 0, W = 0, C = 0, Ho = 0, Wo = 0, pt = 0, pl = 0;
+
+  size_t kkc() const { return size_t{kh} * kw * C; }
+  size_t param_size() const override { return kkc() * filters + (use_bias ? filters : 0); }
+  void init_params(float* p, Rng& rng) const override {
+    glorot_uniform(p, kkc() * filters, kkc(), size_t{kh} * kw * filters, rng);
+    if (use_bias) std::fill(p + kkc() * filters, p + param_size(), 0.f);
+  }
+  bool direct() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1; }  // 1x1: x is its own col
+  size_t chunk_samples() const {
+    const size_t per = size_t{Ho} * Wo * kkc() * sizeof(float);
+    return std::max<size_t>(1, kColBytes / std::max<size_t>(per, 1));
+  }
+  void reserve(uint32_t batch) override {
+    if (direct()) return;
+    const size_t n = std::min<size_t>(batch, chunk_samples()) * Ho * Wo * kkc();
+    if (col_.size() < n) col_.assign(n, 0.f);
+  }
+  void im2col(const float* x, size_t n0, size_t n1, float* col) const {
+    const size_t K = kkc(), rowlen = size_t{kw} * C;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(exec_.threads) \
+    if (k::par((n1 - n0) * Ho * Wo * K, exec_))
+    for (size_t n = n0; n < n1; ++n)
+      for (size_t oh = 0; oh < Ho; ++oh) {
+        const float* xs = x + n * H * W * C;
+        float* out = col + ((n - n0) * Ho + oh) * Wo * K;
+        for (size_t ow = 0; ow < Wo; ++ow, out += K) {
+          for (size_t i = 0; i < kh; ++i) {
+            float* o = out + i * rowlen;
+            const long ih = static_cast<long>(oh * sh + i) - pt;
+            if (ih < 0 || ih >= static_cast<long>(H)) {
+              std::memset(o, 0, rowlen * sizeof(float));
+              continue;
+            }
+            const long iw0 = static_cast<long>(ow * sw) - pl;
+            if (iw0 >= 0 && iw0 + static_cast<long>(kw) <= static_cast<long>(W)) {
+              std::memcpy(o, xs + (ih * W + iw0) * C, rowlen * sizeof(float));
+              continue;
+            }
+            for (size_t j = 0; j < kw; ++j) {
+              const long iw = iw0 + static_cast<long>(j);
+              if (iw < 0 || iw >= static_cast<long>(W)) std::memset(o + j * C, 0, C * sizeof(float));
+              else std::memcpy(o + j * C, xs + (ih * W + iw) * C, C * sizeof(float));
+            }
+          }
+        }
+      }
+  }
+  void col2im(const float* col, size_t n0, size_t n1, float* dx) const {
+    const size_t K = kkc();
+#pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par((n1 - n0) * Ho * Wo * K, exec_))
+    for (size_t n = n0; n < n1; ++n) {
+      float* ds = dx + n * H * W * C;
+      std::memset(ds, 0, size_t{H} * W * C * sizeof(float));
+      const float* cs = col + (n - n0) * Ho * Wo * K;
+      for (size_t oh = 0; oh < Ho; ++oh)
+        for (size_t ow = 0; ow < Wo; ++ow) {
+          const float* c = cs + (oh * Wo + ow) * K;
+          for (size_t i = 0; i < kh; ++i) {
+            const long ih = static_cast<long>(oh * sh + i) - pt;
+            if (ih < 0 || ih >= static_cast<long>(H)) continue;
+            for (size_t j = 0; j < kw; ++j) {
+              const long iw = static_cast<long>(ow * sw + j) - pl;
+              if (iw < 0 || iw >= static_cast<long>(W)) continue;
+              float* d = ds + (ih * W + iw) * C;
+              const float* s = c + (i * kw + j) * C;
+#pragma omp simd
+              for (size_t q = 0; q < C; ++q) d[q] += s[q];
+            }
+          }
+        }
+    }
+  }
+  void forward(const float* x, float* y, uint32_t batch, bool) override {
+    const size_t K = kkc(), P = size_t{Ho} * Wo;
+    reserve(batch);
+    if (direct()) {
+      k::gemm(false, false, batch * P, filters, K, 1.f, x, K, p_, filters, 0.f, y, filters, exec_);
+    } else {
+      const size_t cs = chunk_samples();
+      for (size_t n0 = 0; n0 < batch; n0 += cs) {
+        const size_t n1 = std::min<size_t>(batch, n0 + cs);
+        im2col(x, n0, n1, col_.data());
+        k::gemm(false, false, (n1 - n0) * P, filters, K, 1.f, col_.data(), K, p_, filters, 0.f, y + n0 * P * filters,
+                filters, exec_);
+      }
+      col_batch_ = batch <= cs ? batch : 0;
+      col_src_ = x;
+    }
+    k::bias_activation(y, use_bias ? p_ + K * filters : nullptr, batch * P, filters, act, exec_);
+  }
+  void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) override {
+    const size_t K = kkc(), P = size_t{Ho} * Wo, M = batch * P;
+    k::activation_backward(y, dy, M, filters, act, exec_);
+    if (use_bias) k::bias_grad(dy, M, filters, exec_, g_ + K * filters);
+    if (direct()) {
+      k::gemm(true, false, K, filters, M, 1.f, x, K, dy, filters, 0.f, g_, filters, exec_);
+      if (dx) k::gemm(false, true, M, K, filters, 1.f, dy, filters, p_, filters, 0.f, dx, K, exec_);
+      return;
+    }
+    const size_t cs = chunk_samples();
+    const bool reuse = col_batch_ == batch && col_src_ == x;
+    for (size_t n0 = 0; n0 < batch; n0 += cs) {
+      const size_t n1 = std::min<size_t>(batch, n0 + cs), m = (n1 - n0) * P;
+      if (!reuse) im2col(x, n0, n1, col_.data());
+      const float* dyc = dy + n0 * P * filters;
+      k::gemm(true, false, K, filters, m, 1.f, col_.data(), K, dyc, filters, n0 == 0 ? 0.f : 1.f, g_, filters, exec_);
+      if (dx) {
+        // col is no longer needed for this chunk: it becomes dcol.
+        k::gemm(false, true, m, K, filters, 1.f, dyc, filters, p_, filters, 0.f, col_.data(), K, exec_);
+        col2im(col_.data(), n0, n1, dx);
+      }
+    }
+    col_batch_ = 0;
+  }
+  std::string describe() const override {
+    return Layer::describe() + "/k" + std::to_string(kh) + "x" + std::to_string(kw) + "/s" + std::to_string(sh) +
+           "x" + std::to_string(sw) + (same ? "/same/" : "/valid/") + act_name(act) + (use_bias ? "/b" : "");
+  }
+
+ private:
+  std::vector<float> col_;
+  size_t col_batch_ = 0;  // batch whose col_ is current (one chunk only), 0: stale
+  const float* col_src_ = nullptr;
+};
+
+// ---- batch_normalization -------------------------------------------------------------------
+// Normalises the last axis. Training: batch statistics (biased variance, like Keras) and
+// moving = moving * momentum + batch * (1 - momentum); inference: moving statistics.
+// Data-parallel: statistics are per replica (no cross-node sync, like Keras/PyTorch DDP by
+// default), so moving statistics may differ between nodes while weights stay identical.
+class BatchNorm final : public Layer {
+ public:
+  float momentum = 0.99f, epsilon = 1e-3f;
+  size_t C = 0;
+  std::vector<float> moving_mean, moving_var;
+
+  bool scale = true, center = true;  // Keras: trainable gamma / beta (else fixed 1 / 0)
+
+  size_t param_size() const override { return (scale ? C : 0) + (center ? C : 0); }
+  void init_params(float* p, Rng&) const override {
+    if (scale) std::fill(p, p + C, 1.f);
+    if (center) std::fill(p + (scale ? C : 0), p + param_size(), 0.f);
+  }
+  float gamma(size_t c) const { return scale ? p_[c] : 1.f; }
+  float beta(size_t c) const { return center ? p_[(scale ? C : 0) + c] : 0.f; }
+  size_t rows(uint32_t batch) const { return batch * (numel(in_shape) / C); }
+  void forward(const float* x, float* y, uint32_t batch, bool training) override {
+    const size_t M = rows(batch);
+    mean_.resize(C);
+    invstd_.resize(C);
+    scale_.resize(C);
+    shift_.resize(C);
+    if (training) {
+      acc_.resize(C);
+      k::reduce_rows(M, C, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
+        for (size_t r = b; r < e; ++r) {
+          const float* row = x + r * C;
+#pragma omp simd
+          for (size_t c = 0; c < C; ++c) a[c] += row[c];
+        }
+      });
+      for (size_t c = 0; c < C; ++c) mean_[c] = static_cast<float>(acc_[c] / static_cast<double>(M));
+      k::reduce_rows(M, C, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
+        const float* mu = mean_.data();
+        for (size_t r = b; r < e; ++r) {
+          const float* row = x + r * C;
+#pragma omp simd
+          for (size_t c = 0; c < C; ++c) {
+            const float d = row[c] - mu[c];
+            a[c] += d * d;
+          }
+        }
+      });
+      for (size_t c = 0; c < C; ++c) {
+        const float var = static_cast<float>(acc_[c] / static_cast<double>(M));
+        invstd_[c] = 1.f / std::sqrt(var + epsilon);
+        moving_mean[c] = moving_mean[c] * momentum + mean_[c] * (1.f - momentum);
+        moving_var[c] = moving_var[c] * momentum + var * (1.f - momentum);
+      }
+    } else {
+      for (size_t c = 0; c < C; ++c) {
+        mean_[c] = moving_mean[c];
+        invstd_[c] = 1.f / std::sqrt(moving_var[c] + epsilon);
+      }
+    }
+    for (size_t c = 0; c < C; ++c) {
+      scale_[c] = gamma(c) * invstd_[c];
+      shift_[c] = beta(c) - mean_[c] * scale_[c];
+    }
+    const float* sc = scale_.data();
+    const float* sf = shift_.data();
+#pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(M * C, exec_))
+    for (size_t r = 0; r < M; ++r) {
+      const float* xr = x + r * C;
+      float* yr = y + r * C;
+#pragma omp simd
+      for (size_t c = 0; c < C; ++c) yr[c] = xr[c] * sc[c] + sf[c];
+    }
+  }
+  void backward(const float* x, const float*, float* dy, float* dx, uint32_t batch) override {
+    const size_t M = rows(batch);
+    acc_.resize(2 * C);
+    const float* mu = mean_.data();
+    const float* is = invstd_.data();
+    k::reduce_rows(M, 2 * C, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
+      for (size_t r = b; r < e; ++r) {
+        const float* xr = x + r * C;
+        const float* d = dy + r * C;
+#pragma omp simd
+        for (size_t c = 0; c < C; ++c) {
+          a[c] += d[c];
+          a[C + c] += d[c] * ((xr[c] - mu[c]) * is[c]);
+        }
+      }
+    });
+    for (size_t c = 0; c < C; ++c) {
+      if (scale) g_[c] = static_cast<float>(acc_[C + c]);                  // dgamma = sum dy * xhat
+      if (center) g_[(scale ? C : 0) + c] = static_cast<float>(acc_[c]);  // dbeta = sum dy
+    }
+    if (!dx) return;
+    // dx = gamma * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
+    k1_.resize(C);
+    k2_.resize(C);
+    for (size_t c = 0; c < C; ++c) {
+      k1_[c] = static_cast<float>(acc_[c] / static_cast<double>(M));
+      k2_[c] = static_cast<float>(acc_[C + c] / static_cast<double>(M));
+      scale_[c] = gamma(c) * is[c];
+    }
+    const float* a1 = k1_.data();
+    const float* a2 = k2_.data();
+    const float* sc = scale_.data();
+#pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(M * C, exec_))
+    for (size_t r = 0; r < M; ++r) {
+      const float* xr = x + r * C;
+      const float* d = dy + r * C;
+      float* o = dx + r * C;
+#pragma omp simd
+      for (size_t c = 0; c < C; ++c) o[c] = sc[c] * (d[c] - a1[c] - (xr[c] - mu[c]) * is[c] * a2[c]);
+    }
+  }
+  std::string describe() const override {
+    return Layer::describe() + (scale ? "/scale" : "") + (center ? "/center" : "");
+  }
+  void save_state(ByteWriter& w) const override {
+    w.floats(moving_mean.data(), C);
+    w.floats(moving_var.data(), C);
+  }
+  void load_state(ByteReader& r) override {
+    r.floats(moving_mean.data(), C, "batch_normalization moving_mean");
+    r.floats(moving_var.data(), C, "batch_normalization moving_variance");
+  }
+
+ private:
+  std::vector<float> mean_, invstd_, scale_, shift_, k1_, k2_;
+  std::vector<double> acc_;
+};
+
+// ---- activations / reshapes ----------------------------------------------------------------
+class ActivationLayer final : public Layer {
+ public:
+  Activation act = Activation::relu;
+  void forward(const float* x, float* y, uint32_t batch, bool) override {
+    const size_t n = batch * numel(in_shape);
+    if (act == Activation::relu) {
+      k::for_range(n, exec_, [&](size_t b, size_t e) {
+#pragma omp simd
+        for (size_t i = b; i < e; ++i) {
+          const float v = x[i];
+          y[i] = v > 0.f ? v : 0.f;  // (std::max's reference defeats the vectoriser)
+        }
+      });
+    } else {
+      k::copy(x, y, n, exec_);
+      const size_t w = in_shape.back();
+      k::bias_activation(y, nullptr, n / w, w, act, exec_);
+    }
+  }
+  void backward(const float*, const float* y, float* dy, float* dx, uint32_t batch) override {
+    if (!dx) return;
+    const size_t n = batch * numel(in_shape), w = in_shape.back();
+    k::activation_backward(y, dy, n / w, w, act, exec_);
+    k::copy(dy, dx, n, exec_);
+  }
+};
+
+class Flatten final : public Layer {
+ public:
+  void forward(const float* x, float* y, uint32_t batch, bool) override {
+    k::copy(x, y, batch * numel(in_shape), exec_);
+  }
+  void backward(const float*, const float*, float* dy, float* dx, uint32_t batch) override {
+    if (dx) k::copy(dy, dx, batch * numel(in_shape), exec_);
+  }
+};
+
+// Inverted dropout: training keeps each value with probability 1 - rate and scales it by
+// 1 / (1 - rate); inference is the identity. Masks come from this layer's own pinned generator
+// (seeded from the model seed, the layer index and the replica's rank).
+class Dropout final : public Layer {
+ public:
+  float rate = 0.f;
+  Rng rng{0};
+  bool frozen = false;
+
+  void reserve(uint32_t batch) override {
+    if (mask_.size() < batch * numel(in_shape)) mask_.resize(batch * numel(in_shape), 1.f);
+  }
+  void forward(const float* x, float* y, uint32_t batch, bool training) override {
+    const size_t n = batch * numel(in_shape);
+    if (!training || rate == 0.f) {
+      k::copy(x, y, n, exec_);
+      active_ = false;
+      return;
+    }
+    reserve(batch);
+    if (!frozen || !has_mask_) {
+      const float scale = 1.f / (1.f - rate);
+      for (size_t i = 0; i < n; ++i) mask_[i] = uniform01(rng) < rate ? 0.f : scale;
+      has_mask_ = true;
+    }
+    const float* m = mask_.data();
+    k::for_range(n, exec_, [&](size_t b, size_t e) {
+#pragma omp simd
+      for (size_t i = b; i < e; ++i) y[i] = x[i] * m[i];
+    });
+    active_ = true;
+  }
+  void backward(const float*, const float*, float* dy, float* dx, uint32_t batch) override {
+    if (!dx) return;
+    const size_t n = batch * numel(in_shape);
+    if (!active_) {
+      k::copy(dy, dx, n, exec_);
+      return;
+    }
+    const float* m = mask_.data();
+    k::for_range(n, exec_, [&](size_t b, size_t e) {
+#pragma omp simd
+      for (size_t i = b; i < e; ++i) dx[i] = dy[i] * m[i];
+    });
+  }
+  void save_state(ByteWriter& w) const override {
+    static_assert(std::is_trivially_copyable_v<Rng> && sizeof(Rng) == 32, "Rng state is four 64-bit words");
+    w.raw(&rng, sizeof(Rng));
+  }
+  void load_state(ByteReader& r) override { r.raw(&rng, sizeof(Rng), "dropout generator"); }
+  std::string describe() const override { return Layer::describe() + "/r" + std::to_string(rate); }
+
+ private:
+  std::vector<float> mask_;
+  bool has_mask_ = false, active_ = false;
+};
+
+class GlobalAvgPool final : public Layer {
+ public:
+  void forward(const float* x, float* y, uint32_t batch, bool) override {
+    const size_t HW = size_t{in_shape[0]} * in_shape[1], C = in_shape[2];
+    const float inv = 1.f / static_cast<float>(HW);
+#pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(batch * HW * C, exec_))
+    for (size_t n = 0; n < batch; ++n) {
+      float* o = y + n * C;
+      std::fill(o, o + C, 0.f);
+      const float* xs = x + n * HW * C;
+      for (size_t p = 0; p < HW; ++p) {
+#pragma omp simd
+        for (size_t c = 0; c < C; ++c) o[c] += xs[p * C + c];
+      }
+#pragma omp simd
+      for (size_t c = 0; c < C; ++c) o[c] *= inv;
+    }
+  }
+  void backward(const float*, const float*, float* dy, float* dx, uint32_t batch) override {
+    if (!dx) return;
+    const size_t HW = size_t{in_shape[0]} * in_shape[1], C = in_shape[2];
+    const float inv = 1.f / static_cast<float>(HW);
+#pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(batch * HW * C, exec_))
+    for (size_t n = 0; n < batch; ++n) {
+      const float* d = dy + n * C;
+      float* o = dx + n * HW * C;
+      for (size_t p = 0; p < HW; ++p) {
+#pragma omp simd
+        for (size_t c = 0; c < C; ++c) o[p * C + c] = d[c] * inv;
+      }
+    }
+  }
+};
+
+class MaxPool final : public Layer {
+ public:
+  uint32_t ph = 2, pw = 2, sh = 2, sw = 2, pt = 0, pl = 0;
+  bool same = false;
+
+  void reserve(uint32_t batch) override {
+    if (arg_.size() < batch * numel(out_shape)) arg_.resize(batch * numel(out_shape));
+  }
+  void forward(const float* x, float* y, uint32_t batch, bool) override {
+    reserve(batch);
+    const size_t H = in_shape[0], W = in_shape[1], C = in_shape[2], Ho = out_shape[0], Wo = out_shape[1];
+    int32_t* arg = arg_.data();
+#pragma omp parallel for collapse(2) schedule(static) num_threads(exec_.threads) \
+    if (k::par(batch * Ho * Wo * C * ph * pw, exec_))
+    for (size_t n = 0; n < batch; ++n)
+      for (size_t oh = 0; oh < Ho; ++oh) {
+        const float* xs = x + n * H * W * C;
+        for (size_t ow = 0; ow < Wo; ++ow) {
+          const size_t o = ((n * Ho + oh) * Wo + ow) * C;
+          float* yo = y + o;
+          int32_t* ao = arg + o;
+          for (size_t c = 0; c < C; ++c) {
+            yo[c] = -std::numeric_limits<float>::infinity();
+            ao[c] = -1;
+          }
+          for (size_t i = 0; i < ph; ++i) {
+            const long ih = static_cast<long>(oh * sh + i) - pt;
+            if (ih < 0 || ih >= static_cast<long>(H)) continue;
+            for (size_t j = 0; j < pw; ++j) {
+              const long iw = static_cast<long>(ow * sw + j) - pl;
+              if (iw < 0 || iw >= static_cast<long>(W)) continue;
+              const size_t base = (static_cast<size_t>(ih) * W + static_cast<size_t>(iw)) * C;
+              for (size_t c = 0; c < C; ++c) {
+                const float v = xs[base + c];
+                if (v > yo[c] || ao[c] < 0) {
+                  yo[c] = v;
+                  ao[c] = static_cast<int32_t>(base + c);
+                }
+              }
+            }
+          }
+        }
+      }
+  }
+  void backward(const float*, const float*, float* dy, float* dx, uint32_t batch) override {
+    if (!dx) return;
+    const size_t in_n = numel(in_shape), out_n = numel(out_shape);
+    const int32_t* arg = arg_.data();
+#pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(batch * in_n, exec_))
+    for (size_t n = 0; n < batch; ++n) {
+      float* d = dx + n * in_n;
+      std::memset(d, 0, in_n * sizeof(float));
+      const float* g = dy + n * out_n;
+      const int32_t* a = arg + n * out_n;
+      for (size_t o = 0; o < out_n; ++o) d[a[o]] += g[o];
+    }
+  }
+  std::string describe() const override {
+    return Layer::describe() + "/p" + std::to_string(ph) + "x" + std::to_string(pw) + "/s" + std::to_string(sh) +
+           "x" + std::to_string(sw) + (same ? "/same" : "/valid");
+  }
+
+ private:
+  std::vector<int32_t> arg_;  // flat input index (within the sample) of each output's maximum
+};
+
+// Output size and leading pad of one spatial axis, TensorFlow/Keras rules.
+void window(const LayerOptions& o, uint32_t in, uint32_t k, uint32_t s, bool same, const char* axis, uint32_t& out,
+            uint32_t& pad) {
+  if (same) {
+    out = (in + s - 1) / s;
+    const long total = std::max<long>(static_cast<long>(out - 1) * s + k - in, 0);
+    pad = static_cast<uint32_t>(total / 2);
+  } else {
+    if (k > in)
+      o.fail(std::string("window ") + std::to_string(k) + " is larger than the input's " + axis + " " +
+             std::to_string(in) + " with padding valid");
+    out = (in - k) / s + 1;
+    pad = 0;
+  }
+}
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  Rng r(a ^ (b * 0x9e3779b97f4a7c15ULL));
+  return r.next();
+}
+
+}  // namespace
+
+std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t index, uint64_t seed,
+                                  uint32_t rank) {
+  LayerOptions o(spec, index);
+  if (in.empty() || numel(in) == 0) o.fail("input shape " + shape_str(in) + " is empty");
+  std::unique_ptr<Layer> layer;
+  const std::string& t = spec.type;
+  if (t == "dense") {
+    auto l = std::make_unique<Dense>();
+    l->units = o.positive("units", std::nullopt);
+    l->act = o.activation();
+    l->use_bias = o.boolean("use_bias", true);
+    l->fin = in.back();
+    l->out_shape = in;
+    l->out_shape.back() = l->units;
+    layer = std::move(l);
+  } else if (t == "conv2d") {
+    o.need_rank(in, 3, "an image (height, width, channels)");
+    auto l = std::make_unique<Conv2D>();
+    l->filters = o.positive("filters", std::nullopt);
+    std::tie(l->kh, l->kw) = o.pair("kernel_size", std::nullopt);
+    std::tie(l->sh, l->sw) = o.pair("strides", std::make_pair(1u, 1u));
+    l->same = o.choice("padding", "valid", {"valid", "same"}) == "same";
+    l->use_bias = o.boolean("use_bias", true);
+    l->act = o.activation();
+    l->H = in[0], l->W = in[1], l->C = in[2];
+    window(o, l->H, l->kh, l->sh, l->same, "height", l->Ho, l->pt);
+    window(o, l->W, l->kw, l->sw, l->same, "width", l->Wo, l->pl);
+    l->out_shape = {l->Ho, l->Wo, l->filters};
+    layer = std::move(l);
+  } else if (t == "batch_normalization") {
+    auto l = std::make_unique<BatchNorm>();
+    l->momentum = static_cast<float>(o.real("momentum", 0.99, 0.0, 1.0, false));
+    l->epsilon = static_cast<float>(o.real("epsilon", 1e-3, 0.0, 1e300, false));
+    if (o.has("epsilon") && l->epsilon <= 0.f) o.fail("option 'epsilon' must be > 0");
+    if (o.has("axis") && o.text("axis", "-1") != "-1" && o.text("axis", "-1") != std::to_string(in.size()))
+      o.fail("only axis=-1 (channels last) is supported");
+    l->scale = o.boolean("scale", true);
+    l->center = o.boolean("center", true);
+    l->C = in.back();
+    l->moving_mean.assign(l->C, 0.f);
+    l->moving_var.assign(l->C, 1.f);
+    l->out_shape = in;
+    layer = std::move(l);
+  } else if (t == "relu" || t == "softmax") {
+    auto l = std::make_unique<ActivationLayer>();
+    l->act = t == "relu" ? Activation::relu : Activation::softmax;
+    l->out_shape = in;
+    layer = std::move(l);
+  } else if (t == "dropout") {
+    auto l = std::make_unique<Dropout>();
+    if (!o.has("rate")) o.fail("option 'rate' is required");
+    l->rate = static_cast<float>(o.real("rate", 0.0, 0.0, 1.0, true));
+    l->rng = Rng(mix(mix(seed, 0x64726f706f7574ULL + index), rank));
+    l->out_shape = in;
+    layer = std::move(l);
+  } else if (t == "flatten") {
+    auto l = std::make_unique<Flatten>();
+    l->out_shape = {static_cast<uint32_t>(numel(in))};
+    layer = std::move(l);
+  } else if (t == "global_average_pooling2d") {
+    o.need_rank(in, 3, "an image (height, width, channels)");
+    auto l = std::make_unique<GlobalAvgPool>();
+    l->out_shape = {in[2]};
+    layer = std::move(l);
+  } else if (t == "max_pooling2d") {
+    o.need_rank(in, 3, "an image (height, width, channels)");
+    auto l = std::make_unique<MaxPool>();
+    std::tie(l->ph, l->pw) = o.pair("pool_size", std::make_pair(2u, 2u));
+    std::tie(l->sh, l->sw) = o.pair("strides", std::make_pair(l->ph, l->pw));
+    l->same = o.choice("padding", "valid", {"valid", "same"}) == "same";
+    uint32_t Ho = 0, Wo = 0;
+    window(o, in[0], l->ph, l->sh, l->same, "height", Ho, l->pt);
+    window(o, in[1], l->pw, l->sw, l->same, "width", Wo, l->pl);
+    l->out_shape = {Ho, Wo, in[2]};
+    layer = std::move(l);
+  } else {
+    o.fail("unknown layer type '" + t +
+           "' (known: dense, conv2d, batch_normalization, relu, softmax, dropout, flatten, "
+           "global_average_pooling2d, max_pooling2d)");
+  }
+  o.finish();
+  layer->type = t;
+  layer->index = index;
+  layer->in_shape = in;
+  return layer;
+}
+
+void dropout_freeze_mask(Layer& layer, bool frozen) {
+  auto* d = dynamic_cast<Dropout*>(&layer);
+  if (!d) throw Error("dropout_freeze_mask: layer " + std::to_string(layer.index) + " is " + layer.type);
+  d->frozen = frozen;
+}
+
+double sparse_xent(const float* logits, const int32_t* labels, uint32_t batch, uint32_t classes, float* dlogits,
+                   uint64_t* correct, const Exec& ex) {
+  static thread_local std::vector<double> per;
+  static thread_local std::vector<uint8_t> hit;
+  per.resize(batch);
+  hit.resize(batch);
+  // thread_local: OpenMP's worker threads must write through the calling thread's buffers.
+  double* const per_row = per.data();
+  uint8_t* const hit_row = hit.data();
+#pragma omp parallel for schedule(static) num_threads(ex.threads) if (k::par(size_t{batch} * classes * 8, ex))
+  for (size_t n = 0; n < batch; ++n) {
+    const float* l = logits + n * classes;
+    size_t am = 0;
+    for (size_t j = 1; j < classes; ++j)
+      if (l[j] > l[am]) am = j;
+    const float m = l[am];
+    float s = 0.f;
+    for (size_t j = 0; j < classes; ++j) s += std::exp(l[j] - m);
+    const float lse = m + std::log(s);
+    const size_t y = static_cast<size_t>(labels[n]);
+    per_row[n] = static_cast<double>(lse - l[y]);
+    hit_row[n] = am == y;
+    if (dlogits) {
+      float* d = dlogits + n * classes;
+      for (size_t j = 0; j < classes; ++j) d[j] = std::exp(l[j] - lse);
+      d[y] -= 1.f;
+    }
+  }
+  double sum = 0;
+  uint64_t c = 0;
+  for (size_t n = 0; n < batch; ++n) {
+    sum += per[n];
+    c += hit[n];
+  }
+  if (correct) *correct = c;
+  return sum;
+}
+
+}  // namespace skyforge::cpu

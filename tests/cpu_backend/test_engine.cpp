@@ -1,0 +1,448 @@
+// The cpu engine as a whole: optimizer rules, spec validation, training smoke tests,
+// determinism and state_dict, data parallelism over an in-process communicator.
+#include "helpers.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+using namespace skyforge::cpu;
+using namespace cpu_test;
+
+namespace {
+
+// A learnable synthetic problem: 10 random class prototypes on 28x28x1 plus noise.
+struct Synthetic {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  Synthetic(uint32_t n, uint64_t seed, float noise = 0.5f) : x(n * 784), y(n) {
+    skyforge::Rng proto_rng(1234);
+    std::vector<float> proto(10 * 784);
+    for (auto& v : proto) v = uniform01(proto_rng) < 0.3f ? 1.f : 0.f;
+    skyforge::Rng rng(seed);
+    for (uint32_t i = 0; i < n; ++i) {
+      y[i] = static_cast<int32_t>(rng.below(10));
+      for (size_t j = 0; j < 784; ++j) x[i * 784 + j] = proto[y[i] * 784 + j] + noise * (uniform01(rng) - 0.5f);
+    }
+  }
+};
+
+std::vector<float> params_of(const skyforge::Engine& e) {
+  std::vector<float> p(e.param_count());
+  e.get_params(p.data(), p.size());
+  return p;
+}
+
+template <class F>
+std::string error_of(F&& f, sf_status* status = nullptr) {
+  try {
+    f();
+  } catch (const skyforge::Error& e) {
+    if (status) *status = e.status();
+    return e.what();
+  }
+  return "<no error>";
+}
+
+}  // namespace
+
+// ---- optimizers --------------------------------------------------------------------------
+TEST(Optimizer, SgdPlain) {
+  OptimizerConfig c = parse_optimizer("sgd", opts({{"learning_rate", "0.1"}}));
+  Optimizer o(c, 2);
+  EXPECT_EQ(o.slot_count(), 0u);
+  std::vector<float> p = {1.f, -2.f}, g = {2.f, -4.f};  // gradient sums over 4 samples
+  o.apply(p.data(), g.data(), 0.25f, 0, Exec{1});
+  EXPECT_FLOAT_EQ(p[0], 0.95f);
+  EXPECT_FLOAT_EQ(p[1], -1.9f);
+}
+
+TEST(Optimizer, SgdMomentum) {
+  // v = 0.9 v - 0.1 g; p += v, with g = 0.5: v = -0.05, -0.095, -0.1355; p = 0.95, 0.855, 0.7195
+  Optimizer o(parse_optimizer("sgd", opts({{"learning_rate", "0.1"}, {"momentum", "0.9"}})), 1);
+  std::vector<float> p = {1.f}, g = {0.5f};
+  const float expect[] = {0.95f, 0.855f, 0.7195f};
+  for (int t = 0; t < 3; ++t) {
+    o.apply(p.data(), g.data(), 1.f, t, Exec{1});
+    EXPECT_NEAR(p[0], expect[t], 1e-6) << "step " << t + 1;
+  }
+  EXPECT_NEAR(o.slots()[0], -0.1355f, 1e-6);
+}
+
+TEST(Optimizer, SgdNesterov) {
+  // Keras: v = 0.9 v - 0.1 g; p += 0.9 v - 0.1 g: p = 0.905, 0.7695, 0.59755
+  Optimizer o(parse_optimizer("sgd", opts({{"learning_rate", "0.1"}, {"momentum", "0.9"}, {"nesterov", "true"}})), 1);
+  std::vector<float> p = {1.f}, g = {0.5f};
+  const float expect[] = {0.905f, 0.7695f, 0.59755f};
+  for (int t = 0; t < 3; ++t) {
+    o.apply(p.data(), g.data(), 1.f, t, Exec{1});
+    EXPECT_NEAR(p[0], expect[t], 1e-6) << "step " << t + 1;
+  }
+}
+
+TEST(Optimizer, AdamWithBiasCorrection) {
+  Optimizer o(parse_optimizer("adam", opts({{"learning_rate", "0.1"}})), 1);
+  EXPECT_EQ(o.slot_count(), 2u);
+  std::vector<float> p = {1.f};
+  const float grads[] = {0.5f, -1.0f, 2.0f, 0.25f};
+  // Hand computation of Keras' rule in double:
+  //   alpha_t = lr sqrt(1 - b2^t) / (1 - b1^t); m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
+  //   p -= alpha_t m / (sqrt(v) + eps)
+  // Step 1 (g = 0.5): m = 0.05, v = 0.00025, alpha = 0.1 sqrt(0.001) / 0.1 = 0.0316228,
+  //   p = 1 - 0.0316228 * 0.05 / (0.0158114 + 1e-7) = 0.9000006.
+  double m = 0, v = 0, ref = 1;
+  for (int t = 1; t <= 4; ++t) {
+    const double gd = grads[t - 1];
+    m += (gd - m) * 0.1;
+    v += (gd * gd - v) * 0.001;
+    const double alpha = 0.1 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+    ref -= alpha * m / (std::sqrt(v) + 1e-7);
+    std::vector<float> g = {grads[t - 1] * 8.f};  // a sum over 8 samples, scaled back
+    o.apply(p.data(), g.data(), 0.125f, t - 1, Exec{1});
+    if (t == 1) {
+      EXPECT_NEAR(p[0], 0.9000006, 2e-6);
+    }
+    EXPECT_NEAR(p[0], ref, 2e-6) << "step " << t;
+  }
+}
+
+TEST(Optimizer, OptionErrors) {
+  sf_status st = SF_OK;
+  EXPECT_NE(error_of([] { parse_optimizer("rmsprop", {}); }, &st).find("unknown optimizer 'rmsprop'"),
+            std::string::npos);
+  EXPECT_EQ(st, SF_ERR_INVALID);
+  EXPECT_NE(error_of([] { parse_optimizer("adam", opts({{"learning_rate", "fast"}})); }).find("learning_rate"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_optimizer("sgd", opts({{"beta_1", "0.9"}})); }).find("unknown option 'beta_1'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_optimizer("sgd", opts({{"momentum", "1.5"}})); }).find("outside"),
+            std::string::npos);
+}
+
+// ---- validation ----------------------------------------------------------------------------
+TEST(Validation, ClearErrorsNameTheLayer) {
+  auto fails_with = [](ModelSpec m, const std::string& needle) {
+    sf_status st = SF_OK;
+    const std::string msg = error_of([&] { CpuEngine e(m, skyforge::Communicator()); }, &st);
+    EXPECT_NE(msg.find(needle), std::string::npos) << "message: " << msg;
+    EXPECT_EQ(st, SF_ERR_INVALID) << msg;
+  };
+  ModelSpec m = mlp();
+  m.layers[1].type = "dens";
+  fails_with(m, "layer 1 (dens): unknown layer type 'dens'");
+
+  m = mlp();
+  m.layers.insert(m.layers.begin() + 1, layer("conv2d", {{"filters", "4"}, {"kernel_size", "3"}}));
+  fails_with(m, "layer 1 (conv2d): expects an image");
+
+  m = mlp();
+  m.layers[1] = layer("dense", {{"units", "abc"}});
+  fails_with(m, "layer 1 (dense): option 'units': expected a positive integer, got 'abc'");
+
+  m = mlp();
+  m.layers[1] = layer("dense", {{"unit", "12"}});
+  fails_with(m, "layer 1 (dense): option 'units' is required");
+
+  m = mlp();
+  m.layers[1] = layer("dense", {{"units", "12"}, {"activaton", "relu"}});
+  fails_with(m, "layer 1 (dense): unknown option 'activaton'");
+
+  m = mlp();
+  m.layers[2] = layer("dense", {{"units", "10"}, {"activation", "tanh"}});
+  fails_with(m, "layer 2 (dense): option 'activation': expected one of");
+
+  m = convnet();
+  m.layers[3] = layer("conv2d", {{"filters", "4"}, {"kernel_size", "40"}});
+  fails_with(m, "layer 3 (conv2d): window 40 is larger than the input's height 28");
+
+  m = convnet();
+  m.layers[0] = layer("conv2d", {{"filters", "4"}, {"kernel_size", "3"}, {"padding", "full"}});
+  fails_with(m, "layer 0 (conv2d): option 'padding'");
+
+  m = convnet();
+  m.layers[11] = layer("dropout", {{"rate", "1"}});
+  fails_with(m, "layer 11 (dropout): option 'rate'");
+
+  m = convnet();
+  m.layers.erase(m.layers.begin() + 9);  // no GAP: the output stays an image
+  m.layers.resize(9);
+  fails_with(m, "must be (classes,)");
+
+  m = mlp();
+  m.optimizer = "adagrad";
+  fails_with(m, "unknown optimizer 'adagrad'");
+
+  m = mlp();
+  m.loss = "mse";
+  fails_with(m, "unknown loss 'mse'");
+
+  m = mlp();
+  m.layers.clear();
+  fails_with(m, "no layers");
+}
+
+TEST(Validation, StepArguments) {
+  CpuEngine e(mlp(1, 1), skyforge::Communicator());
+  std::vector<float> x(784 * 2, 0.f);
+  std::vector<int32_t> y = {3, 10};
+  sf_status st = SF_OK;
+  EXPECT_NE(error_of([&] { e.train_step(x.data(), y.data(), 2); }, &st).find("label 10 of sample 1"),
+            std::string::npos);
+  EXPECT_EQ(st, SF_ERR_INVALID);
+  EXPECT_NE(error_of([&] { e.train_step(x.data(), y.data(), 0); }).find("batch must be > 0"), std::string::npos);
+  std::vector<float> p(3);
+  EXPECT_NE(error_of([&] { e.set_params(p.data(), 3); }).find("param_count"), std::string::npos);
+}
+
+// ---- shapes, parameters, initialisation ----------------------------------------------------
+TEST(Engine, ParamCountsAndKerasInit) {
+  CpuEngine e(mlp(1, 1), skyforge::Communicator());
+  EXPECT_EQ(e.param_count(), 784u * 128 + 128 + 128 * 10 + 10);
+  auto p = params_of(e);
+  const float limit = std::sqrt(6.f / (784 + 128));
+  float mx = 0;
+  for (size_t i = 0; i < 784 * 128; ++i) mx = std::max(mx, std::fabs(p[i]));
+  EXPECT_LE(mx, limit);
+  EXPECT_GT(mx, 0.95f * limit);
+  for (size_t i = 784 * 128; i < 784 * 128 + 128; ++i) EXPECT_EQ(p[i], 0.f);
+
+  CpuEngine c(convnet(1, 1), skyforge::Communicator());
+  // conv 3*3*1*12 | bn beta 12 | conv 6*6*12*24 | beta 24 | conv 6*6*24*32 + 32 | beta 32 |
+  // dense 32*256 + 256 | dense 256*10 + 10
+  EXPECT_EQ(c.param_count(),
+            108u + 12 + 10368 + 24 + 27648 + 32 + 32 + 8192 + 256 + 2560 + 10);
+  EXPECT_EQ(c.layer(3).out_shape, (Shape{12, 12, 24}));
+  EXPECT_EQ(c.layer(6).out_shape, (Shape{6, 6, 32}));
+  EXPECT_EQ(c.classes(), 10u);
+}
+
+// ---- training ------------------------------------------------------------------------------
+TEST(Training, MlpLearnsSyntheticProblem) {
+  ModelSpec m = mlp(3);
+  CpuEngine e(m, skyforge::Communicator());
+  Synthetic train(512, 1), test(256, 2);
+  const uint32_t B = 64;
+  double first = 0, last = 0;
+  for (int epoch = 0; epoch < 3; ++epoch)
+    for (uint32_t i = 0; i < 512; i += B) {
+      auto r = e.train_step(train.x.data() + i * 784, train.y.data() + i, B);
+      EXPECT_EQ(r.samples, B);
+      if (epoch == 0 && i == 0) first = r.loss;
+      last = r.loss;
+    }
+  EXPECT_LT(last, 0.25 * first) << "first " << first << " last " << last;
+  auto ev = e.eval_step(test.x.data(), test.y.data(), 256);
+  EXPECT_GT(ev.correct, 230u);
+  EXPECT_EQ(e.step(), 24u);
+
+  // Rough step time at batch 64 (printed, not asserted).
+  const int reps = 50;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) e.train_step(train.x.data() + (i % 8) * B * 784, train.y.data() + (i % 8) * B, B);
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+  std::printf("[ timing ] mlp train_step batch 64: %.0f us (%d threads)\n", us, e.threads());
+}
+
+TEST(Training, SgdMomentumMlpLearns) {
+  ModelSpec m = mlp(4, 1);
+  m.optimizer = "sgd";
+  m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  CpuEngine e(m, skyforge::Communicator());
+  Synthetic train(256, 3);
+  double first = 0, last = 0;
+  for (int epoch = 0; epoch < 4; ++epoch)
+    for (uint32_t i = 0; i < 256; i += 32) {
+      auto r = e.train_step(train.x.data() + i * 784, train.y.data() + i, 32);
+      if (epoch == 0 && i == 0) first = r.loss;
+      last = r.loss;
+    }
+  EXPECT_LT(last, 0.5 * first);
+}
+
+TEST(Training, KerasGuideConvnetBuildsAndSteps) {
+  ModelSpec m = convnet(5);
+  CpuEngine e(m, skyforge::Communicator());
+  Synthetic data(16, 4);
+  const auto before = params_of(e);
+  double first = 0, last = 0;
+  for (int s = 0; s < 4; ++s) {
+    auto r = e.train_step(data.x.data(), data.y.data(), 16);
+    ASSERT_TRUE(std::isfinite(r.loss));
+    EXPECT_EQ(r.samples, 16u);
+    if (s == 0) first = r.loss;
+    last = r.loss;
+  }
+  EXPECT_LT(last, first);
+  EXPECT_NE(params_of(e), before);
+  auto ev = e.eval_step(data.x.data(), data.y.data(), 16);
+  EXPECT_TRUE(std::isfinite(ev.loss));
+  std::vector<float> logits(8 * 10);
+  e.predict(data.x.data(), 8, logits.data());
+  for (float v : logits) EXPECT_TRUE(std::isfinite(v));
+  // A different (smaller, then larger) batch reuses / grows the preallocated buffers.
+  e.train_step(data.x.data(), data.y.data(), 3);
+  Synthetic big(40, 5);
+  EXPECT_EQ(e.train_step(big.x.data(), big.y.data(), 40).samples, 40u);
+}
+
+TEST(Training, EvalIsDeterministicAndLeavesStateAlone) {
+  CpuEngine e(convnet(6, 1), skyforge::Communicator());
+  Synthetic d(8, 6);
+  e.train_step(d.x.data(), d.y.data(), 8);
+  const std::string s = e.state_dict();
+  auto a = e.eval_step(d.x.data(), d.y.data(), 8);
+  auto b = e.eval_step(d.x.data(), d.y.data(), 8);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(e.state_dict(), s);
+}
+
+// ---- determinism and state -----------------------------------------------------------------
+TEST(Determinism, SameSeedSameParamsBitForBit) {
+  Synthetic d(24, 7);
+  CpuEngine a(convnet(42, 2), skyforge::Communicator()), b(convnet(42, 2), skyforge::Communicator());
+  EXPECT_EQ(params_of(a), params_of(b));
+  for (int s = 0; s < 3; ++s) {
+    const auto ra = a.train_step(d.x.data() + s * 8 * 784, d.y.data() + s * 8, 8);
+    const auto rb = b.train_step(d.x.data() + s * 8 * 784, d.y.data() + s * 8, 8);
+    EXPECT_EQ(ra.loss, rb.loss);
+  }
+  const auto pa = params_of(a), pb = params_of(b);
+  ASSERT_EQ(pa.size(), pb.size());
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)));
+  EXPECT_EQ(a.state_dict(), b.state_dict());
+
+  CpuEngine c(convnet(43, 2), skyforge::Communicator());
+  CpuEngine fresh(convnet(42, 2), skyforge::Communicator());
+  EXPECT_NE(params_of(c), params_of(fresh));
+}
+
+TEST(Determinism, ThreadCountDoesNotChangeResults) {
+  // Reductions use a split that depends on the data only; OpenBLAS does not split K.
+  Synthetic d(16, 8);
+  ModelSpec m = convnet(9, 1);
+  m.layers[11] = layer("dropout", {{"rate", "0.5"}});
+  CpuEngine a(m, skyforge::Communicator());
+  m.threads = 2;
+  CpuEngine b(m, skyforge::Communicator());
+  for (int s = 0; s < 2; ++s) {
+    a.train_step(d.x.data(), d.y.data(), 16);
+    b.train_step(d.x.data(), d.y.data(), 16);
+  }
+  const auto pa = params_of(a), pb = params_of(b);
+  double worst = 0;
+  for (size_t i = 0; i < pa.size(); ++i) worst = std::max(worst, double{std::fabs(pa[i] - pb[i])});
+  EXPECT_LT(worst, 1e-5);
+}
+
+TEST(Determinism, StateDictResumesIdentically) {
+  Synthetic d(32, 10);
+  for (const char* opt : {"adam", "sgd"}) {
+    ModelSpec m = convnet(11, 2);
+    m.optimizer = opt;
+    if (std::string(opt) == "sgd") m.optimizer_options = opts({{"momentum", "0.9"}, {"nesterov", "true"}});
+    CpuEngine a(m, skyforge::Communicator());
+    a.train_step(d.x.data(), d.y.data(), 8);
+    a.train_step(d.x.data() + 8 * 784, d.y.data() + 8, 8);
+    const std::string saved = a.state_dict();
+
+    ModelSpec m2 = m;
+    m2.seed = 999;  // different initial weights: all of them come from the state
+    CpuEngine b(m2, skyforge::Communicator());
+    b.load_state(saved);
+    EXPECT_EQ(b.step(), 2u);
+    EXPECT_EQ(b.state_dict(), saved);
+    for (int s = 2; s < 4; ++s) {
+      const auto ra = a.train_step(d.x.data() + s * 8 * 784, d.y.data() + s * 8, 8);
+      const auto rb = b.train_step(d.x.data() + s * 8 * 784, d.y.data() + s * 8, 8);
+      EXPECT_EQ(ra.loss, rb.loss) << opt;
+    }
+    EXPECT_EQ(params_of(a), params_of(b)) << opt;
+    EXPECT_EQ(a.state_dict(), b.state_dict()) << opt;
+  }
+}
+
+TEST(Determinism, LoadStateRejectsBadInput) {
+  CpuEngine e(convnet(1, 1), skyforge::Communicator());
+  const std::string good = e.state_dict();
+  const std::string before = good;
+  sf_status st = SF_OK;
+  EXPECT_NE(error_of([&] { e.load_state("garbage!garbage!"); }, &st).find("bad magic"), std::string::npos);
+  EXPECT_EQ(st, SF_ERR_INVALID);
+  EXPECT_NE(error_of([&] { e.load_state(std::string_view(good).substr(0, good.size() - 5)); }).find("truncated"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { e.load_state(good + "xx"); }).find("trailing"), std::string::npos);
+  std::string v2 = good;
+  v2[8] = 2;
+  EXPECT_NE(error_of([&] { e.load_state(v2); }).find("version 2"), std::string::npos);
+  CpuEngine other(mlp(1, 1), skyforge::Communicator());
+  EXPECT_NE(error_of([&] { other.load_state(good); }).find("different model"), std::string::npos);
+  ModelSpec sgd = convnet(1, 1);
+  sgd.optimizer = "sgd";
+  CpuEngine o2(sgd, skyforge::Communicator());
+  EXPECT_NE(error_of([&] { o2.load_state(good); }).find("saved adam, this engine sgd"), std::string::npos);
+  EXPECT_EQ(e.state_dict(), before);  // failed loads changed nothing
+}
+
+// ---- data parallelism ----------------------------------------------------------------------
+// Two replicas with unequal local batches (5 + 3) against one engine on the global batch of 8:
+// same loss/accuracy, parameters equal to float tolerance, and the replicas bit-identical to
+// each other even though their seeds differ (rank 0's weights are broadcast).
+TEST(DataParallel, MatchesSingleReplicaOnGlobalBatch) {
+  Synthetic d(8 * 4, 12);
+  ModelSpec m = mlp(21, 1);
+  m.layers[1] = layer("dense", {{"units", "32"}, {"activation", "relu"}});
+  CpuEngine single(m, skyforge::Communicator());
+  std::vector<StepResult> single_r;
+  for (int s = 0; s < 4; ++s) single_r.push_back(single.train_step(d.x.data() + s * 8 * 784, d.y.data() + s * 8, 8));
+
+  ThreadGroup g(2);
+  std::vector<float> params[2];
+  std::vector<StepResult> results[2];
+  g.run([&](uint32_t rank) {
+    ModelSpec mine = m;
+    mine.seed = m.seed + rank * 1000;
+    EngineOptions eo;
+    eo.bucket_bytes = 1 << 10;  // one bucket per dense layer (1.3 KiB and 100 KiB of gradients)
+    CpuEngine e(mine, skyforge::Communicator(g.comm(rank)), eo);
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t off = rank == 0 ? 0 : 5, n = rank == 0 ? 5 : 3;
+      results[rank].push_back(e.train_step(d.x.data() + (s * 8 + off) * 784, d.y.data() + s * 8 + off, n));
+    }
+    params[rank] = params_of(e);
+  });
+  ASSERT_EQ(params[0].size(), params[1].size());
+  EXPECT_EQ(0, std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)));
+  const auto ps = params_of(single);
+  double worst = 0;
+  for (size_t i = 0; i < ps.size(); ++i) worst = std::max(worst, double{std::fabs(ps[i] - params[0][i])});
+  EXPECT_LT(worst, 1e-5);
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(results[0][s].samples, 8u);
+    EXPECT_EQ(results[1][s].samples, 8u);
+    EXPECT_EQ(results[0][s].loss, results[1][s].loss);
+    EXPECT_NEAR(results[0][s].loss, single_r[s].loss, 1e-5);
+    EXPECT_EQ(results[0][s].correct, single_r[s].correct);
+  }
+  // 1 stats + 2 or more gradient buckets per step.
+  EXPECT_GE(g.allreduce_calls(0), 4u * 3);
+}
+
+TEST(DataParallel, ConvnetReplicasStayIdentical) {
+  // BN statistics are per replica; trainable weights still stay bit-identical.
+  Synthetic d(12, 13);
+  ThreadGroup g(2);
+  std::vector<float> params[2];
+  StepResult ev[2];
+  g.run([&](uint32_t rank) {
+    CpuEngine e(convnet(rank + 1, 1), skyforge::Communicator(g.comm(rank)));
+    for (int s = 0; s < 2; ++s) e.train_step(d.x.data() + rank * 6 * 784, d.y.data() + rank * 6, 6);
+    ev[rank] = e.eval_step(d.x.data() + rank * 6 * 784, d.y.data() + rank * 6, 6);
+    params[rank] = params_of(e);
+  });
+  EXPECT_EQ(params[0], params[1]);
+  EXPECT_EQ(ev[0].samples, 12u);
+  EXPECT_EQ(ev[0].loss, ev[1].loss);
+}
