@@ -1,0 +1,1121 @@
+// skyforge::keras — a Keras-like API for native apps, header-only, over ANY compute backend.
+//
+//   namespace K = skyforge::keras;
+//   auto [train, test] = skyforge::datasets::load_fashion_mnist();
+//   auto info = host().instance_info();
+//   auto [x, y] = skyforge::shard(info, /*shuffle=*/true, /*seed=*/42, ...);   // or Data::replicated
+//
+//   K::Sequential model({K::Input({28, 28, 1}),
+//                        K::Conv2D(32, 3, 1, "same"), K::BatchNormalization(), K::ReLU(),
+//                        K::MaxPooling2D(2), K::Flatten(),
+//                        K::Dense(128, "relu"), K::Dropout(0.2), K::Dense(10)});
+//   model.compile(K::Adam{1e-3}, "sparse_categorical_crossentropy", {"accuracy"},
+//                 K::CompileOptions::from_host(host(), /*seed=*/42));
+//   K::History h = model.fit(train.x, train.y, {.epochs = 5, .batch_size = 128,
+//                                               .validation_data = {test.x, test.y},
+//                                               .callbacks = {.csv = "history.csv",
+//                                                             .tensorboard = "logs",
+//                                                             .checkpoint_dir = "ckpt",
+//                                                             .resume = true}});
+//   K::EvalResult r = model.evaluate(test.x, test.y, 256);
+//
+// The model is a list of sf_layer_spec (abi.h) handed to the backend's engine_create; every
+// step goes through the sf_compute_hooks C table, so any backend (cpu, cuda, third-party) works.
+//
+// Data-parallel contract (docs/keras-api.md has the full text):
+//  - batch_size is the GLOBAL batch (Keras' DataParallel / tf.distribute convention): with W
+//    ranks each rank feeds batch_size / W samples per step (the first batch_size % W ranks one
+//    more), and the engine averages gradients over the global batch. 1 node with batch_size 128
+//    and 4 nodes with batch_size 128 take the same optimisation steps.
+//  - Data::sharded (default): each rank passes its own part (skyforge::shard). Steps per epoch =
+//    min over ranks of ceil(local / per-rank batch): every rank makes the same number of
+//    train_step calls; a rank with a longer shard skips its last few samples that epoch (a
+//    different few each epoch when shuffling).
+//  - Data::replicated: every rank passes the SAME full arrays; each global batch is drawn from
+//    one global permutation (seed + epoch) and split across ranks in rank order, so N nodes see
+//    exactly the batches 1 node sees. A final partial global batch smaller than W is dropped.
+//  - evaluate() and validation_data default to Data::replicated (the full test set on every
+//    rank, each evaluating 1/W); replicated arrays are checked to be identical on every rank.
+//  - Only rank 0 prints and writes files (progress, CSV, TensorBoard, checkpoints); failures of
+//    that I/O are broadcast so every rank throws the same error instead of hanging.
+#pragma once
+
+#include <skyforge/abi.h>
+#include <skyforge/keras_callbacks.hpp>
+#include <skyforge/sdk.hpp>
+#include <skyforge/tfevents.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <unistd.h>
+
+namespace skyforge::keras {
+
+// ---- layers ---------------------------------------------------------------------------------
+// A square size from one integer, or (height, width).
+struct Size2 {
+  uint32_t h = 1, w = 1;
+  Size2(uint32_t s) : h(s), w(s) {}  // NOLINT: implicit on purpose, Conv2D(32, 3)
+  Size2(uint32_t height, uint32_t width) : h(height), w(width) {}
+  // "3" when square, else "3,5": the text a backend parses.
+  std::string text() const { return h == w ? std::to_string(h) : std::to_string(h) + "," + std::to_string(w); }
+  bool operator==(const Size2&) const = default;
+};
+
+// One sf_layer_spec: a type and text options, in a fixed order. type "input" is Input().
+struct Layer {
+  std::string type;
+  std::vector<std::pair<std::string, std::string>> options;
+  std::vector<uint32_t> shape;  // Input only
+
+  std::string option(const std::string& key, const std::string& fallback = "") const {
+    for (const auto& [k, v] : options)
+      if (k == key) return v;
+    return fallback;
+  }
+};
+
+namespace detail {
+inline std::string num(double v) { return format_double(v); }
+inline std::string boolean(bool b) { return b ? "true" : "false"; }
+inline std::string activation_name(const std::string& a) { return a.empty() || a == "none" ? "linear" : a; }
+}  // namespace detail
+
+// Builders, named after Keras' layers; option keys are Keras' argument names. Each is also
+// reachable as skyforge::keras::layers::X.
+inline namespace layers {
+inline Layer Input(std::vector<uint32_t> shape) { return Layer{"input", {}, std::move(shape)}; }
+inline Layer Dense(uint32_t units, const std::string& activation = "linear", bool use_bias = true) {
+  return Layer{"dense",
+               {{"units", std::to_string(units)},
+                {"activation", detail::activation_name(activation)},
+                {"use_bias", detail::boolean(use_bias)}},
+               {}};
+}
+inline Layer Conv2D(uint32_t filters, Size2 kernel_size, Size2 strides = 1, const std::string& padding = "valid",
+                    bool use_bias = true, const std::string& activation = "linear") {
+  return Layer{"conv2d",
+               {{"filters", std::to_string(filters)},
+                {"kernel_size", kernel_size.text()},
+                {"strides", strides.text()},
+                {"padding", padding},
+                {"use_bias", detail::boolean(use_bias)},
+                {"activation", detail::activation_name(activation)}},
+               {}};
+}
+// center/scale are only emitted when false (the Keras guide's BatchNormalization(scale=False)).
+inline Layer BatchNormalization(double momentum = 0.99, double epsilon = 1e-3, bool center = true,
+                                bool scale = true) {
+  Layer l{"batch_normalization", {{"momentum", detail::num(momentum)}, {"epsilon", detail::num(epsilon)}}, {}};
+  if (!center) l.options.emplace_back("center", "false");
+  if (!scale) l.options.emplace_back("scale", "false");
+  return l;
+}
+inline Layer ReLU() { return Layer{"relu", {}, {}}; }
+inline Layer Softmax() { return Layer{"softmax", {}, {}}; }
+inline Layer Dropout(double rate) { return Layer{"dropout", {{"rate", detail::num(rate)}}, {}}; }
+inline Layer Flatten() { return Layer{"flatten", {}, {}}; }
+inline Layer GlobalAveragePooling2D() { return Layer{"global_average_pooling2d", {}, {}}; }
+// strides default to pool_size, as in Keras.
+inline Layer MaxPooling2D(Size2 pool_size = 2, std::optional<Size2> strides = std::nullopt,
+                          const std::string& padding = "valid") {
+  return Layer{"max_pooling2d",
+               {{"pool_size", pool_size.text()}, {"strides", (strides ? *strides : pool_size).text()},
+                {"padding", padding}},
+               {}};
+}
+}  // namespace layers
+
+// ---- optimizers, backend, options -------------------------------------------------------------
+struct SGD {
+  double learning_rate = 0.01;
+  double momentum = 0.0;
+  bool nesterov = false;
+};
+struct Adam {
+  double learning_rate = 0.001;
+  double beta_1 = 0.9;
+  double beta_2 = 0.999;
+  double epsilon = 1e-7;
+};
+using Optimizer = std::variant<SGD, Adam>;
+
+// A compute backend instance: the pair Host::compute_backend() returns.
+struct Backend {
+  const sf_compute_hooks* hooks = nullptr;
+  void* self = nullptr;
+  Backend() = default;
+  Backend(const sf_compute_hooks* h, void* s) : hooks(h), self(s) {}
+  Backend(std::pair<const sf_compute_hooks*, void*> p) : hooks(p.first), self(p.second) {}  // NOLINT
+  explicit operator bool() const { return hooks != nullptr; }
+};
+
+struct CompileOptions {
+  Backend backend{};          // none: compile() only checks the model; fit() then throws
+  Communicator communicator{};  // none or size 1: one replica; size > 1: data-parallel
+  uint64_t seed = 0;          // initial weights, dropout masks, and fit()'s default shuffle seed
+  uint32_t threads = 0;       // backend threads; 0: every core
+
+  // The backend the manifest selected (or `backend_name`), and the pool's communicator when the
+  // pool has more than one node. Call on a node (in App::run()).
+  static CompileOptions from_host(const Host& host, uint64_t seed = 0, const std::string& backend_name = "") {
+    CompileOptions o;
+    o.backend = Backend(host.compute_backend(backend_name));
+    if (host.instance_info().total_nodes > 1) o.communicator = host.communicator();
+    o.seed = seed;
+    return o;
+  }
+};
+
+// How the arrays given to fit()/evaluate() relate across ranks.
+enum class Data {
+  sharded,     // each rank passes its own part (skyforge::shard); the default
+  replicated,  // every rank passes the same full arrays; fit() splits each global batch
+};
+
+// Evaluated after every epoch. By default every rank passes the same full arrays (Keras'
+// validation_data=(x_test, y_test)) and evaluates 1/W of them; pass Data::sharded when each
+// rank passes its own part.
+struct ValidationData {
+  std::span<const float> x{};
+  std::span<const int32_t> y{};
+  Data data = Data::replicated;
+  bool empty() const { return y.empty(); }
+};
+
+struct Callbacks {
+  std::string csv{};                  // CSVLogger: rewritten after every epoch (rank 0)
+  std::string tensorboard{};          // log dir: <dir>/train and <dir>/validation event files (rank 0)
+  uint32_t tensorboard_update_freq = 0;  // > 0: also batch_loss / batch_accuracy every N steps
+  std::string checkpoint_dir{};       // <dir>/ckpt-<epoch>.bin + <dir>/latest after every epoch (rank 0)
+  bool resume = false;                // load <dir>/latest on every rank and continue at the next epoch
+  uint32_t max_to_keep = 0;           // > 0: keep only the newest N checkpoints
+  // Called on every rank after each epoch, after the files are written.
+  std::function<void(uint32_t epoch, const Logs& logs)> on_epoch_end{};
+};
+
+struct FitOptions {
+  uint32_t epochs = 1;
+  uint32_t batch_size = 32;  // GLOBAL batch, split across ranks
+  bool shuffle = true;
+  std::optional<uint64_t> seed{};  // shuffle seed; default: compile's seed
+  Data data = Data::sharded;
+  bool drop_remainder = false;  // drop each epoch's last partial batch
+  ValidationData validation_data{};
+  uint32_t validation_batch_size = 0;  // 0: batch_size
+  uint32_t initial_epoch = 0;          // first epoch to run (resume overrides it)
+  int verbose = 1;                     // 0 silent, 1 progress bar, 2 one line per epoch
+  int progress_percent = 10;           // not a TTY: a line every N % of an epoch
+  std::FILE* out = nullptr;            // progress output; default stdout
+  std::optional<bool> tty{};           // default: isatty(out)
+  Callbacks callbacks{};
+};
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+  uint64_t samples = 0;  // over every rank
+};
+
+// ---- internals --------------------------------------------------------------------------------
+namespace detail {
+
+inline std::string shape_text(const std::vector<uint32_t>& s) {
+  std::string out = "(None";
+  for (uint32_t d : s) out += ", " + std::to_string(d);
+  return out + ")";
+}
+
+inline uint64_t product(const std::vector<uint32_t>& s) {
+  uint64_t n = 1;
+  for (uint32_t d : s) n *= d;
+  return n;
+}
+
+inline Size2 parse_size2(const std::string& text, const std::string& what) {
+  try {
+    const size_t comma = text.find(',');
+    if (comma == std::string::npos) return Size2(static_cast<uint32_t>(std::stoul(text)));
+    return Size2(static_cast<uint32_t>(std::stoul(text.substr(0, comma))),
+                 static_cast<uint32_t>(std::stoul(text.substr(comma + 1))));
+  } catch (const std::exception&) {
+    throw Error(what + ": expected a size like '3' or '3,5', got '" + text + "'", SF_ERR_INVALID);
+  }
+}
+
+struct LayerInfo {
+  std::vector<uint32_t> output;
+  uint64_t trainable = 0;
+  uint64_t non_trainable = 0;
+};
+
+// Output shape and parameter counts of one layer, Keras' rules (Dense acts on the last axis).
+inline LayerInfo infer(const Layer& l, const std::vector<uint32_t>& in, size_t index) {
+  const std::string where = "layer " + std::to_string(index) + " (" + l.type + ")";
+  auto need_rank = [&](size_t r, const char* form) {
+    if (in.size() != r)
+      throw Error(where + ": expects an input of rank " + std::to_string(r) + " " + form + ", got " + shape_text(in),
+                  SF_ERR_INVALID);
+  };
+  auto uint_opt = [&](const std::string& key) -> uint32_t {
+    const std::string v = l.option(key);
+    try {
+      const unsigned long n = std::stoul(v);
+      if (n == 0) throw std::invalid_argument("zero");
+      return static_cast<uint32_t>(n);
+    } catch (const std::exception&) {
+      throw Error(where + ": option " + key + " must be a positive integer, got '" + v + "'", SF_ERR_INVALID);
+    }
+  };
+  auto window = [&](uint32_t size, uint32_t k, uint32_t s, bool same) -> uint32_t {
+    if (same) return (size + s - 1) / s;
+    if (size < k)
+      throw Error(where + ": window " + std::to_string(k) + " is larger than the input " + shape_text(in) +
+                      " with padding 'valid'",
+                  SF_ERR_INVALID);
+    return (size - k) / s + 1;
+  };
+  auto padding_same = [&]() {
+    const std::string p = l.option("padding", "valid");
+    if (p != "valid" && p != "same")
+      throw Error(where + ": padding must be 'valid' or 'same', got '" + p + "'", SF_ERR_INVALID);
+    return p == "same";
+  };
+  LayerInfo r;
+  if (l.type == "dense") {
+    if (in.empty()) throw Error(where + ": needs an input", SF_ERR_INVALID);
+    const uint32_t units = uint_opt("units");
+    r.output = in;
+    r.output.back() = units;
+    r.trainable = uint64_t{in.back()} * units + (l.option("use_bias", "true") == "true" ? units : 0);
+  } else if (l.type == "conv2d") {
+    need_rank(3, "(height, width, channels)");
+    const uint32_t filters = uint_opt("filters");
+    const Size2 k = parse_size2(l.option("kernel_size"), where + " kernel_size");
+    const Size2 s = parse_size2(l.option("strides", "1"), where + " strides");
+    const bool same = padding_same();
+    r.output = {window(in[0], k.h, s.h, same), window(in[1], k.w, s.w, same), filters};
+    r.trainable = uint64_t{k.h} * k.w * in[2] * filters + (l.option("use_bias", "true") == "true" ? filters : 0);
+  } else if (l.type == "max_pooling2d") {
+    need_rank(3, "(height, width, channels)");
+    const Size2 p = parse_size2(l.option("pool_size", "2"), where + " pool_size");
+    const Size2 s = parse_size2(l.option("strides", l.option("pool_size", "2")), where + " strides");
+    const bool same = padding_same();
+    r.output = {window(in[0], p.h, s.h, same), window(in[1], p.w, s.w, same), in[2]};
+  } else if (l.type == "global_average_pooling2d") {
+    need_rank(3, "(height, width, channels)");
+    r.output = {in[2]};
+  } else if (l.type == "flatten") {
+    r.output = {static_cast<uint32_t>(product(in))};
+  } else if (l.type == "batch_normalization") {
+    if (in.empty()) throw Error(where + ": needs an input", SF_ERR_INVALID);
+    const uint64_t c = in.back();
+    r.output = in;
+    r.trainable = (l.option("center", "true") == "true" ? c : 0) + (l.option("scale", "true") == "true" ? c : 0);
+    r.non_trainable = 2 * c;  // moving mean and variance
+  } else if (l.type == "relu" || l.type == "softmax" || l.type == "dropout") {
+    if (l.type == "dropout") {
+      double rate = -1;
+      try {
+        rate = std::stod(l.option("rate"));
+      } catch (const std::exception&) {
+      }
+      if (!(rate >= 0 && rate < 1))
+        throw Error(where + ": rate must be in [0, 1), got '" + l.option("rate") + "'", SF_ERR_INVALID);
+    }
+    r.output = in;
+  } else {
+    throw Error(where + ": unknown layer type (dense, conv2d, batch_normalization, relu, softmax, dropout, "
+                        "flatten, global_average_pooling2d, max_pooling2d)",
+                SF_ERR_INVALID);
+  }
+  for (uint32_t d : r.output)
+    if (d == 0) throw Error(where + ": output shape " + shape_text(r.output) + " is empty", SF_ERR_INVALID);
+  return r;
+}
+
+inline std::string keras_class_name(const std::string& type) {
+  static const std::pair<const char*, const char*> names[] = {
+      {"dense", "Dense"},   {"conv2d", "Conv2D"},   {"batch_normalization", "BatchNormalization"},
+      {"relu", "ReLU"},     {"softmax", "Softmax"}, {"dropout", "Dropout"},
+      {"flatten", "Flatten"}, {"global_average_pooling2d", "GlobalAveragePooling2D"},
+      {"max_pooling2d", "MaxPooling2D"}};
+  for (const auto& [t, n] : names)
+    if (type == t) return n;
+  return type;
+}
+
+// Text form of an optimizer and its options (the keys abi.h lists).
+inline std::pair<std::string, std::vector<std::pair<std::string, std::string>>> optimizer_spec(const Optimizer& o) {
+  if (const auto* s = std::get_if<SGD>(&o)) {
+    if (!(s->learning_rate > 0)) throw Error("SGD: learning_rate must be > 0", SF_ERR_INVALID);
+    if (s->momentum < 0 || s->momentum >= 1) throw Error("SGD: momentum must be in [0, 1)", SF_ERR_INVALID);
+    return {"sgd",
+            {{"learning_rate", num(s->learning_rate)}, {"momentum", num(s->momentum)},
+             {"nesterov", boolean(s->nesterov)}}};
+  }
+  const auto& a = std::get<Adam>(o);
+  if (!(a.learning_rate > 0)) throw Error("Adam: learning_rate must be > 0", SF_ERR_INVALID);
+  if (a.beta_1 < 0 || a.beta_1 >= 1 || a.beta_2 < 0 || a.beta_2 >= 1)
+    throw Error("Adam: beta_1 and beta_2 must be in [0, 1)", SF_ERR_INVALID);
+  if (!(a.epsilon > 0)) throw Error("Adam: epsilon must be > 0", SF_ERR_INVALID);
+  return {"adam",
+          {{"learning_rate", num(a.learning_rate)}, {"beta_1", num(a.beta_1)}, {"beta_2", num(a.beta_2)},
+           {"epsilon", num(a.epsilon)}}};
+}
+
+// Every rank learns whether any rank failed a local check, and all throw the same message
+// (the lowest failing rank's), instead of the healthy ranks hanging in the next collective.
+inline void collective_check(const Communicator& comm, const std::string& local_error) {
+  if (comm.size() <= 1) {
+    if (!local_error.empty()) throw Error(local_error, SF_ERR_INVALID);
+    return;
+  }
+  int32_t flag = local_error.empty() ? 0 : 1;
+  comm.allreduce(&flag, 1, SF_REDUCE_MAX);
+  if (!flag) return;
+  constexpr size_t kMsg = 480;
+  std::string mine(kMsg, '\0');
+  std::memcpy(mine.data(), local_error.data(), std::min(kMsg - 1, local_error.size()));
+  const std::string all = comm.allgather(mine);
+  for (uint32_t r = 0; r < comm.size(); ++r) {
+    const char* m = all.data() + r * kMsg;
+    if (*m) throw Error("rank " + std::to_string(r) + ": " + std::string(m), SF_ERR_INVALID);
+  }
+  throw Error("a rank failed without a message", SF_ERR_INVALID);
+}
+
+// Root's string, on every rank.
+inline void broadcast_string(const Communicator& comm, std::string& s) {
+  if (comm.size() <= 1) return;
+  uint64_t n = s.size();
+  comm.broadcast(&n, sizeof n, 0);
+  s.resize(static_cast<size_t>(n));
+  comm.broadcast(s.data(), s.size(), 0);
+}
+
+// Runs f on rank 0 only; a failure there becomes the same Error on every rank.
+template <class F>
+void on_rank0(const Communicator& comm, F&& f) {
+  std::string err;
+  if (comm.rank() == 0) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      err = *e.what() ? e.what() : "failed";
+    }
+  }
+  broadcast_string(comm, err);
+  if (!err.empty()) throw Error(err);
+}
+
+// Owns an engine made by a backend's engine_create; destroys it with engine_destroy.
+class EngineHandle {
+ public:
+  EngineHandle(Backend b, const sf_model_spec& spec, const Communicator& comm) : b_(b) {
+    if (!b.hooks) throw Error("keras: no compute backend", SF_ERR_INVALID);
+    if (b.hooks->struct_size < offsetof(sf_compute_hooks, load_state) + sizeof(b.hooks->load_state))
+      throw Error("keras: the compute backend's hook table is older than ABI 1.1", SF_ERR_UNSUPPORTED);
+    if (!b.hooks->engine_create || !b.hooks->engine_destroy || !b.hooks->train_step || !b.hooks->eval_step)
+      throw Error("keras: the compute backend lacks engine_create/engine_destroy/train_step/eval_step",
+                  SF_ERR_UNSUPPORTED);
+    void* e = nullptr;
+    const sf_status st = b.hooks->engine_create(b.self, &spec, comm.size() > 1 ? comm.raw() : nullptr, &e);
+    if (st != SF_OK || !e) {
+      const char* m = b.hooks->engine_last_error ? b.hooks->engine_last_error(b.self, nullptr) : nullptr;
+      throw Error(std::string("keras: engine_create failed: ") + (m && *m ? m : "no message"), st ? st : SF_ERR);
+    }
+    e_ = e;
+  }
+  EngineHandle(const EngineHandle&) = delete;
+  EngineHandle& operator=(const EngineHandle&) = delete;
+  ~EngineHandle() {
+    if (e_) b_.hooks->engine_destroy(b_.self, e_);
+  }
+  const sf_compute_hooks& hooks() const { return *b_.hooks; }
+  void* self() const { return b_.self; }
+  void* engine() const { return e_; }
+  void check(sf_status st, const char* what) const {
+    if (st == SF_OK) return;
+    const char* m = b_.hooks->engine_last_error ? b_.hooks->engine_last_error(b_.self, e_) : nullptr;
+    throw Error(std::string("keras: ") + what + " failed: " + (m && *m ? m : "no message"), st);
+  }
+  template <class Fn>
+  Fn need(Fn fn, const char* name) const {
+    if (!fn) throw Error(std::string("keras: the compute backend has no ") + name + " hook", SF_ERR_UNSUPPORTED);
+    return fn;
+  }
+
+ private:
+  Backend b_;
+  void* e_ = nullptr;
+};
+
+// The C view of a model spec; owns everything the pointers point at.
+struct CompiledSpec {
+  std::vector<Layer> layers;
+  std::vector<uint32_t> input_shape;
+  std::string optimizer;
+  std::vector<std::pair<std::string, std::string>> optimizer_options;
+  std::string loss;
+  std::vector<std::vector<sf_kv>> layer_kv;
+  std::vector<sf_layer_spec> c_layers;
+  std::vector<sf_kv> c_opt;
+  sf_model_spec spec{};
+
+  void build(uint64_t seed, uint32_t threads) {
+    layer_kv.clear();
+    c_layers.clear();
+    for (const Layer& l : layers) {
+      auto& kv = layer_kv.emplace_back();
+      for (const auto& [k, v] : l.options) kv.push_back(sf_kv{k.c_str(), v.c_str()});
+    }
+    for (size_t i = 0; i < layers.size(); ++i)
+      c_layers.push_back(sf_layer_spec{layers[i].type.c_str(), layer_kv[i].data(), layer_kv[i].size()});
+    c_opt.clear();
+    for (const auto& [k, v] : optimizer_options) c_opt.push_back(sf_kv{k.c_str(), v.c_str()});
+    spec = sf_model_spec{};
+    spec.struct_size = sizeof(sf_model_spec);
+    spec.input_shape = input_shape.data();
+    spec.input_rank = static_cast<uint32_t>(input_shape.size());
+    spec.layers = c_layers.data();
+    spec.n_layers = c_layers.size();
+    spec.optimizer = optimizer.c_str();
+    spec.optimizer_options = c_opt.data();
+    spec.n_optimizer_options = c_opt.size();
+    spec.loss = loss.c_str();
+    spec.seed = seed;
+    spec.threads = threads;
+  }
+};
+
+// Per-rank share of a global batch: the first (global % world) ranks take one more.
+inline uint64_t share(uint64_t global, uint32_t world, uint32_t rank) {
+  return global / world + (rank < global % world ? 1 : 0);
+}
+inline uint64_t share_begin(uint64_t global, uint32_t world, uint32_t rank) {
+  return rank * (global / world) + std::min<uint64_t>(rank, global % world);
+}
+
+// The shuffle seed of an epoch: seed + epoch (DistributedSampler's rule) on rank 0 and in
+// replicated mode; mixed with the rank for the other ranks' local shuffles.
+inline uint64_t epoch_seed(uint64_t seed, uint32_t epoch, uint32_t rank) {
+  return (seed + epoch) ^ (uint64_t{rank} * 0x9E3779B97F4A7C15ULL);
+}
+
+inline bool is_tty(std::FILE* f) { return f && ::isatty(::fileno(f)) == 1; }
+
+}  // namespace detail
+
+// ---- the model ---------------------------------------------------------------------------------
+class Sequential {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<Layer> layers) {
+    for (const Layer& l : layers) add(l);
+  }
+  explicit Sequential(const std::vector<Layer>& layers) {
+    for (const Layer& l : layers) add(l);
+  }
+  Sequential(Sequential&&) noexcept = default;
+  Sequential& operator=(Sequential&&) noexcept = default;
+
+  // Appends a layer; an Input (only first) sets the sample shape.
+  Sequential& add(const Layer& l) {
+    if (compiled_) throw Error("keras: add() after compile(); build the model first", SF_ERR_INVALID);
+    if (l.type == "input") {
+      if (!layers_.empty() || !input_shape_.empty())
+        throw Error("keras: Input must come first and only once", SF_ERR_INVALID);
+      if (l.shape.empty()) throw Error("keras: Input needs a shape, e.g. Input({28, 28, 1})", SF_ERR_INVALID);
+      for (uint32_t d : l.shape)
+        if (d == 0) throw Error("keras: Input shape " + detail::shape_text(l.shape) + " has a zero", SF_ERR_INVALID);
+      input_shape_ = l.shape;
+      return *this;
+    }
+    layers_.push_back(l);
+    return *this;
+  }
+
+  const std::vector<uint32_t>& input_shape() const { return input_shape_; }
+  const std::vector<Layer>& layers() const { return layers_; }
+
+  // Output shape of one sample (Keras' shape rules); throws naming the first bad layer.
+  std::vector<uint32_t> output_shape() const {
+    std::vector<uint32_t> s = require_input();
+    for (size_t i = 0; i < layers_.size(); ++i) s = detail::infer(layers_[i], s, i).output;
+    return s;
+  }
+  uint64_t num_classes() const { return detail::product(output_shape()); }
+
+  // Keras-style summary table.
+  std::string summary(const std::string& name = "sequential") const {
+    std::vector<uint32_t> s = require_input();
+    std::string out = "Model: \"" + name + "\"\n";
+    char buf[256];
+    const std::string rule(65, '_'), dbl(65, '=');
+    std::snprintf(buf, sizeof buf, "%-28s%-26s%s\n", " Layer (type)", "Output Shape", "Param #");
+    out += rule + "\n" + buf + dbl + "\n";
+    uint64_t trainable = 0, non_trainable = 0;
+    std::map<std::string, int> seen;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const detail::LayerInfo li = detail::infer(layers_[i], s, i);
+      const int n = seen[layers_[i].type]++;
+      const std::string lname =
+          layers_[i].type + (n ? "_" + std::to_string(n) : "") + " (" + detail::keras_class_name(layers_[i].type) + ")";
+      std::snprintf(buf, sizeof buf, " %-27s%-26s%llu\n", lname.c_str(), detail::shape_text(li.output).c_str(),
+                    static_cast<unsigned long long>(li.trainable + li.non_trainable));
+      out += buf;
+      out += (i + 1 < layers_.size() ? rule : dbl) + "\n";
+      trainable += li.trainable;
+      non_trainable += li.non_trainable;
+      s = li.output;
+    }
+    out += "Total params: " + std::to_string(trainable + non_trainable) + "\n";
+    out += "Trainable params: " + std::to_string(trainable) + "\n";
+    out += "Non-trainable params: " + std::to_string(non_trainable) + "\n";
+    return out;
+  }
+
+  // Checks the model, builds its sf_model_spec and, given a backend, creates the engine (a
+  // collective when the communicator has more than one rank: the engine broadcasts rank 0's
+  // initial weights).
+  void compile(const Optimizer& optimizer, const std::string& loss = "sparse_categorical_crossentropy",
+               const std::vector<std::string>& metrics = {"accuracy"}, CompileOptions options = {}) {
+    if (loss != "sparse_categorical_crossentropy")
+      throw Error("keras: loss '" + loss + "' is not supported (sparse_categorical_crossentropy, from logits)",
+                  SF_ERR_INVALID);
+    std::vector<std::string> accuracy_names;
+    for (const auto& m : metrics) {
+      if (m == "accuracy" || m == "acc" || m == "sparse_categorical_accuracy") accuracy_names.push_back(m);
+      else throw Error("keras: metric '" + m + "' is not supported (accuracy)", SF_ERR_INVALID);
+    }
+    if (layers_.empty()) throw Error("keras: the model has no layers", SF_ERR_INVALID);
+    const std::vector<uint32_t> out = output_shape();
+    if (out.size() != 1)
+      throw Error("keras: the model's output " + detail::shape_text(out) +
+                      " must be (None, classes): add Flatten() or GlobalAveragePooling2D() before the last Dense",
+                  SF_ERR_INVALID);
+    auto c = std::make_unique<detail::CompiledSpec>();
+    c->layers = layers_;
+    c->input_shape = input_shape_;
+    std::tie(c->optimizer, c->optimizer_options) = detail::optimizer_spec(optimizer);
+    c->loss = loss;
+    c->build(options.seed, options.threads);
+    const std::string text = spec_text(*c);
+    std::unique_ptr<detail::EngineHandle> engine;
+    if (options.backend) engine = std::make_unique<detail::EngineHandle>(options.backend, c->spec, options.communicator);
+    if (layers_.back().type == "softmax" && options.communicator.rank() == 0)
+      std::fprintf(stderr, "keras: warning: the last layer is Softmax, but the loss expects logits\n");
+    spec_ = std::move(c);
+    engine_ = std::move(engine);
+    comm_ = options.communicator;
+    seed_ = options.seed;
+    accuracy_names_ = accuracy_names;
+    spec_text_ = text;
+    compiled_ = true;
+  }
+
+  bool compiled() const { return compiled_; }
+  bool bound() const { return engine_ != nullptr; }
+  const Communicator& communicator() const { return comm_; }
+  const sf_model_spec& spec() const {
+    require_compiled();
+    return spec_->spec;
+  }
+  // Canonical text of the spec (what the checkpoint fingerprint hashes): input shape, layers
+  // with their options, optimizer kind, loss. Learning rates and seeds are left out, so a
+  // resumed run may change them.
+  const std::string& spec_text() const {
+    require_compiled();
+    return spec_text_;
+  }
+  uint64_t fingerprint() const { return fnv1a64(spec_text()); }
+
+  // ---- training ---------------------------------------------------------------------------
+  History fit(std::span<const float> x, std::span<const int32_t> y, const FitOptions& o = {}) {
+    const detail::EngineHandle& e = require_engine();
+    const uint32_t W = comm_.size(), R = comm_.rank();
+    const size_t sample = sample_size();
+    const uint64_t B = o.batch_size;
+    const uint64_t seed = o.seed ? *o.seed : seed_;
+    std::FILE* out = o.out ? o.out : stdout;
+    const bool tty = o.tty ? *o.tty : detail::is_tty(out);
+    const bool talk = R == 0 && o.verbose > 0;
+
+    // Local checks, then one collective verdict.
+    std::string err = check_xy(x, y, "fit");
+    if (err.empty() && o.batch_size < W)
+      err = "fit: batch_size " + std::to_string(o.batch_size) + " (global) is smaller than the " +
+            std::to_string(W) + " replicas";
+    if (err.empty() && o.batch_size == 0) err = "fit: batch_size must be > 0";
+    if (err.empty() && !o.validation_data.empty()) err = check_xy(o.validation_data.x, o.validation_data.y, "fit validation_data");
+    detail::collective_check(comm_, err);
+
+    // The plan: steps per epoch, equal on every rank.
+    const uint64_t n = y.size();
+    uint64_t steps = 0;
+    const uint64_t b_local = detail::share(B, W, R);
+    if (o.data == Data::sharded) {
+      int64_t local_steps = static_cast<int64_t>(o.drop_remainder ? n / b_local : (n + b_local - 1) / b_local);
+      comm_.allreduce(&local_steps, 1, SF_REDUCE_MIN);
+      steps = static_cast<uint64_t>(local_steps);
+      if (steps == 0)
+        detail::collective_check(comm_, "fit: a rank has fewer samples than its share of the batch (" +
+                                            std::to_string(b_local) + "); nothing to train on");
+    } else {
+      int64_t mm[2] = {static_cast<int64_t>(n), -static_cast<int64_t>(n)};
+      comm_.allreduce(mm, 2, SF_REDUCE_MAX);
+      if (mm[0] != -mm[1])
+        detail::collective_check(comm_, "fit: Data::replicated needs the same arrays on every rank, but sizes differ (" +
+                                            std::to_string(-mm[1]) + " to " + std::to_string(mm[0]) + " samples)");
+      if (!same_on_all_ranks(data_hash(x, y)))
+        detail::collective_check(comm_, "fit: Data::replicated needs the same arrays on every rank, but they differ "
+                                        "(pass Data::sharded when each rank passes its own part)");
+      steps = o.drop_remainder ? n / B : (n + B - 1) / B;
+      if (steps > 0 && n - (steps - 1) * B < W) --steps;  // a final global batch too small to split
+      if (steps == 0) detail::collective_check(comm_, "fit: fewer samples than replicas; nothing to train on");
+    }
+    warn_if_replicated_by_mistake(x, y, o);
+
+    History history;
+    uint32_t first_epoch = o.initial_epoch;
+    uint64_t global_step = 0;
+    const Callbacks& cb = o.callbacks;
+    uint32_t tb_batch_freq = cb.tensorboard_update_freq;
+    if (cb.resume && !cb.checkpoint_dir.empty()) {
+      if (auto ck = load_latest_checkpoint(cb.checkpoint_dir)) {
+        first_epoch = ck->epoch;
+        global_step = ck->step;
+        history = parse_history_csv(ck->history);
+        if (talk) std::fprintf(out, "Resuming from %s: epoch %u done, step %llu\n", ck_path_.c_str(), ck->epoch,
+                               static_cast<unsigned long long>(ck->step));
+      } else if (talk) {
+        std::fprintf(out, "No checkpoint in %s yet; starting from epoch 1\n", cb.checkpoint_dir.c_str());
+      }
+    }
+
+    // Rank 0's writers.
+    std::optional<tfevents::EventWriter> tb_train, tb_val;
+    detail::on_rank0(comm_, [&] {
+      if (!cb.tensorboard.empty()) {
+        tb_train.emplace(std::filesystem::path(cb.tensorboard) / "train");
+        if (!o.validation_data.empty()) tb_val.emplace(std::filesystem::path(cb.tensorboard) / "validation");
+      }
+      if (!cb.csv.empty()) write_file_atomic(cb.csv, history_csv(history));
+    });
+
+    std::vector<float> xb;
+    std::vector<int32_t> yb;
+    using Clock = std::chrono::steady_clock;
+    for (uint32_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
+      if (talk) {
+        std::fprintf(out, "Epoch %u/%u\n", epoch + 1, o.epochs);
+        std::fflush(out);
+      }
+      const std::vector<size_t> perm = skyforge::permutation(
+          n, o.shuffle,
+          detail::epoch_seed(seed, epoch, o.data == Data::sharded ? R : 0));
+      ProgressBar bar(steps, talk && o.verbose == 1 ? out : nullptr, tty, o.progress_percent);
+      const auto t0 = Clock::now();
+      double loss_sum = 0;
+      uint64_t correct = 0, seen = 0;
+      auto state = [&](uint64_t done) {
+        ProgressState p;
+        p.current = done;
+        p.target = steps;
+        p.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (seen) {
+          p.metrics.emplace_back("loss", loss_sum / static_cast<double>(seen));
+          for (const auto& name : accuracy_names_)
+            p.metrics.emplace_back(name, static_cast<double>(correct) / static_cast<double>(seen));
+        }
+        p.samples_per_s = p.elapsed_s > 0 ? static_cast<double>(seen) / p.elapsed_s : 0;
+        return p;
+      };
+      for (uint64_t s = 0; s < steps; ++s) {
+        // This rank's positions in perm for step s.
+        uint64_t begin, count;
+        if (o.data == Data::sharded) {
+          begin = s * b_local;
+          count = std::min<uint64_t>(b_local, n - begin);
+        } else {
+          const uint64_t gb = s * B, g = std::min<uint64_t>(B, n - gb);
+          begin = gb + detail::share_begin(g, W, R);
+          count = detail::share(g, W, R);
+        }
+        gather(x, y, perm.data() + begin, count, sample, xb, yb);
+        sf_step_result r{};
+        r.struct_size = sizeof r;
+        e.check(e.hooks().train_step(e.self(), e.engine(), xb.data(), yb.data(), static_cast<uint32_t>(count), &r),
+                "train_step");
+        loss_sum += r.loss * static_cast<double>(r.samples);
+        correct += r.correct;
+        seen += r.samples;
+        ++global_step;
+        if (R == 0) {
+          bar.update(state(s + 1));
+          if (tb_train && tb_batch_freq && global_step % tb_batch_freq == 0) {
+            try {
+              std::vector<std::pair<std::string, float>> v{{"batch_loss", static_cast<float>(r.loss)}};
+              if (r.samples) v.emplace_back("batch_accuracy", static_cast<float>(r.correct) / static_cast<float>(r.samples));
+              tb_train->add_scalars(v, static_cast<int64_t>(global_step));
+            } catch (const std::exception& ex) {
+              std::fprintf(stderr, "keras: warning: batch-level TensorBoard logging stopped: %s\n", ex.what());
+              tb_batch_freq = 0;
+            }
+          }
+        }
+      }
+      Logs logs;
+      logs["loss"] = seen ? loss_sum / static_cast<double>(seen) : std::nan("");
+      for (const auto& name : accuracy_names_)
+        logs[name] = seen ? static_cast<double>(correct) / static_cast<double>(seen) : std::nan("");
+      ProgressState final_state = state(steps);
+      if (!o.validation_data.empty()) {
+        const EvalResult v = evaluate_impl(o.validation_data.x, o.validation_data.y,
+                                           o.validation_batch_size ? o.validation_batch_size : o.batch_size,
+                                           o.validation_data.data);
+        logs["val_loss"] = v.loss;
+        final_state.metrics.emplace_back("val_loss", v.loss);
+        for (const auto& name : accuracy_names_) {
+          logs["val_" + name] = v.accuracy;
+          final_state.metrics.emplace_back("val_" + name, v.accuracy);
+        }
+      }
+      history.append(epoch, logs);
+      if (talk) {
+        if (o.verbose == 1) {
+          bar.finish(final_state);
+        } else {
+          ProgressBar once(steps, out, false);
+          once.finish(final_state);
+        }
+      }
+      // Rank 0's files, then one verdict for every rank.
+      std::string state_bytes;
+      detail::on_rank0(comm_, [&] {
+        if (!cb.csv.empty()) write_file_atomic(cb.csv, history_csv(history));
+        const double wall = tfevents::now_seconds();
+        if (tb_train) {
+          std::vector<std::pair<std::string, float>> v;
+          for (const auto& [k, val] : logs)
+            if (k.rfind("val_", 0) != 0) v.emplace_back("epoch_" + k, static_cast<float>(val));
+          tb_train->add_scalars(v, epoch, wall);
+          tb_train->flush();
+        }
+        if (tb_val) {
+          std::vector<std::pair<std::string, float>> v;
+          for (const auto& [k, val] : logs)
+            if (k.rfind("val_", 0) == 0) v.emplace_back("epoch_" + k.substr(4), static_cast<float>(val));
+          tb_val->add_scalars(v, epoch, wall);
+          tb_val->flush();
+        }
+        if (!cb.checkpoint_dir.empty()) {
+          Checkpoint ck;
+          ck.epoch = epoch + 1;
+          ck.step = global_step;
+          ck.fingerprint = fingerprint();
+          ck.spec = spec_text_;
+          ck.history = history_csv(history);
+          ck.state = state_dict();
+          write_checkpoint(cb.checkpoint_dir, ck, cb.max_to_keep);
+        }
+      });
+      if (cb.on_epoch_end) cb.on_epoch_end(epoch, logs);
+    }
+    return history;
+  }
+
+  // Loss and accuracy over every rank's samples (eval_step is collective). batch_size is the
+  // global batch, as in fit(). Data::replicated (default, Keras' evaluate(x_test, y_test)):
+  // every rank passes the same arrays (checked) and evaluates a contiguous 1/W of them;
+  // Data::sharded: each rank passes its own part (every rank needs at least one sample).
+  // Prints one summary line on rank 0 when verbose.
+  EvalResult evaluate(std::span<const float> x, std::span<const int32_t> y, uint32_t batch_size = 32,
+                      Data data = Data::replicated, int verbose = 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EvalResult r = evaluate_impl(x, y, batch_size, data);
+    if (verbose > 0 && comm_.rank() == 0) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string line = "evaluate: " + std::to_string(r.samples) + " samples - loss: " + format_metric_value(r.loss);
+      for (const auto& name : accuracy_names_) line += " - " + name + ": " + format_metric_value(r.accuracy);
+      std::printf("%s - %.0fs\n", line.c_str(), secs);
+      std::fflush(stdout);
+    }
+    return r;
+  }
+
+  // Logits (N x classes), local to this rank (no collective).
+  std::vector<float> predict(std::span<const float> x, uint32_t batch_size = 32) const {
+    const detail::EngineHandle& e = require_engine();
+    const size_t sample = sample_size();
+    if (x.size() % sample != 0)
+      throw Error("predict: x has " + std::to_string(x.size()) + " floats, not a multiple of the sample size " +
+                      std::to_string(sample),
+                  SF_ERR_INVALID);
+    if (batch_size == 0) throw Error("predict: batch_size must be > 0", SF_ERR_INVALID);
+    const uint64_t n = x.size() / sample, classes = num_classes();
+    std::vector<float> logits(n * classes);
+    auto fn = e.need(e.hooks().predict, "predict");
+    for (uint64_t i = 0; i < n; i += batch_size) {
+      const uint64_t b = std::min<uint64_t>(batch_size, n - i);
+      e.check(fn(e.self(), e.engine(), x.data() + i * sample, static_cast<uint32_t>(b), logits.data() + i * classes),
+              "predict");
+    }
+    return logits;
+  }
+
+  // ---- weights and state ------------------------------------------------------------------
+  std::vector<float> get_weights() const {
+    const detail::EngineHandle& e = require_engine();
+    uint64_t count = 0;
+    e.check(e.need(e.hooks().param_count, "param_count")(e.self(), e.engine(), &count), "param_count");
+    std::vector<float> w(count);
+    e.check(e.need(e.hooks().get_params, "get_params")(e.self(), e.engine(), w.data(), count), "get_params");
+    return w;
+  }
+  void set_weights(std::span<const float> w) {
+    const detail::EngineHandle& e = require_engine();
+    e.check(e.need(e.hooks().set_params, "set_params")(e.self(), e.engine(), w.data(), w.size()), "set_params");
+  }
+  // The backend's opaque training state (parameters, optimizer slots, statistics, step).
+  std::string state_dict() const {
+    const detail::EngineHandle& e = require_engine();
+    std::string out;
+    e.check(e.need(e.hooks().state_dict, "state_dict")(e.self(), e.engine(), skyforge::detail::string_sink(out)),
+            "state_dict");
+    return out;
+  }
+  void load_state(std::string_view bytes) {
+    const detail::EngineHandle& e = require_engine();
+    e.check(e.need(e.hooks().load_state, "load_state")(e.self(), e.engine(), bytes.data(), bytes.size()),
+            "load_state");
+  }
+  // Checkpoint files outside fit(): rank 0 writes; load reads on rank 0 and broadcasts, and
+  // every rank loads the state (a collective). load_checkpoint throws on a spec mismatch.
+  void save_checkpoint(const std::filesystem::path& path, uint32_t epoch = 0, uint64_t step = 0) const {
+    std::string bytes = state_dict();
+    detail::on_rank0(comm_, [&] {
+      Checkpoint ck{epoch, step, fingerprint(), spec_text_, "", std::move(bytes)};
+      write_file_atomic(path, encode_checkpoint(ck));
+    });
+  }
+  Checkpoint load_checkpoint(const std::filesystem::path& path) {
+    std::string bytes;
+    detail::on_rank0(comm_, [&] { bytes = read_file(path); });
+    detail::broadcast_string(comm_, bytes);
+    Checkpoint ck = decode_and_check(bytes, path.string());
+    load_state(ck.state);
+    return ck;
+  }
+
+ private:
+  const std::vector<uint32_t>& require_input() const {
+    if (input_shape_.empty()) throw Error("keras: the model has no Input({...}) shape", SF_ERR_INVALID);
+    return input_shape_;
+  }
+  void require_compiled() const {
+    if (!compiled_) throw Error("keras: call compile() first", SF_ERR_INVALID);
+  }
+  const detail::EngineHandle& require_engine() const {
+    require_compiled();
+    if (!engine_)
+      throw Error("keras: the model is not bound to a compute backend: compile(..., "
+                  "CompileOptions{.backend = host().compute_backend()}) or CompileOptions::from_host(host())",
+                  SF_ERR_INVALID);
+    return *engine_;
+  }
+  size_t sample_size() const { return static_cast<size_t>(detail::product(input_shape_)); }
+
+  static std::string spec_text(const detail::CompiledSpec& c) {
+    std::string s = "input=";
+    for (size_t i = 0; i < c.input_shape.size(); ++i) s += (i ? "x" : "") + std::to_string(c.input_shape[i]);
+    for (const Layer& l : c.layers) {
+      s += ";" + l.type + "(";
+      for (size_t i = 0; i < l.options.size(); ++i) s += (i ? "," : "") + l.options[i].first + "=" + l.options[i].second;
+      s += ")";
+    }
+    s += ";optimizer=" + c.optimizer + ";loss=" + c.loss;
+    return s;
+  }
+
+  std::string check_xy(std::span<const float> x, std::span<const int32_t> y, const char* what) const {
+    const size_t sample = sample_size();
+    if (x.size() != y.size() * sample)
+      return std::string(what) + ": x has " + std::to_string(x.size()) + " floats, expected " +
+             std::to_string(y.size()) + " samples x " + std::to_string(sample) + " (" +
+             detail::shape_text(input_shape_) + ") = " + std::to_string(y.size() * sample);
+    const auto classes = static_cast<int64_t>(num_classes());
+    for (size_t i = 0; i < y.size(); ++i)
+      if (y[i] < 0 || y[i] >= classes)
+        return std::string(what) + ": label " + std::to_string(y[i]) + " at index " + std::to_string(i) +
+               " is outside [0, " + std::to_string(classes) + ")";
+    return {};
+  }
+
+  static void gather(std::span<const float> x, std::span<const int32_t> y, const size_t* idx, uint64_t count,
+                     size_t sample, std::vector<float>& xb, std::vector<int32_t>& yb) {
+    xb.resize(count * sample);
+    yb.resize(count);
+    for (uint64_t i = 0; i < count; ++i) {
+      std::memcpy(xb.data() + i * sample, x.data() + idx[i] * sample, sample * sizeof(float));
+      yb[i] = y[idx[i]];
+    }
+  }
+
+  EvalResult evaluate_impl(std::span<const float> x, std::span<const int32_t> y, uint64_t B, Data data) {
+    const detail::EngineHandle& e = require_engine();
+    const uint32_t W = comm_.size(), R = comm_.rank();
+    const size_t sample = sample_size();
+    std::string err = check_xy(x, y, "evaluate");
+    if (err.empty() && B == 0) err = "evaluate: batch_size must be > 0";
+    detail::collective_check(comm_, err);
+    uint64_t begin = 0, n = y.size();
+    if (data == Data::replicated) {
+      int64_t mm[2] = {static_cast<int64_t>(n), -static_cast<int64_t>(n)};
+      comm_.allreduce(mm, 2, SF_REDUCE_MAX);
+      if (mm[0] != -mm[1] || !same_on_all_ranks(data_hash(x, y)))
+        detail::collective_check(comm_, "evaluate: Data::replicated needs the same arrays on every rank, but they "
+                                        "differ (pass Data::sharded when each rank passes its own part)");
+      begin = detail::share_begin(n, W, R);
+      n = detail::share(n, W, R);
+    }
+    const uint64_t b = std::max<uint64_t>(1, detail::share(B, W, R));
+    // steps = max over ranks of ceil(n / b), but at most min over ranks of n, so that every
+    // rank makes the same number of eval_step calls, each with at least one sample.
+    int64_t v[2] = {static_cast<int64_t>((n + b - 1) / b), -static_cast<int64_t>(n)};
+    comm_.allreduce(v, 2, SF_REDUCE_MAX);
+    const uint64_t n_min = static_cast<uint64_t>(-v[1]);
+    if (n_min == 0) {
+      int64_t total = static_cast<int64_t>(n);
+      comm_.allreduce(&total, 1, SF_REDUCE_SUM);
+      detail::collective_check(comm_, total == 0 ? "evaluate: no samples"
+                                                 : "evaluate: a rank has no samples (eval_step is collective: "
+                                                   "give every rank at least one, or use Data::replicated)");
+    }
+    const uint64_t steps = std::min<uint64_t>(static_cast<uint64_t>(v[0]), n_min);
+    std::vector<size_t> idx(n);
+    for (uint64_t i = 0; i < n; ++i) idx[i] = begin + i;
+    std::vector<float> xb;
+    std::vector<int32_t> yb;
+    double loss_sum = 0;
+    uint64_t correct = 0, seen = 0, at = 0;
+    for (uint64_t s = 0; s < steps; ++s) {
+      const uint64_t count = n / steps + (s < n % steps ? 1 : 0);
+      gather(x, y, idx.data() + at, count, sample, xb, yb);
+      at += count;
+      sf_step_result r{};
+      r.struct_size = sizeof r;
+      e.check(e.hooks().eval_step(e.self(), e.engine(), xb.data(), yb.data(), static_cast<uint32_t>(count), &r),
+              "eval_step");
+      loss_sum += r.loss * static_cast<double>(r.samples);
+      correct += r.correct;
+      seen += r.samples;
+    }
+    EvalResult out;
+    out.samples = seen;
+    out.loss = seen ? loss_sum / static_cast<double>(seen) : std::nan("");
+    out.accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : std::nan("");
+    return out;
+  }
+
+  Checkpoint decode_and_check(std::string_view bytes, const std::string& name) const {
+    Checkpoint ck = decode_checkpoint(bytes, name);
+    if (ck.fingerprint != fingerprint() || ck.spec != spec_text_)
+      throw Error("checkpoint " + name + " was written for a different model (" +
+                      spec_difference(ck.spec, spec_text_) + "); use another checkpoint_dir or the original model",
+                  SF_ERR_INVALID);
+    return ck;
+  }
+
+  // Reads <dir>/latest on rank 0, broadcasts the bytes, and every rank checks and loads them.
+  std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
+    std::string bytes, name;
+    std::string found = "0";
+    detail::on_rank0(comm_, [&] {
+      if (auto p = latest_checkpoint(dir)) {
+        name = p->string();
+        bytes = read_file(*p);
+        found = "1";
+      }
+    });
+    detail::broadcast_string(comm_, found);
+    if (found != "1") return std::nullopt;
+    detail::broadcast_string(comm_, name);
+    detail::broadcast_string(comm_, bytes);
+    std::string err;
+    std::optional<Checkpoint> ck;
+    try {
+      ck = decode_and_check(bytes, name);
+    } catch (const std::exception& ex) {
+      err = ex.what();
+    }
+    if (!err.empty()) throw Error(err, SF_ERR_INVALID);  // identical bytes: every rank fails alike
+    load_state(ck->state);
+    ck_path_ = name;
+    return ck;
+  }
+
+  // A cheap fingerprint of a data set: every label, a strided sample of the pixels, the sizes.
+  static uint64_t data_hash(std::span<const float> x, std::span<const int32_t> y) {
+    uint64_t h = fnv1a64(std::string_view(reinterpret_cast<const char*>(y.data()), y.size_bytes()));
+    const size_t stride = std::max<size_t>(1, x.size() / 65536);
+    for (size_t i = 0; i < x.size(); i += stride) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &x[i], sizeof bits);
+      h = (h ^ bits) * 0x100000001b3ULL;
+    }
+    return h ^ (uint64_t{x.size()} * 0x9E3779B97F4A7C15ULL);
+  }
+  // Collective: whether every rank passed the same value.
+  bool same_on_all_ranks(uint64_t value) const {
+    if (comm_.size() <= 1) return true;
+    int64_t v[2] = {static_cast<int64_t>(value >> 2), 0};  // 62 bits: negation cannot overflow
+    v[1] = -v[0];
+    comm_.allreduce(v, 2, SF_REDUCE_MAX);
+    return v[0] == -v[1];
+  }
+
+  // Data::sharded with identical arrays on every rank usually means the caller forgot shard():
+  // each epoch would then visit every sample W times. Warn (rank 0) when the label arrays match.
+  void warn_if_replicated_by_mistake(std::span<const float> x, std::span<const int32_t> y, const FitOptions& o) const {
+    if (o.data != Data::sharded || comm_.size() <= 1) return;
+    if (same_on_all_ranks(data_hash(x, y)) && comm_.rank() == 0 && o.verbose > 0)
+      std::fprintf(stderr,
+                   "keras: warning: every rank passed the same %zu samples with Data::sharded, so each epoch "
+                   "trains on them %u times; shard() them, or pass FitOptions{.data = Data::replicated}\n",
+                   y.size(), comm_.size());
+  }
+
+  std::vector<uint32_t> input_shape_;
+  std::vector<Layer> layers_;
+  bool compiled_ = false;
+  std::unique_ptr<detail::CompiledSpec> spec_;
+  std::unique_ptr<detail::EngineHandle> engine_;
+  Communicator comm_;
+  uint64_t seed_ = 0;
+  std::vector<std::string> accuracy_names_;
+  std::string spec_text_;
+  std::string ck_path_;
+};
+
+}  // namespace skyforge::keras

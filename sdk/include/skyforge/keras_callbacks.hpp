@@ -1,0 +1,469 @@
+// skyforge Keras-like API: the pieces fit() uses around the training loop, usable on their own.
+//
+//   format_progress(...)   one Keras-style progress line (pure function)
+//   ProgressBar            prints it: in place with \r on a TTY, else a line every N% of an epoch
+//   History, history_csv   per-epoch metrics; the CSVLogger file format (epoch,accuracy,loss,...)
+//   Checkpoint             header + backend state bytes; encode/decode, atomic file writes
+//
+// No backend, no communicator: everything here is local and deterministic. keras.hpp drives it.
+#pragma once
+
+#include <skyforge/tfevents.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace skyforge::keras {
+
+// Metric name -> value for one epoch ("loss", "accuracy", "val_loss", ...).
+using Logs = std::map<std::string, double>;
+
+// Shortest text that reads back as the same double (like Python's repr): 0.1 -> "0.1".
+inline std::string format_double(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// ---- progress bar ---------------------------------------------------------------------------
+// Keras' metric formatting: " %.4f" when |v| > 1e-3, else " %.4e".
+inline std::string format_metric_value(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, std::fabs(v) > 1e-3 ? "%.4f" : "%.4e", v);
+  return buf;
+}
+
+// Keras' ETA: "1:02:03" above an hour, "2:03" above a minute, else "7s".
+inline std::string format_eta(double seconds) {
+  const auto s = static_cast<int64_t>(seconds < 0 ? 0 : seconds);
+  char buf[48];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                  static_cast<long long>((s % 3600) / 60), static_cast<long long>(s % 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  return buf;
+}
+
+// Keras' per-step time: "2s/step", "35ms/step", "120us/step".
+inline std::string format_time_per_step(double seconds) {
+  char buf[48];
+  if (seconds >= 1 || seconds <= 0)
+    std::snprintf(buf, sizeof buf, "%.0fs/step", seconds);
+  else if (seconds >= 1e-3)
+    std::snprintf(buf, sizeof buf, "%.0fms/step", seconds * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0fus/step", seconds * 1e6);
+  return buf;
+}
+
+struct ProgressState {
+  uint64_t current = 0;   // steps done
+  uint64_t target = 0;    // steps in the epoch
+  double elapsed_s = 0;   // since the epoch started
+  bool finished = false;  // the epoch's last line: total time instead of an ETA
+  std::vector<std::pair<std::string, double>> metrics;  // in display order
+  double samples_per_s = -1;                            // < 0: not shown
+};
+
+// One line, Keras style:
+//   " 12/469 [>.............................] - ETA: 41s - loss: 1.2034 - accuracy: 0.5712 - 12345 samples/s"
+//   "469/469 [==============================] - 3s 6ms/step - loss: 0.5123 - accuracy: 0.8234 - 12345 samples/s"
+inline std::string format_progress(const ProgressState& p, int width = 30) {
+  std::string line;
+  const uint64_t target = p.target;
+  const std::string t = std::to_string(target);
+  std::string c = std::to_string(p.current);
+  if (c.size() < t.size()) c.insert(0, t.size() - c.size(), ' ');
+  line += c + "/" + t + " [";
+  const double frac = target ? std::min(1.0, static_cast<double>(p.current) / static_cast<double>(target)) : 1.0;
+  const int filled = static_cast<int>(width * frac);
+  if (filled > 0) {
+    line.append(static_cast<size_t>(filled - 1), '=');
+    line += (p.current < target) ? '>' : '=';
+  }
+  line.append(static_cast<size_t>(width - filled), '.');
+  line += "]";
+  const double per_step = p.current ? p.elapsed_s / static_cast<double>(p.current) : 0.0;
+  if (p.finished) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " - %.0fs ", p.elapsed_s);
+    line += buf + format_time_per_step(per_step);
+  } else {
+    line += " - ETA: " + format_eta(per_step * static_cast<double>(target - std::min(target, p.current)));
+  }
+  for (const auto& [name, value] : p.metrics) line += " - " + name + ": " + format_metric_value(value);
+  if (p.samples_per_s >= 0) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " - %.0f samples/s", p.samples_per_s);
+    line += buf;
+  }
+  return line;
+}
+
+// Prints an epoch's progress to `out`:
+//  - tty: one line rewritten in place with \r, at most every `min_interval_s`;
+//  - not a tty (skyforge streams worker stdout line by line): a full line each time another
+//    `line_percent` % of the epoch is done, so an epoch prints at most 100 / line_percent lines;
+//  - finish(): the final line (with validation metrics), then a newline.
+class ProgressBar {
+ public:
+  ProgressBar(uint64_t target, std::FILE* out, bool tty, int line_percent = 10, double min_interval_s = 0.1)
+      : target_(target), out_(out), tty_(tty), line_percent_(std::clamp(line_percent, 1, 100)),
+        min_interval_s_(min_interval_s) {}
+
+  // Returns true when it printed.
+  bool update(const ProgressState& s) {
+    if (!out_ || s.current >= target_) return false;  // the last step is finish()'s
+    if (tty_) {
+      if (printed_ && s.elapsed_s - last_print_s_ < min_interval_s_) return false;
+      write_tty(format_progress(s));
+    } else {
+      // Line k is due once current/target reaches k * line_percent %.
+      const uint64_t pct = target_ ? (s.current * 100) / target_ : 100;
+      const uint64_t bucket = pct / static_cast<uint64_t>(line_percent_);
+      if (bucket <= last_bucket_) return false;
+      last_bucket_ = bucket;
+      std::fprintf(out_, "%s\n", format_progress(s).c_str());
+      std::fflush(out_);
+    }
+    printed_ = true;
+    last_print_s_ = s.elapsed_s;
+    return true;
+  }
+  void finish(ProgressState s) {
+    if (!out_) return;
+    s.finished = true;
+    const std::string line = format_progress(s);
+    if (tty_) {
+      write_tty(line);
+      std::fputc('\n', out_);
+    } else {
+      std::fprintf(out_, "%s\n", line.c_str());
+    }
+    std::fflush(out_);
+  }
+
+ private:
+  void write_tty(const std::string& line) {
+    std::string s = "\r" + line;
+    if (line.size() < last_len_) s.append(last_len_ - line.size(), ' ');  // clear a longer previous line
+    last_len_ = line.size();
+    std::fwrite(s.data(), 1, s.size(), out_);
+    std::fflush(out_);
+  }
+  uint64_t target_;
+  std::FILE* out_;
+  bool tty_;
+  int line_percent_;
+  double min_interval_s_;
+  bool printed_ = false;
+  double last_print_s_ = 0;
+  uint64_t last_bucket_ = 0;
+  size_t last_len_ = 0;
+};
+
+// ---- history and the CSV log -----------------------------------------------------------------
+// What fit() returns: Keras' History.history, plus the epoch indices (0-based, as Keras').
+struct History {
+  std::vector<uint32_t> epoch;
+  std::map<std::string, std::vector<double>> history;  // "loss", "accuracy", "val_loss", ...
+
+  void append(uint32_t e, const Logs& logs) {
+    const size_t row = epoch.size();
+    epoch.push_back(e);
+    for (const auto& [k, v] : logs) {
+      auto& col = history[k];
+      col.resize(row, std::nan(""));  // a metric first seen now: earlier epochs have none
+      col.push_back(v);
+    }
+    for (auto& [k, col] : history) col.resize(row + 1, std::nan(""));
+  }
+  const std::vector<double>& operator[](const std::string& key) const {
+    auto it = history.find(key);
+    if (it == history.end()) throw std::out_of_range("History: no metric '" + key + "'");
+    return it->second;
+  }
+  bool has(const std::string& key) const { return history.count(key) != 0; }
+  size_t size() const { return epoch.size(); }
+  Logs row(size_t i) const {
+    Logs l;
+    for (const auto& [k, col] : history) l[k] = col.at(i);
+    return l;
+  }
+};
+
+// Keras' CSVLogger format: header "epoch" + the metric names sorted, one row per epoch, the
+// epoch 0-based, values in shortest round-trip form.
+inline std::string history_csv(const History& h, char sep = ',') {
+  std::string out = "epoch";
+  for (const auto& [k, col] : h.history) out += sep + k;
+  out += "\n";
+  for (size_t i = 0; i < h.epoch.size(); ++i) {
+    out += std::to_string(h.epoch[i]);
+    for (const auto& [k, col] : h.history) out += sep + format_double(col[i]);
+    out += "\n";
+  }
+  return out;
+}
+
+// Reads history_csv() back. Throws std::runtime_error on a malformed text.
+inline History parse_history_csv(std::string_view text, char sep = ',') {
+  auto split = [sep](std::string_view line) {
+    std::vector<std::string_view> f;
+    size_t start = 0;
+    for (;;) {
+      const size_t p = line.find(sep, start);
+      f.push_back(line.substr(start, p == std::string_view::npos ? std::string_view::npos : p - start));
+      if (p == std::string_view::npos) break;
+      start = p + 1;
+    }
+    return f;
+  };
+  std::vector<std::string_view> lines;
+  for (size_t start = 0; start < text.size();) {
+    size_t p = text.find('\n', start);
+    if (p == std::string_view::npos) p = text.size();
+    if (p > start) lines.push_back(text.substr(start, p - start));
+    start = p + 1;
+  }
+  History h;
+  if (lines.empty()) return h;
+  const auto header = split(lines[0]);
+  if (header.empty() || header[0] != "epoch") throw std::runtime_error("history csv: header must start with 'epoch'");
+  for (size_t r = 1; r < lines.size(); ++r) {
+    const auto f = split(lines[r]);
+    if (f.size() != header.size())
+      throw std::runtime_error("history csv: row " + std::to_string(r) + " has " + std::to_string(f.size()) +
+                               " fields, header has " + std::to_string(header.size()));
+    uint32_t e = 0;
+    if (std::from_chars(f[0].data(), f[0].data() + f[0].size(), e).ec != std::errc())
+      throw std::runtime_error("history csv: bad epoch '" + std::string(f[0]) + "'");
+    Logs logs;
+    for (size_t i = 1; i < f.size(); ++i) {
+      double v = 0;
+      const std::string s(f[i]);
+      if (s == "nan") v = std::nan("");
+      else if (std::from_chars(s.data(), s.data() + s.size(), v).ec != std::errc())
+        throw std::runtime_error("history csv: bad value '" + s + "'");
+      logs[std::string(header[i])] = v;
+    }
+    h.append(e, logs);
+  }
+  return h;
+}
+
+// ---- files ---------------------------------------------------------------------------------
+// Writes `bytes` to `path` atomically: a temporary file beside it, fsync, rename over. Readers
+// see the old file or the new one, never a torn one.
+inline void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  if (ec) throw std::runtime_error("cannot create directory " + path.parent_path().string() + ": " + ec.message());
+  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + tmp.string() + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = errno;
+      ::close(fd);
+      std::filesystem::remove(tmp, ec);
+      throw std::runtime_error("cannot write " + tmp.string() + ": " + std::strerror(err));
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    std::filesystem::remove(tmp, ec);
+    throw std::runtime_error("cannot sync " + tmp.string() + ": " + std::strerror(err));
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignore;
+    std::filesystem::remove(tmp, ignore);
+    throw std::runtime_error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  }
+}
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw std::runtime_error("cannot open " + path.string() + ": " + std::strerror(errno));
+  std::string out;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad) throw std::runtime_error("cannot read " + path.string());
+  return out;
+}
+
+// ---- checkpoints -----------------------------------------------------------------------------
+// <dir>/ckpt-<epoch>.bin, little-endian:
+//   "SKYFCKPT"            8 bytes magic
+//   u32 format            1
+//   u32 epoch             epochs completed (training resumes at this 0-based epoch)
+//   u64 step              train steps completed
+//   u64 fingerprint       FNV-1a 64 of the model spec text (architecture, optimizer kind, loss)
+//   u32 n + bytes         the spec text itself (for the mismatch message)
+//   u32 n + bytes         history_csv() so far
+//   u64 n + bytes         the backend's state_dict()
+//   u32 crc32c            of everything above
+// <dir>/latest holds the file name of the newest checkpoint ("ckpt-3.bin\n").
+struct Checkpoint {
+  uint32_t epoch = 0;
+  uint64_t step = 0;
+  uint64_t fingerprint = 0;
+  std::string spec;
+  std::string history;  // history_csv()
+  std::string state;    // backend bytes
+};
+
+inline constexpr char kCheckpointMagic[8] = {'S', 'K', 'Y', 'F', 'C', 'K', 'P', 'T'};
+inline constexpr uint32_t kCheckpointFormat = 1;
+
+// FNV-1a, 64-bit.
+inline uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+inline std::string encode_checkpoint(const Checkpoint& c) {
+  std::string out(kCheckpointMagic, sizeof kCheckpointMagic);
+  using tfevents::detail::put_le;
+  put_le(out, kCheckpointFormat, 4);
+  put_le(out, c.epoch, 4);
+  put_le(out, c.step, 8);
+  put_le(out, c.fingerprint, 8);
+  put_le(out, c.spec.size(), 4);
+  out += c.spec;
+  put_le(out, c.history.size(), 4);
+  out += c.history;
+  put_le(out, c.state.size(), 8);
+  out += c.state;
+  put_le(out, tfevents::crc32c(out.data(), out.size()), 4);
+  return out;
+}
+
+// `name` is used in error messages only.
+inline Checkpoint decode_checkpoint(std::string_view b, const std::string& name) {
+  auto fail = [&](const std::string& why) { return std::runtime_error("checkpoint " + name + ": " + why); };
+  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+  if (b.size() < sizeof kCheckpointMagic + 4 || std::memcmp(b.data(), kCheckpointMagic, sizeof kCheckpointMagic) != 0)
+    throw fail("not a skyforge checkpoint (bad magic)");
+  if (b.size() < 4 + 8 + 4 + 4 + 8 + 8 + 4 + 4 + 8) throw fail("truncated");
+  const size_t body = b.size() - 4;
+  if (tfevents::detail::get_le(p + body, 4) != tfevents::crc32c(b.data(), body))
+    throw fail("checksum mismatch (truncated or corrupt file)");
+  size_t at = sizeof kCheckpointMagic;
+  auto take = [&](int n) -> uint64_t {
+    if (at + static_cast<size_t>(n) > body) throw fail("truncated");
+    const uint64_t v = tfevents::detail::get_le(p + at, n);
+    at += static_cast<size_t>(n);
+    return v;
+  };
+  auto take_bytes = [&](uint64_t n) -> std::string {
+    if (n > body - at) throw fail("truncated");
+    std::string s(b.substr(at, static_cast<size_t>(n)));
+    at += static_cast<size_t>(n);
+    return s;
+  };
+  const auto format = static_cast<uint32_t>(take(4));
+  if (format != kCheckpointFormat)
+    throw fail("format " + std::to_string(format) + " is not supported (this build reads format " +
+               std::to_string(kCheckpointFormat) + ")");
+  Checkpoint c;
+  c.epoch = static_cast<uint32_t>(take(4));
+  c.step = take(8);
+  c.fingerprint = take(8);
+  c.spec = take_bytes(take(4));
+  c.history = take_bytes(take(4));
+  c.state = take_bytes(take(8));
+  if (at != body) throw fail("unexpected bytes after the state");
+  return c;
+}
+
+inline std::filesystem::path checkpoint_path(const std::filesystem::path& dir, uint32_t epoch) {
+  return dir / ("ckpt-" + std::to_string(epoch) + ".bin");
+}
+
+// Writes ckpt-<epoch>.bin, then points `latest` at it (both atomically). With max_to_keep > 0
+// the checkpoint max_to_keep epochs older is removed.
+inline std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const Checkpoint& c,
+                                              uint32_t max_to_keep = 0) {
+  const auto path = checkpoint_path(dir, c.epoch);
+  write_file_atomic(path, encode_checkpoint(c));
+  write_file_atomic(dir / "latest", path.filename().string() + "\n");
+  if (max_to_keep > 0 && c.epoch > max_to_keep) {
+    std::error_code ec;
+    std::filesystem::remove(checkpoint_path(dir, c.epoch - max_to_keep), ec);
+  }
+  return path;
+}
+
+// The path `latest` names, or nullopt when the directory holds no checkpoint yet.
+inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const auto latest = dir / "latest";
+  if (!std::filesystem::exists(latest, ec)) return std::nullopt;
+  std::string name = read_file(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw std::runtime_error("checkpoint: " + latest.string() + " does not name a checkpoint file");
+  const auto path = dir / name;
+  if (!std::filesystem::exists(path, ec))
+    throw std::runtime_error("checkpoint: " + latest.string() + " names " + path.string() + ", which is missing");
+  return path;
+}
+
+// The first difference between two spec texts ("a;b;c" lists), for a mismatch message.
+inline std::string spec_difference(std::string_view have, std::string_view want) {
+  auto items = [](std::string_view s) {
+    std::vector<std::string_view> v;
+    size_t start = 0;
+    while (start <= s.size()) {
+      size_t p = s.find(';', start);
+      if (p == std::string_view::npos) p = s.size();
+      v.push_back(s.substr(start, p - start));
+      start = p + 1;
+    }
+    return v;
+  };
+  const auto a = items(have), b = items(want);
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string_view x = i < a.size() ? a[i] : "<none>", y = i < b.size() ? b[i] : "<none>";
+    if (x != y) return "checkpoint has '" + std::string(x) + "', this model has '" + std::string(y) + "'";
+  }
+  return "specs are equal";
+}
+
+}  // namespace skyforge::keras
