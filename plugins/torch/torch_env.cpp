@@ -51,7 +51,7 @@ uint16_t parse_master_port(int64_t value) {
 EnvList environment(const Ranks& r, const Rendezvous& rdzv, std::string_view backend) {
   auto s = [](uint64_t v) { return std::to_string(v); };
   const std::string port = s(rdzv.master_port);
-  return {
+  EnvList env = {
       // What torch.distributed's env:// init reads.
       {"MASTER_ADDR", rdzv.master_addr},
       {"MASTER_PORT", port},
@@ -68,6 +68,9 @@ EnvList environment(const Ranks& r, const Rendezvous& rdzv, std::string_view bac
       {"TORCHELASTIC_RUN_ID", rdzv.run_id},
       {"TORCHELASTIC_RESTART_COUNT", "0"},
       {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      // torchrun says "True" to workers whose store its agent hosts; without an agent, rank 0
+      // must create the store itself, which is what "False" tells torch's env:// init.
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       // Read by Lightning and by many launch scripts.
       {"NODE_RANK", s(r.group_rank)},
       // torchrun's own arguments (--nnodes ... ), so a bare `torchrun train.py` on every node
@@ -77,8 +80,33 @@ EnvList environment(const Ranks& r, const Rendezvous& rdzv, std::string_view bac
       {"PET_NPROC_PER_NODE", s(r.nproc_per_node)},
       {"PET_MASTER_ADDR", rdzv.master_addr},
       {"PET_MASTER_PORT", port},
+      {"PET_RDZV_BACKEND", "static"},
+      {"PET_RDZV_ENDPOINT", rdzv.master_addr + ":" + port},
+      {"PET_RDZV_ID", rdzv.run_id},
+      {"PET_MAX_RESTARTS", "0"},
       {"SKYFORGE_TORCH_BACKEND", std::string(backend)},
   };
+  if (r.nproc_per_node > 1) {
+    std::string add;
+    for (const auto& v : fanout_rank_variables()) add += (add.empty() ? "" : " ") + v;
+    env.emplace_back("SKYFORGE_FANOUT_NPROC", s(r.nproc_per_node));
+    env.emplace_back("SKYFORGE_FANOUT_ADD", add);
+  }
+  return env;
+}
+
+EnvList default_environment(const Ranks& r) {
+  EnvList env = {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}};
+  if (r.nproc_per_node > 1) env.emplace_back("OMP_NUM_THREADS", "1");
+  return env;
+}
+
+uint32_t resolve_nproc(int64_t option, uint32_t local_devices) {
+  if (option < 0 || option > 65536)
+    throw std::invalid_argument("nproc_per_node: expected 0 (one per local device) or a count, got " +
+                                std::to_string(option));
+  if (option > 0) return uint32_t(option);
+  return local_devices > 0 ? local_devices : 1;
 }
 
 }  // namespace skyforge::torch

@@ -16,8 +16,9 @@
 
 namespace skyforge::torch {
 
-// Where one torch process sits. Today (issue 2) nproc_per_node is always 1 and local_proc 0;
-// several processes per node only change these two fields.
+// Where one torch process sits. With nproc_per_node > 1 the plugin computes the environment of
+// process 0 (local_proc 0) and the fan-out launcher (plugins/common/fanout.hpp) adds the
+// process index to RANK, LOCAL_RANK and ROLE_RANK, so the ranks are node * nproc + i.
 struct Placement {
   uint32_t node = 0;           // this skyforge node, 0 = head
   uint32_t nodes = 1;          // nodes in the pool
@@ -52,8 +53,24 @@ struct Rendezvous {
 
 using EnvList = std::vector<std::pair<std::string, std::string>>;
 
-// Every variable the plugin sets, in a stable order.
+// Every variable the plugin sets, in a stable order: torch's env:// init, what torchrun gives
+// each worker, torchrun's own PET_* arguments (static rendezvous on MASTER_ADDR:MASTER_PORT),
+// and with nproc_per_node > 1 the fan-out launcher's SKYFORGE_FANOUT_NPROC / _ADD.
 EnvList environment(const Ranks& r, const Rendezvous& rdzv, std::string_view backend);
+
+// Variables torchrun sets only when the environment does not have them already
+// (TORCH_NCCL_ASYNC_ERROR_HANDLING=1; OMP_NUM_THREADS=1 with several processes per node).
+EnvList default_environment(const Ranks& r);
+
+// The variables the fan-out launcher adds the process index to.
+inline const std::vector<std::string>& fanout_rank_variables() {
+  static const std::vector<std::string> v = {"RANK", "LOCAL_RANK", "ROLE_RANK"};
+  return v;
+}
+
+// nproc_per_node option: > 0 as is; 0 means one process per local device (`local_devices`,
+// at least 1). Negative values throw std::invalid_argument.
+uint32_t resolve_nproc(int64_t option, uint32_t local_devices);
 
 // Validates a `master_port` option value: 0 (automatic) or 1..65535.
 uint16_t parse_master_port(int64_t value);

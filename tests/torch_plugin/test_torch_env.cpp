@@ -102,13 +102,66 @@ TEST(TorchEnvironment, HasEverythingEnvInitTorchrunAndABareTorchrunRead) {
       {"NODE_RANK", "1"},            {"GROUP_RANK", "1"},            {"GROUP_WORLD_SIZE", "2"},
       {"ROLE_NAME", "default"},      {"ROLE_RANK", "1"},             {"ROLE_WORLD_SIZE", "2"},
       {"TORCHELASTIC_RUN_ID", "pool-abc"}, {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"},  {"PET_NNODES", "2"},     {"PET_NODE_RANK", "1"},
+      {"TORCHELASTIC_MAX_RESTARTS", "0"},  {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"PET_NNODES", "2"},           {"PET_NODE_RANK", "1"},
       {"PET_NPROC_PER_NODE", "1"},   {"PET_MASTER_ADDR", "10.0.0.5"}, {"PET_MASTER_PORT", "41234"},
+      {"PET_RDZV_BACKEND", "static"}, {"PET_RDZV_ENDPOINT", "10.0.0.5:41234"}, {"PET_RDZV_ID", "pool-abc"},
+      {"PET_MAX_RESTARTS", "0"},
       {"SKYFORGE_TORCH_BACKEND", "gloo"},
   };
   EXPECT_EQ(env, expected);
-  // The agent store is torchrun's; without an agent, rank 0 must create the store itself.
-  EXPECT_EQ(env.count("TORCHELASTIC_USE_AGENT_STORE"), 0u);
+  // "True" would make rank 0 a client of an agent store that does not exist (no torchrun agent).
+  EXPECT_NE(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
+  EXPECT_EQ(as_map(default_environment(r)),
+            (std::map<std::string, std::string>{{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}));
+}
+
+// The exact variables of process 0 of each node for several (node, nodes, nproc) shapes; the
+// fan-out launcher adds the process index i to RANK, LOCAL_RANK and ROLE_RANK.
+TEST(TorchEnvironment, ExactVariablesForSeveralShapes) {
+  struct Case {
+    uint32_t node, nodes, slot, on_machine, nproc;
+    const char *rank, *world, *local, *local_world;
+  };
+  const Case cases[] = {
+      {0, 1, 0, 1, 1, "0", "1", "0", "1"},  {2, 3, 0, 1, 1, "2", "3", "0", "1"},
+      {1, 2, 0, 1, 8, "8", "16", "0", "8"}, {2, 3, 2, 3, 2, "4", "6", "4", "6"},
+      {0, 4, 0, 2, 4, "0", "16", "0", "8"}, {3, 4, 1, 2, 4, "12", "16", "4", "8"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE("node " + std::to_string(c.node) + "/" + std::to_string(c.nodes) + " nproc " + std::to_string(c.nproc));
+    Ranks r = compute_ranks({.node = c.node, .nodes = c.nodes, .machine_slot = c.slot, .machine_nodes = c.on_machine,
+                             .nproc_per_node = c.nproc});
+    auto env = as_map(environment(r, Rendezvous{"h", 1234, "p"}, "nccl"));
+    EXPECT_EQ(env["RANK"], c.rank);
+    EXPECT_EQ(env["ROLE_RANK"], c.rank);
+    EXPECT_EQ(env["WORLD_SIZE"], c.world);
+    EXPECT_EQ(env["ROLE_WORLD_SIZE"], c.world);
+    EXPECT_EQ(env["LOCAL_RANK"], c.local);
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], c.local_world);
+    EXPECT_EQ(env["NODE_RANK"], std::to_string(c.node));
+    EXPECT_EQ(env["GROUP_RANK"], std::to_string(c.node));
+    EXPECT_EQ(env["GROUP_WORLD_SIZE"], std::to_string(c.nodes));
+    EXPECT_EQ(env["PET_NNODES"], std::to_string(c.nodes));
+    EXPECT_EQ(env["PET_NODE_RANK"], std::to_string(c.node));
+    EXPECT_EQ(env["PET_NPROC_PER_NODE"], std::to_string(c.nproc));
+    if (c.nproc > 1) {
+      EXPECT_EQ(env["SKYFORGE_FANOUT_NPROC"], std::to_string(c.nproc));
+      EXPECT_EQ(env["SKYFORGE_FANOUT_ADD"], "RANK LOCAL_RANK ROLE_RANK");
+      EXPECT_EQ(as_map(default_environment(r))["OMP_NUM_THREADS"], "1");
+    } else {
+      EXPECT_EQ(env.count("SKYFORGE_FANOUT_NPROC"), 0u);
+      EXPECT_EQ(as_map(default_environment(r)).count("OMP_NUM_THREADS"), 0u);
+    }
+  }
+}
+
+TEST(TorchNproc, ZeroMeansOnePerLocalDevice) {
+  EXPECT_EQ(resolve_nproc(1, 8), 1u);
+  EXPECT_EQ(resolve_nproc(4, 0), 4u);
+  EXPECT_EQ(resolve_nproc(0, 8), 8u);
+  EXPECT_EQ(resolve_nproc(0, 0), 1u);
+  EXPECT_THROW(resolve_nproc(-1, 0), std::invalid_argument);
 }
 
 }  // namespace

@@ -91,8 +91,9 @@ struct Node {
 
 // Creates a plugin instance with `options`, runs around_app_enter for `n`; returns the status
 // and fills `env` (or `error`).
+// With `cmd`, also runs the launcher hook on it (after around_app_enter, as the worker does).
 sf_status enter(Store& store, const std::vector<std::pair<std::string, std::string>>& options, const Node& n, Env& env,
-                std::string& error) {
+                std::string& error, std::vector<std::string>* cmd = nullptr) {
   const sf_plugin_descriptor* d = torch_plugin();
   if (!d) return SF_ERR;
   sf_host_services host = services_for(store);
@@ -129,6 +130,20 @@ sf_status enter(Store& store, const std::vector<std::pair<std::string, std::stri
   auto* hooks = static_cast<const sf_framework_hooks*>(d->hooks);
   st = hooks->around_app_enter(self, &info, &e);
   if (st != SF_OK) error = d->last_error(self);
+  if (st == SF_OK && cmd) {
+    std::vector<const char*> in;
+    for (auto& a : *cmd) in.push_back(a.c_str());
+    sf_argv cin{in.size(), in.data()};
+    std::vector<std::string> out;
+    sf_sink sink{&out, [](void* ctx, const char* data, size_t size) {
+                   static_cast<std::vector<std::string>*>(ctx)->emplace_back(data, size);
+                 }};
+    if (hooks->launcher) {
+      st = hooks->launcher(self, &info, &cin, sink);
+      if (st == SF_OK) *cmd = out;
+      else error = d->last_error(self);
+    }
+  }
   d->destroy(self);
   return st;
 }
@@ -243,6 +258,72 @@ TEST(TorchPlugin, ANodeWhoseHeadNeverPublishesTimesOutNamingTheKey) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_NE(err.find("torch/pool-1/master_port"), std::string::npos) << err;
   EXPECT_TRUE(env.empty()) << "nothing is set when the hook fails";
+}
+
+TEST(TorchPlugin, SeveralProcessesPerNodeWrapAPlainCommandInTheFanoutLauncher) {
+  Store store;
+  Env env;
+  std::string err;
+  std::vector<std::string> cmd = {"python", "train.py"};
+  ASSERT_EQ(enter(store, {{"master_port", "29512"}, {"nproc_per_node", "4"}}, Node{.node = 1, .nodes = 2}, env, err, &cmd),
+            SF_OK)
+      << err;
+  EXPECT_EQ(env["WORLD_SIZE"], "8");
+  EXPECT_EQ(env["RANK"], "4");
+  EXPECT_EQ(env["LOCAL_RANK"], "0");
+  EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "4");
+  EXPECT_EQ(env["PET_NPROC_PER_NODE"], "4");
+  EXPECT_EQ(env["SKYFORGE_FANOUT_NPROC"], "4");
+  EXPECT_EQ(env["SKYFORGE_FANOUT_ADD"], "RANK LOCAL_RANK ROLE_RANK");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+  ASSERT_GE(cmd.size(), 6u);
+  EXPECT_EQ(cmd[0], "sh");
+  EXPECT_EQ(cmd[3], "skyforge-fanout");
+  EXPECT_EQ(std::vector<std::string>(cmd.end() - 2, cmd.end()), (std::vector<std::string>{"python", "train.py"}));
+}
+
+TEST(TorchPlugin, TorchrunAndSingleProcessCommandsAreLeftAlone) {
+  Store store;
+  Env env;
+  std::string err;
+  std::vector<std::string> torchrun = {"torchrun", "train.py"};
+  ASSERT_EQ(enter(store, {{"master_port", "29513"}, {"nproc_per_node", "2"}}, Node{}, env, err, &torchrun), SF_OK)
+      << err;
+  EXPECT_EQ(torchrun, (std::vector<std::string>{"torchrun", "train.py"}));
+  Env env2;
+  std::vector<std::string> accelerate = {"accelerate", "launch", "train.py"};
+  ASSERT_EQ(enter(store, {{"master_port", "29513"}, {"nproc_per_node", "2"}}, Node{}, env2, err, &accelerate), SF_OK)
+      << err;
+  EXPECT_EQ(accelerate, (std::vector<std::string>{"accelerate", "launch", "train.py"}));
+  Env env1;
+  std::vector<std::string> plain = {"python", "train.py"};
+  ASSERT_EQ(enter(store, {{"master_port", "29513"}}, Node{}, env1, err, &plain), SF_OK) << err;
+  EXPECT_EQ(plain, (std::vector<std::string>{"python", "train.py"}));
+  EXPECT_EQ(env1.count("SKYFORGE_FANOUT_NPROC"), 0u);
+}
+
+TEST(TorchPlugin, ExistingSettingsWinOverTorchrunsDefaults) {
+  Store store;
+  Env env = {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}, {"OMP_NUM_THREADS", "8"}, {"SKYFORGE_FANOUT_ADD", "JAX_PROCESS_ID"}};
+  std::string err;
+  ASSERT_EQ(enter(store, {{"master_port", "29514"}, {"nproc_per_node", "2"}}, Node{}, env, err), SF_OK) << err;
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "8");
+  EXPECT_EQ(env["SKYFORGE_FANOUT_ADD"], "JAX_PROCESS_ID RANK LOCAL_RANK ROLE_RANK");
+}
+
+TEST(TorchPlugin, NprocZeroFollowsTheMigPluginsDeviceCount) {
+  Store store;
+  Env env = {{"SKYFORGE_LOCAL_DEVICES", "3"}};
+  std::string err;
+  ASSERT_EQ(enter(store, {{"master_port", "29515"}, {"nproc_per_node", "0"}}, Node{.node = 1, .nodes = 2}, env, err),
+            SF_OK)
+      << err;
+  EXPECT_EQ(env["WORLD_SIZE"], "6");
+  EXPECT_EQ(env["RANK"], "3");
+  EXPECT_EQ(enter(store, {{"nproc_per_node", "-1"}}, Node{}, env, err), SF_ERR_INVALID);
+  EXPECT_NE(err.find("nproc_per_node"), std::string::npos) << err;
 }
 
 }  // namespace
