@@ -220,6 +220,7 @@ struct FitOptions {
   std::optional<uint64_t> seed{};  // shuffle seed; default: compile's seed
   Data data = Data::sharded;
   bool drop_remainder = false;  // drop each epoch's last partial batch
+  uint64_t steps_per_epoch = 0;  // > 0: at most this many steps per epoch (Keras' steps_per_epoch)
   ValidationData validation_data{};
   uint32_t validation_batch_size = 0;  // 0: batch_size
   uint32_t initial_epoch = 0;          // first epoch to run (resume overrides it)
@@ -694,6 +695,7 @@ class Sequential {
       if (steps > 0 && n - (steps - 1) * B < W) --steps;  // a final global batch too small to split
       if (steps == 0) detail::collective_check(comm_, "fit: fewer samples than replicas; nothing to train on");
     }
+    if (o.steps_per_epoch > 0) steps = std::min(steps, o.steps_per_epoch);
     warn_if_replicated_by_mistake(x, y, o);
 
     History history;
@@ -843,6 +845,23 @@ class Sequential {
       if (cb.on_epoch_end) cb.on_epoch_end(epoch, logs);
     }
     return history;
+  }
+
+  // One optimisation step on this rank's part of a global batch (collective: every rank calls
+  // it, with its own samples; gradients are averaged over the global batch). Returns the global
+  // batch's loss and accuracy, as Keras' train_on_batch does.
+  Logs train_on_batch(std::span<const float> x, std::span<const int32_t> y) {
+    const detail::EngineHandle& e = require_engine();
+    detail::collective_check(comm_, check_xy(x, y, "train_on_batch"));
+    sf_step_result r{};
+    r.struct_size = sizeof r;
+    e.check(e.hooks().train_step(e.self(), e.engine(), x.data(), y.data(), static_cast<uint32_t>(y.size()), &r),
+            "train_step");
+    Logs logs;
+    logs["loss"] = r.loss;
+    for (const auto& name : accuracy_names_)
+      logs[name] = r.samples ? static_cast<double>(r.correct) / static_cast<double>(r.samples) : std::nan("");
+    return logs;
   }
 
   // Loss and accuracy over every rank's samples (eval_step is collective). batch_size is the
