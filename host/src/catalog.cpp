@@ -247,7 +247,9 @@ void validate_against(Manifest& m, const Catalog& c) {
   }
 
   if (!m.job.app.empty())
-    resolve(c, m.job.app, {"app"}, "[job] app", m.job.app_pos, "", out);
+    if (const PluginInfo* p = resolve(c, m.job.app, {"app"}, "[job] app", m.job.app_pos, "", out))
+      check_options(c, *p, "[job.options]", m.job.options_pos.line ? m.job.options_pos : m.job.app_pos,
+                    m.job.app_options, m.job.app_option_pos, m.job.app_option_types, out);
 
   std::map<std::string, SourcePos> seen;
   for (auto& use : m.plugins) {
@@ -270,6 +272,19 @@ void validate_against(Manifest& m, const Catalog& c) {
         if (m.plugins[j].name == before)
           out.add(m.plugins[i].pos, "[[plugins]] " + p->name + ": must come after '" + before + "' (listed at " +
                                         m.plugins[j].pos.str() + "); move it below");
+  }
+
+  if (m.train.present) {
+    bool named = false;
+    for (const auto& use : m.plugins) {
+      const PluginInfo* p = c.find(use.name);
+      named = named || (p && p->kind == "compute_backend");
+      for (const PluginInfo* ref : referenced_plugins(use, c)) named = named || ref->kind == "compute_backend";
+    }
+    const PluginInfo* cpu = c.find("cpu");
+    if (!named && !(cpu && cpu->kind == "compute_backend"))
+      out.add(m.train.pos, "[train]: needs a compute backend, and none is named and the default 'cpu' is not "
+                           "installed (add [[plugins]] name = \"keras\" with backend = \"<a compute_backend>\")");
   }
 
   for (const auto& f : m.image.files) {

@@ -570,7 +570,7 @@ const std::vector<std::string> kPoolKeys = {"provider", "nodes", "concurrency", 
 const std::vector<std::string> kImageKeys = {"apt", "pip", "env", "files"};
 const std::vector<std::string> kFileKeys = {"source", "target"};
 const std::vector<std::string> kJobKeys = {"app",    "command", "mode",   "tasks",   "inputs",
-                                           "batch",  "stdout",  "stderr", "timeout", "plugin_path"};
+                                           "batch",  "stdout",  "stderr", "timeout", "plugin_path", "options"};
 
 void read_pool(Reader& r, const Value& t, PoolSpecM& pool) {
   r.check_keys(t, kPoolKeys, "[pool]");
@@ -763,6 +763,21 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
     r.error(r.pos(t), "[job]: expected exactly one of 'app' (a native app plugin) or 'command' (an array: program and arguments)");
   }
 
+  if (const Value* opts = Reader::find(t, "options")) {
+    job.options_pos = r.pos(*opts);
+    if (!opts->is_table()) {
+      r.expected(*opts, "[job] options", "a table of the app's options ([job.options])");
+    } else if (!app) {
+      r.error(r.key_pos(*opts, "options"), "[job] options: only a native app ('app') takes options");
+    } else {
+      for (auto& o : read_options(r, *opts, "[job.options]", {})) {
+        job.app_options.emplace_back(o.name, std::move(o.value.text));
+        job.app_option_types.push_back(std::move(o.value.type));
+        job.app_option_pos.push_back(std::move(o.pos));
+      }
+    }
+  }
+
   const Value* mode = Reader::find(t, "mode");
   if (mode && has_train) {
     r.error(r.key_pos(*mode, "mode"), "[job] mode: not allowed with a [train] table (train runs once on every node)");
@@ -850,7 +865,9 @@ const std::vector<LayerKind>& layer_kinds() {
         {"use_bias", Want::Bool},
         {"activation", Want::Activation}},
        {"filters", "kernel_size"}},
-      {"batch_normalization", {{"momentum", Want::Rate}, {"epsilon", Want::PosFloat}}, {}},
+      {"batch_normalization",
+       {{"momentum", Want::Rate}, {"epsilon", Want::PosFloat}, {"center", Want::Bool}, {"scale", Want::Bool}},
+       {}},
       {"relu", {}, {}},
       {"softmax", {}, {}},
       {"dropout", {{"rate", Want::Rate}}, {"rate"}},
@@ -902,7 +919,7 @@ std::optional<std::string> want_text(Reader& r, const Value& v, Want w, const st
 }
 
 const std::vector<std::string> kTrainKeys = {"dataset", "data_dir", "layers", "optimizer", "learning_rate", "momentum",
-                                             "loss", "metrics", "epochs", "batch_size", "shuffle", "seed",
+                                             "loss", "metrics", "epochs", "batch_size", "steps_per_epoch", "shuffle", "seed",
                                              "history", "tensorboard", "checkpoint", "resume", "threads", "evaluate"};
 
 void read_train(Reader& r, const Value& t, const std::string& dir, TrainSpec& train) {
@@ -942,6 +959,8 @@ void read_train(Reader& r, const Value& t, const std::string& dir, TrainSpec& tr
     put("metrics", join(*m, ","));
   number("epochs", Want::PosInt, "1");
   number("batch_size", Want::PosInt, "32");
+  if (const Value* v = Reader::find(t, "steps_per_epoch"))
+    if (auto n = want_text(r, *v, Want::PosInt, "[train] steps_per_epoch")) put("steps_per_epoch", *n);
   if (auto n = r.integer(t, "seed", "[train]", 0, std::numeric_limits<int64_t>::max())) put("seed", std::to_string(*n));
   if (auto b = r.boolean(t, "shuffle", "[train]")) put("shuffle", *b ? "true" : "false");
   if (auto b = r.boolean(t, "resume", "[train]")) put("resume", *b ? "true" : "false");

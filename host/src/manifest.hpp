@@ -95,6 +95,11 @@ struct JobSpec {
   OutputPolicy stdout_policy = OutputPolicy::All, stderr_policy = OutputPolicy::All;
   double timeout_s = 0;  // 0 = none
   std::vector<std::string> plugin_path;  // absolute, normalised
+  // [job.options]: the app's options, checked against its plugin.toml (defaults added).
+  OptionList app_options;
+  std::vector<SourcePos> app_option_pos;
+  std::vector<std::string> app_option_types;
+  SourcePos options_pos;
 };
 
 // The [train] table (built-in `train` job, DESIGN.md §5): a Keras-like model, its data and its

@@ -408,6 +408,7 @@ void PoolRun::on_frame(uint32_t node, msg::Type t, std::string&& payload) {
       case msg::Type::Log: {
         auto l = net::deserialize<msg::Log>(payload);
         lock.unlock();
+        if (opt_.output_filter && opt_.output_filter(node, l.stream, l.text)) return;
         if (l.stream == 3) printer_.node_lines(node, 2, l.text);
         else if (policy_allows(l.stream == 1 ? m_.job.stdout_policy : m_.job.stderr_policy, node))
           printer_.node_lines(node, l.stream, l.text);
@@ -527,13 +528,24 @@ void PoolRun::send_jobs() {
       fws.push_back(std::move(spec));
     }
   }
+  // [train] with no plugin naming a backend runs on the `cpu` backend (validate_against checked
+  // that it is installed).
+  if (m_.train.present && !config.count("compute.backend"))
+    if (const PluginInfo* cpu = catalog_.find("cpu"); cpu && cpu->kind == "compute_backend") {
+      config["compute.backend"] = cpu->name;
+      if (std::none_of(fws.begin(), fws.end(), [&](const msg::PluginSpec& f) { return f.name == cpu->name; })) {
+        msg::PluginSpec spec{cpu->name, cpu->library, {}};
+        for (const auto& o : cpu->options)
+          if (o.default_value) spec.options.emplace_back(o.name, *o.default_value);
+        fws.push_back(std::move(spec));
+      }
+    }
   for (const auto& [key, value] : m_.train.config) config[key] = value;
   msg::PluginSpec app;
   if (app_) {
     app.name = app_->name;
     app.library = app_->path;
-    const PluginInfo* info = catalog_.find(m_.job.app);
-    (void)info;
+    app.options = m_.job.app_options;  // [job.options], defaults added by validate_against
   }
   for (size_t i = 0; i < nodes_.size(); ++i) {
     msg::Job j;

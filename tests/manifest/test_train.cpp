@@ -215,3 +215,60 @@ TEST(Train, AfterOrderIsEnforced) {
         << e.what();
   }
 }
+
+namespace {
+std::vector<std::string> validation_problems(Manifest& m, const Catalog& c) {
+  try {
+    validate_against(m, c);
+  } catch (const ManifestError& e) {
+    return e.problems();
+  }
+  return {};
+}
+}  // namespace
+
+// [job.options]: a native app's options, checked against its plugin.toml like a plugin's.
+TEST(JobOptions, CheckedAgainstTheAppsSchemaWithDefaults) {
+  PluginDir d;
+  d.add("local", kLocalToml);
+  d.add("fit", "name = \"fit\"\nkind = \"app\"\nlibrary = \"libfit.so\"\nabi = \"1.1\"\n"
+               "[options.epochs]\ntype = \"integer\"\ndefault = 5\n[options.out]\ntype = \"string\"\ndefault = \"\"\n");
+  Catalog c({d.root.string()});
+  Manifest ok = parse_manifest("[job]\napp = \"fit\"\n[job.options]\nepochs = 2\n", "job.toml");
+  ASSERT_TRUE(validation_problems(ok, c).empty());
+  const std::map<std::string, std::string> opts(ok.job.app_options.begin(), ok.job.app_options.end());
+  EXPECT_EQ(opts.at("epochs"), "2");
+  EXPECT_EQ(opts.at("out"), "");  // default added
+
+  Manifest unknown = parse_manifest("[job]\napp = \"fit\"\n[job.options]\nepoch = 2\n", "job.toml");
+  auto p = validation_problems(unknown, c);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("job.toml:4:9: [job.options]: unknown option 'epoch'"), std::string::npos) << p[0];
+  EXPECT_NE(p[0].find("epoch"), std::string::npos) << p[0];
+
+  Manifest wrong = parse_manifest("[job]\napp = \"fit\"\n[job.options]\nepochs = \"two\"\n", "job.toml");
+  p = validation_problems(wrong, c);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("job.toml:4:"), std::string::npos) << p[0];
+
+  auto cmd = problems_of("[job]\ncommand = [\"true\"]\n[job.options]\nepochs = 2\n");
+  ASSERT_EQ(cmd.size(), 1u);
+  EXPECT_NE(cmd[0].find("only a native app ('app') takes options"), std::string::npos) << cmd[0];
+}
+
+// [train] runs on the `cpu` backend unless a plugin names another; without either it is refused.
+TEST(Train, NeedsAComputeBackend) {
+  PluginDir d;
+  d.add("local", kLocalToml);
+  d.add("train", "name = \"train\"\nkind = \"app\"\nlibrary = \"libtrain.so\"\nabi = \"1.1\"\n");
+  Catalog none({d.root.string()});
+  Manifest m = parse_manifest(kMlp, "job.toml");
+  auto p = validation_problems(m, none);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("job.toml:4:1: [train]: needs a compute backend"), std::string::npos) << p[0];
+
+  d.add("cpu", "name = \"cpu\"\nkind = \"compute_backend\"\nlibrary = \"libcpu.so\"\nabi = \"1.1\"\n");
+  Catalog with_cpu({d.root.string()});
+  Manifest m2 = parse_manifest(kMlp, "job.toml");
+  EXPECT_TRUE(validation_problems(m2, with_cpu).empty());
+}
