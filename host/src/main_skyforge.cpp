@@ -1,9 +1,12 @@
-// skyforge — the command-line host: run, validate, plugins.
+// skyforge — the command-line host: run, validate, env, plugins.
 #include <boost/program_options.hpp>
 
 #include <signal.h>
 
+#include <cstdio>
 #include <iomanip>
+#include <map>
+#include <mutex>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -27,6 +30,7 @@ const char* kMainHelp =
     "commands:\n"
     "  run <job.toml>        provision the pool, run the job, stream output, tear the pool down\n"
     "  validate <job.toml>   check the manifest and its plugins without starting anything\n"
+    "  env <job.toml>        print the environment a node's command gets (debug a script by hand)\n"
     "  plugins               list installed plugins (kind, name, version, ABI, path)\n"
     "\n"
     "`skyforge <command> --help` describes a command's options. Plugins are searched in the\n"
@@ -128,6 +132,106 @@ int cmd_validate(int argc, char** argv) {
   return 0;
 }
 
+// "a\nb" -> "\"a\\nb\"" (JSON string).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+int cmd_env(int argc, char** argv) {
+  po::options_description desc(
+      "usage: skyforge env [options] <job.toml>\n\n"
+      "Starts the manifest's pool as `run` would — same provider, image and plugins, so ports and\n"
+      "ranks are the real ones — but runs `env` instead of the job on every node, prints the\n"
+      "environment node N's command gets (sorted NAME=value lines, or a JSON object with --json)\n"
+      "and tears the pool down. With several processes per node (torch nproc_per_node) it shows the\n"
+      "node's first process (SKYFORGE_LOCAL_PROC=0).\n\noptions");
+  std::string manifest;
+  uint32_t node = 0;
+  bool json = false;
+  RunOptions opt;
+  desc.add_options()("manifest", po::value(&manifest), "the job manifest")(
+      "node,n", po::value(&node)->default_value(0), "which node's environment to print")(
+      "json", po::bool_switch(&json), "print a JSON object instead of NAME=value lines")(
+      "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugin debug logs");
+  po::positional_options_description pos;
+  pos.add("manifest", 1);
+  auto p = parse("env", argc, argv, desc, &pos);
+  if (p.help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (manifest.empty()) {
+    std::cerr << "skyforge env: missing <job.toml>\n" << desc;
+    return kExitUsage;
+  }
+  Manifest m;
+  std::unique_ptr<Catalog> catalog;
+  if (!load_checked(manifest, m, catalog)) return kExitUsage;
+  if (node >= m.pool.nodes) {
+    std::cerr << "skyforge env: --node " << node << ": the pool has " << m.pool.nodes << " node"
+              << (m.pool.nodes == 1 ? "" : "s") << " (0.." << m.pool.nodes - 1 << ")\n";
+    return kExitUsage;
+  }
+  m.job.app.clear();
+  m.job.mode = "broadcast";
+  // NUL-separated (values may hold newlines). With nproc_per_node > 1 a launcher starts one
+  // copy per process: only the node's first process (SKYFORGE_LOCAL_PROC 0) prints.
+  m.job.command = {"sh", "-c", "[ \"${SKYFORGE_LOCAL_PROC:-0}\" != 0 ] || exec env -0"};
+  m.job.stdout_policy = OutputPolicy::All;
+  std::mutex mu;
+  std::string captured;
+  opt.output_filter = [&](uint32_t n, int stream, const std::string& text) {
+    if (stream != 1) return false;
+    if (n == node) {
+      std::lock_guard<std::mutex> lock(mu);
+      captured += text;
+    }
+    return true;
+  };
+  opt.quiet_results = true;
+  const int rc = run_job(m, *catalog, opt);
+  if (rc != kExitOk) return rc;
+  // NAME=value entries, NUL-terminated.
+  std::map<std::string, std::string> vars;
+  for (size_t b = 0; b < captured.size();) {
+    size_t e = captured.find('\0', b);
+    if (e == std::string::npos) e = captured.size();
+    const std::string entry = captured.substr(b, e - b);
+    if (const size_t eq = entry.find('='); eq != std::string::npos && eq > 0) vars[entry.substr(0, eq)] = entry.substr(eq + 1);
+    b = e + 1;
+  }
+  if (json) {
+    std::cout << "{";
+    bool first = true;
+    for (const auto& [k, v] : vars) {
+      std::cout << (first ? "\n  " : ",\n  ") << json_string(k) << ": " << json_string(v);
+      first = false;
+    }
+    std::cout << "\n}\n";
+  } else {
+    for (const auto& [k, v] : vars) std::cout << k << "=" << v << "\n";
+  }
+  return kExitOk;
+}
+
 int cmd_plugins(int argc, char** argv) {
   po::options_description desc(
       "usage: skyforge plugins [--plugin-path DIR]...\n\n"
@@ -174,6 +278,7 @@ int main(int argc, char** argv) {
     if (cmd == "run") return cmd_run(argc - 1, argv + 1);
     if (cmd == "validate") return cmd_validate(argc - 1, argv + 1);
     if (cmd == "plugins") return cmd_plugins(argc - 1, argv + 1);
+    if (cmd == "env") return cmd_env(argc - 1, argv + 1);
     std::cerr << "skyforge: unknown command '" << cmd << "'\n\n" << kMainHelp;
     return kExitUsage;
   } catch (const po::error& e) {

@@ -2,6 +2,7 @@
 // node, run the job, stream output, gather results and always tear the pool down.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ struct RunOptions {
   bool quiet_results = false;   // do not print per-task results (benchmarks)
   int pipeline = 2;              // map: batches in flight per slot
   bool timings = false;         // print phase timings and map batch round trips on stderr
+  // Sees each chunk of node output (stream 1 stdout, 2 stderr, 3 worker log) before the output
+  // policy; returning true consumes it (nothing is printed). `skyforge env` captures with it.
+  std::function<bool(uint32_t node, int stream, const std::string& text)> output_filter;
 };
 
 // Exit codes of `skyforge run`.

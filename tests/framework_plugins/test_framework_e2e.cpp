@@ -5,84 +5,17 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <set>
 
-#include "process.hpp"
+#include "fw_e2e.hpp"
 
 using namespace skyforge::test;
+using namespace skyforge::test::fw_e2e;
 
 namespace {
-
-using NodeEnv = std::map<std::string, std::string>;
-
-class FrameworkE2E : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/skyforge-fw-e2e-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    tmp_ = root_ / "tmp";
-    fs::create_directories(tmp_);
-  }
-  void TearDown() override {
-    auto left = wait_no_processes_under(root_, 10);
-    for (pid_t p : left) {
-      ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
-      ::kill(p, SIGKILL);
-    }
-    EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) {
-    fs::path p = root_ / name;
-    std::ofstream(p) << text;
-    return p;
-  }
-  std::unique_ptr<Child> start(const fs::path& manifest) {
-    return std::make_unique<Child>(std::vector<std::string>{SKYFORGE_BIN, "run", manifest.string()},
-                                   std::map<std::string, std::string>{{"TMPDIR", tmp_.string()}});
-  }
-  Output run(const fs::path& manifest, double timeout_s = 120) { return start(manifest)->wait(timeout_s); }
-
-  fs::path root_, tmp_;
-};
-
-// "[node N] KEY=VALUE" lines -> per-node maps (only lines that look like KEY=VALUE).
-std::map<int, NodeEnv> node_envs(const std::string& out) {
-  std::map<int, NodeEnv> envs;
-  std::regex line(R"(^\[node (\d+)\] ([A-Za-z_][A-Za-z0-9_]*)=(.*)$)");
-  std::istringstream in(out);
-  for (std::string l; std::getline(in, l);) {
-    std::smatch m;
-    if (std::regex_match(l, m, line)) envs[std::stoi(m[1])][m[2]] = m[3];
-  }
-  return envs;
-}
-
-// Lines of node n's output, prefix removed.
-std::vector<std::string> node_lines(const std::string& out, int n) {
-  std::vector<std::string> v;
-  const std::string prefix = "[node " + std::to_string(n) + "] ";
-  std::istringstream in(out);
-  for (std::string l; std::getline(in, l);)
-    if (l.rfind(prefix, 0) == 0) v.push_back(l.substr(prefix.size()));
-  return v;
-}
-
-std::string manifest(int nodes, const std::string& plugins, const std::string& command,
-                     const std::string& pool_extra = "") {
-  return "[pool]\nprovider = \"local\"\nnodes = " + std::to_string(nodes) + "\n" + pool_extra + "\n" + plugins +
-         "\n[job]\ncommand = " + command + "\n";
-}
-
-const std::string kEnvSort = R"(["sh", "-c", "env | sort"])";
-
-bool is_port(const std::string& s) {
-  return std::regex_match(s, std::regex(R"(\d{1,5})")) && std::stoi(s) > 0 && std::stoi(s) < 65536;
-}
 
 TEST_F(FrameworkE2E, TorchGivesEveryNodeItsRankAndOneSharedMaster) {
   Output o = run(write("torch.toml", manifest(3, "[[plugins]]\nname = \"torch\"\n", kEnvSort)));
@@ -169,32 +102,41 @@ TEST_F(FrameworkE2E, JaxGivesEveryProcessTheCoordinatorAndItsId) {
   }
 }
 
+// Real JAX (the venv .ci/setup-venv makes): scripts/jax_allsum.py calls a bare
+// jax.distributed.initialize(), asserts jax.process_count() == 2 and sums index + 1 across the
+// processes with a collective (process_allgather): 1 + 2 = 3 on both.
 TEST_F(FrameworkE2E, JaxBareInitializeFormsTheWorld) {
   const std::string python = std::string(SKYFORGE_VENV) + "/bin/python";
-  if (::access(python.c_str(), X_OK) != 0) GTEST_SKIP() << "no " << python << " with jax";
-  write("init.py",
-        "import jax\n"
-        "jax.distributed.initialize()\n"
-        "print('index=%d count=%d devices=%d' % (jax.process_index(), jax.process_count(), len(jax.devices())))\n"
-        "jax.distributed.shutdown()\n");
-  Output o = run(write("jaxinit.toml",
-                       manifest(2, "[[plugins]]\nname = \"jax\"\n",
-                                "[\"" + python + "\", \"" + (root_ / "init.py").string() + "\"]")),
+  if (::access(python.c_str(), X_OK) != 0) GTEST_SKIP() << "no " << python << " (run .ci/setup-venv for jax)";
+  Output probe = exec({python, "-c", "import jax"});
+  if (probe.exit_code != 0) GTEST_SKIP() << python << " cannot import jax (run .ci/setup-venv): " << probe.err;
+  Output o = run(write("jaxinit.toml", manifest(2, "[[plugins]]\nname = \"jax\"\n",
+                                                toml_array({python, std::string(FW_TEST_SCRIPTS) + "/jax_allsum.py"}))),
                  150);
   ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
-  EXPECT_NE(o.out.find("[node 0] index=0 count=2 devices=2"), std::string::npos) << o.out << o.err;
-  EXPECT_NE(o.out.find("[node 1] index=1 count=2 devices=2"), std::string::npos) << o.out << o.err;
+  for (int n = 0; n < 2; ++n) {
+    SCOPED_TRACE("node " + std::to_string(n));
+    std::vector<std::string> lines;  // the script's own lines (JAX's Gloo logs its connections too)
+    for (const auto& l : node_lines(o.out, n))
+      if (l.rfind("index=", 0) == 0 || l.rfind("gathered=", 0) == 0) lines.push_back(l);
+    const std::vector<std::string> want = {"index=" + std::to_string(n) + " count=2 devices=2", "gathered=1,2 sum=3"};
+    EXPECT_EQ(lines, want) << o.out << o.err;
+  }
 }
 
+// TF_CONFIG as TensorFlow reads it: scripts/tf_config_check.py json.loads it on every node,
+// reports its schema and binds a listener on the node's own worker entry (as the TF server of
+// that task would). TensorFlow itself is not installed (too big for CI).
 TEST_F(FrameworkE2E, TensorflowEveryNodeListsTheWholeClusterAndItsOwnIndex) {
   Output o = run(write("tf.toml", manifest(3, "[[plugins]]\nname = \"tensorflow\"\n",
-                                           R"(["sh", "-c", "echo TF_CONFIG=$TF_CONFIG"])")));
-  ASSERT_EQ(o.exit_code, 0) << o.err;
+                                           toml_array({"/usr/bin/python3", std::string(FW_TEST_SCRIPTS) + "/tf_config_check.py"}))));
+  ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
   auto envs = node_envs(o.out);
   ASSERT_EQ(envs.size(), 3u) << o.out;
   std::regex cfg(R"(\{"cluster": \{"worker": \[("[^"]+:\d+"), ("[^"]+:\d+"), ("[^"]+:\d+")\]\}, "task": \{"type": "worker", "index": (\d)\}\})");
-  std::string workers;
+  std::string workers, parsed_workers;
   for (int n = 0; n < 3; ++n) {
+    SCOPED_TRACE("node " + std::to_string(n));
     std::smatch m;
     const std::string tf = envs[n]["TF_CONFIG"];
     ASSERT_TRUE(std::regex_match(tf, m, cfg)) << tf;
@@ -205,6 +147,24 @@ TEST_F(FrameworkE2E, TensorflowEveryNodeListsTheWholeClusterAndItsOwnIndex) {
     std::set<std::string> ports;
     for (int i = 1; i <= 3; ++i) ports.insert(m[i].str());
     EXPECT_EQ(ports.size(), 3u) << "nodes sharing a machine need distinct ports: " << tf;
+
+    // What json.loads made of it on the node.
+    auto lines = node_lines(o.out, n);
+    auto has = [&](const std::string& l) { return std::find(lines.begin(), lines.end(), l) != lines.end(); };
+    EXPECT_TRUE(has("tf_keys=cluster,task|worker|index,type")) << o.out;
+    EXPECT_TRUE(has("tf_task=worker " + std::to_string(n) + " int")) << "index == the node's rank\n" << o.out;
+    EXPECT_TRUE(has("tf_types=list str")) << o.out;
+    const std::string pw = envs[n]["tf_workers"];
+    if (n == 0) parsed_workers = pw;
+    EXPECT_EQ(pw, parsed_workers) << "identical cluster list on every node";
+    EXPECT_EQ(pw, "[" + m[1].str() + ", " + m[2].str() + ", " + m[3].str() + "]");
+    // Every worker's host is its node's address: node i listens on entry i (host and port), and
+    // entry 0 (the head) is the pool's head address.
+    const std::string want_own = m[n + 1].str().substr(1, m[n + 1].length() - 2);
+    EXPECT_TRUE(has("tf_own=" + want_own + " listening")) << o.out << o.err;
+    const std::string hosts = envs[n]["tf_hosts"];
+    ASSERT_FALSE(envs[n]["HEAD_ADDR"].empty());
+    EXPECT_EQ(hosts.substr(0, hosts.find(',')), envs[n]["HEAD_ADDR"]) << "worker 0 is the head: " << hosts;
   }
 }
 

@@ -1,0 +1,106 @@
+// Shared by the end-to-end tests of the framework plugins (test_framework_e2e.cpp,
+// test_real_frameworks.cpp): the fixture that gives each test its own TMPDIR and checks that the
+// run left no process and no file behind, and the helpers that read the nodes' output.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "process.hpp"
+
+namespace skyforge::test::fw_e2e {
+
+using NodeEnv = std::map<std::string, std::string>;
+
+class FrameworkE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/skyforge-fw-e2e-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    tmp_ = root_ / "tmp";
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    auto left = wait_no_processes_under(root_, 10);
+    for (pid_t p : left) {
+      ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
+      ::kill(p, SIGKILL);
+    }
+    EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  fs::path write(const std::string& name, const std::string& text) {
+    fs::path p = root_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::map<std::string, std::string> env() const { return {{"TMPDIR", tmp_.string()}}; }
+  std::unique_ptr<Child> start(const fs::path& manifest) {
+    return std::make_unique<Child>(std::vector<std::string>{SKYFORGE_BIN, "run", manifest.string()}, env());
+  }
+  Output run(const fs::path& manifest, double timeout_s = 120) { return start(manifest)->wait(timeout_s); }
+  // Any `skyforge` command line (validate, env, ...), under this test's TMPDIR.
+  Output skyforge(const std::vector<std::string>& args, double timeout_s = 120) {
+    std::vector<std::string> argv = {SKYFORGE_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Child(argv, env()).wait(timeout_s);
+  }
+  // Any program, under this test's TMPDIR (python probes and JSON checks).
+  Output exec(const std::vector<std::string>& argv, double timeout_s = 60) { return Child(argv, env()).wait(timeout_s); }
+
+  fs::path root_, tmp_;
+};
+
+// "[node N] KEY=VALUE" lines -> per-node maps (only lines that look like KEY=VALUE).
+inline std::map<int, NodeEnv> node_envs(const std::string& out) {
+  std::map<int, NodeEnv> envs;
+  std::regex line(R"(^\[node (\d+)\] ([A-Za-z_][A-Za-z0-9_]*)=(.*)$)");
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    if (std::regex_match(l, m, line)) envs[std::stoi(m[1])][m[2]] = m[3];
+  }
+  return envs;
+}
+
+// Lines of node n's output, prefix removed.
+inline std::vector<std::string> node_lines(const std::string& out, int n) {
+  std::vector<std::string> v;
+  const std::string prefix = "[node " + std::to_string(n) + "] ";
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);)
+    if (l.rfind(prefix, 0) == 0) v.push_back(l.substr(prefix.size()));
+  return v;
+}
+
+inline std::string manifest(int nodes, const std::string& plugins, const std::string& command,
+                            const std::string& pool_extra = "") {
+  return "[pool]\nprovider = \"local\"\nnodes = " + std::to_string(nodes) + "\n" + pool_extra + "\n" + plugins +
+         "\n[job]\ncommand = " + command + "\n";
+}
+
+// A TOML array of basic strings: {"a", "b"} -> ["a", "b"] (paths here have no quote or backslash).
+inline std::string toml_array(const std::vector<std::string>& words) {
+  std::string s = "[";
+  for (size_t i = 0; i < words.size(); ++i) s += (i ? ", \"" : "\"") + words[i] + "\"";
+  return s + "]";
+}
+
+inline const std::string kEnvSort = R"(["sh", "-c", "env | sort"])";
+
+inline bool is_port(const std::string& s) {
+  return std::regex_match(s, std::regex(R"(\d{1,5})")) && std::stoi(s) > 0 && std::stoi(s) < 65536;
+}
+
+}  // namespace skyforge::test::fw_e2e
