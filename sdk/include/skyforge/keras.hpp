@@ -664,10 +664,10 @@ class Sequential {
 
     // Local checks, then one collective verdict.
     std::string err = check_xy(x, y, "fit");
+    if (err.empty() && o.batch_size == 0) err = "fit: batch_size must be > 0";
     if (err.empty() && o.batch_size < W)
       err = "fit: batch_size " + std::to_string(o.batch_size) + " (global) is smaller than the " +
             std::to_string(W) + " replicas";
-    if (err.empty() && o.batch_size == 0) err = "fit: batch_size must be > 0";
     if (err.empty() && !o.validation_data.empty()) err = check_xy(o.validation_data.x, o.validation_data.y, "fit validation_data");
     detail::collective_check(comm_, err);
 
@@ -852,7 +852,10 @@ class Sequential {
   // batch's loss and accuracy, as Keras' train_on_batch does.
   Logs train_on_batch(std::span<const float> x, std::span<const int32_t> y) {
     const detail::EngineHandle& e = require_engine();
-    detail::collective_check(comm_, check_xy(x, y, "train_on_batch"));
+    std::string err = check_xy(x, y, "train_on_batch");
+    if (err.empty() && y.empty()) err = "train_on_batch: empty batch (every rank needs at least one sample)";
+    if (err.empty() && y.size() > UINT32_MAX) err = "train_on_batch: more than 2^32-1 samples in one batch";
+    detail::collective_check(comm_, err);
     sf_step_result r{};
     r.struct_size = sizeof r;
     e.check(e.hooks().train_step(e.self(), e.engine(), x.data(), y.data(), static_cast<uint32_t>(y.size()), &r),
