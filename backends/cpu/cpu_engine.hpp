@@ -93,6 +93,12 @@ class Layer {
   // Non-trainable state (BN moving statistics, dropout generator) for state_dict.
   virtual void save_state(ByteWriter& /*w*/) const {}
   virtual void load_state(ByteReader& /*r*/) {}
+  // Fuses a ReLU layer that follows this one: the forward then applies max(., 0) to its output
+  // and the backward masks dy by that output. Returns false when the layer cannot.
+  virtual bool fuse_relu() { return false; }
+  // The output is the input's bytes, reshaped (flatten): the engine hands the input on, with
+  // no forward, no buffer and no backward (the gradient is the same bytes too).
+  virtual bool is_view() const { return false; }
   // A short description that changes when the architecture does (state_dict compatibility).
   virtual std::string describe() const;
 
@@ -154,11 +160,18 @@ class Optimizer {
 struct EngineOptions {
   uint32_t default_threads = 0;  // the plugin's `threads` option; 0: every usable core
   size_t bucket_bytes = 4u << 20;  // gradient allreduce bucket size
+  bool fuse = true;                // fuse batch_normalization + relu, flatten as a view (tests compare with false)
 };
+
+// SKYFORGE_CPU_PROFILE=1: per-layer wall time of forward and backward, loss, allreduce and
+// optimizer, accumulated over the engine's train steps and printed to stderr as mean
+// microseconds per step when the engine is destroyed. Off (no clock reads) otherwise.
+struct Profile;
 
 class CpuEngine : public Engine {
  public:
   CpuEngine(const ModelSpec& spec, const Communicator& comm, const EngineOptions& opt = {});
+  ~CpuEngine() override;
 
   StepResult train_step(const float* x, const int32_t* y, uint32_t batch) override;
   StepResult eval_step(const float* x, const int32_t* y, uint32_t batch) override;
@@ -197,9 +210,13 @@ class CpuEngine : public Engine {
   std::unique_ptr<Optimizer> opt_;
   uint64_t step_ = 0;
   uint32_t capacity_ = 0;
-  std::vector<std::vector<float>> acts_;  // acts_[i]: output of layer i
+  std::vector<std::vector<float>> acts_;  // acts_[i]: output of layer i (empty when fused away)
+  std::vector<float*> out_;               // where layer i's output lives
+  std::vector<uint8_t> fused_;            // layer i is a relu fused into layer i - 1
+  std::vector<uint8_t> view_;             // layer i is a view: out_[i] is its input (read-only)
   std::vector<float> gbuf_[2];            // ping-pong gradient buffers
   std::string arch_;                      // describe() of every layer + optimizer
+  std::unique_ptr<Profile> prof_;         // SKYFORGE_CPU_PROFILE
 };
 
 std::unique_ptr<Engine> make_engine(const ModelSpec& spec, const Communicator& comm,

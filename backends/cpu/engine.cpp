@@ -2,10 +2,17 @@
 // state_dict.
 #include "kernels.hpp"
 
+#include <omp.h>
 #include <sched.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define SKYFORGE_CPU_MXCSR 1
+#endif
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -33,6 +40,52 @@ void use_single_threaded_blas() {
 }
 
 [[noreturn]] void invalid(const std::string& m) { throw Error(m, SF_ERR_INVALID); }
+
+// Flush-to-zero and denormals-are-zero (MXCSR FTZ | DAZ) for the duration of one engine call, on
+// the calling thread and on the OpenMP workers of its team, restored afterwards. Subnormal
+// floats (below 1.2e-38) cost x86 cores a microcode assist per operation: Adam's second moments
+// and tiny gradients reach them after an epoch or so and made the optimizer several times
+// slower. TensorFlow/Keras run their CPU kernels the same way (and PyTorch offers it as
+// torch.set_flush_denormal). Every thread flushes, so results do not depend on the thread count.
+// The workers are libgomp's pool: a later team of at most `threads` threads reuses the same
+// workers, so every parallel region of the call runs flushed.
+#if defined(SKYFORGE_CPU_MXCSR)
+constexpr unsigned kFtzDaz = 0x8040;  // FTZ (bit 15) | DAZ (bit 6)
+thread_local unsigned worker_saved_csr = 0;
+thread_local int worker_depth = 0;
+
+class FlushDenormals {
+ public:
+  explicit FlushDenormals(int threads) : threads_(threads), saved_(_mm_getcsr()) {
+    _mm_setcsr(saved_ | kFtzDaz);
+    if (threads_ > 1) {
+#pragma omp parallel num_threads(threads_)
+      if (omp_get_thread_num() != 0 && worker_depth++ == 0) {
+        worker_saved_csr = _mm_getcsr();
+        _mm_setcsr(worker_saved_csr | kFtzDaz);
+      }
+    }
+  }
+  ~FlushDenormals() {
+    if (threads_ > 1) {
+#pragma omp parallel num_threads(threads_)
+      if (omp_get_thread_num() != 0 && worker_depth > 0 && --worker_depth == 0) _mm_setcsr(worker_saved_csr);
+    }
+    _mm_setcsr(saved_);
+  }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  int threads_;
+  unsigned saved_;
+};
+#else
+class FlushDenormals {
+ public:
+  explicit FlushDenormals(int) {}
+};
+#endif
 
 double parse_real(const Options& o, const std::string& opt, const std::string& key, double fallback, double lo,
                   double hi, bool lo_open) {
@@ -134,6 +187,10 @@ void Optimizer::apply(float* p, const float* g, float scale, uint64_t iteration,
   const float eps = static_cast<float>(cfg_.epsilon);
   float* m = slots_.data();
   float* v = slots_.data() + n;
+  if (const simd::Kernels* sk = simd::kernels()) {
+    k::for_range(n, ex, [&](size_t b, size_t e) { sk->adam(e - b, p + b, g + b, m + b, v + b, scale, b1c, b2c, alpha, eps); });
+    return;
+  }
   k::for_range(n, ex, [&](size_t b, size_t e) {
 #pragma omp simd
     for (size_t i = b; i < e; ++i) {
@@ -145,7 +202,44 @@ void Optimizer::apply(float* p, const float* g, float scale, uint64_t iteration,
   });
 }
 
+// ---- profile -------------------------------------------------------------------------------
+struct Profile {
+  using clock = std::chrono::steady_clock;
+  std::vector<double> fwd, bwd;  // seconds, per layer, train steps only
+  double loss = 0, allreduce = 0, optimizer = 0, total = 0;
+  uint64_t steps = 0, samples = 0;
+  static double since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
+  static bool enabled() {
+    const char* e = std::getenv("SKYFORGE_CPU_PROFILE");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }
+};
+
 // ---- engine --------------------------------------------------------------------------------
+CpuEngine::~CpuEngine() {
+  if (!prof_ || prof_->steps == 0) return;
+  const Profile& p = *prof_;
+  const double us = 1e6 / static_cast<double>(p.steps);
+  const simd::Kernels* sk = simd::kernels();
+  std::fprintf(stderr, "skyforge cpu profile (rank %u): %llu train steps, %.1f samples/step, %d thread(s), kernels %s;"
+               " mean us per step\n", comm_.rank(), static_cast<unsigned long long>(p.steps),
+               static_cast<double>(p.samples) / static_cast<double>(p.steps), exec_.threads, sk ? sk->name : "openblas");
+  std::fprintf(stderr, "  %-5s %-48s %10s %10s\n", "layer", "", "forward", "backward");
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = *layers_[i];
+    const std::string what = l.type + " " + shape_str(l.in_shape) + "->" + shape_str(l.out_shape) +
+                             (fused_[i] ? " (fused)" : view_[i] ? " (view)" : "");
+    std::fprintf(stderr, "  %-5zu %-48s %10.1f %10.1f\n", i, what.c_str(), p.fwd[i] * us, p.bwd[i] * us);
+  }
+  double f = 0, b = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) f += p.fwd[i], b += p.bwd[i];
+  std::fprintf(stderr, "  %-54s %10.1f %10.1f\n", "layers", f * us, b * us);
+  std::fprintf(stderr, "  %-54s %10.1f\n", "loss", p.loss * us);
+  std::fprintf(stderr, "  %-54s %10.1f\n", "gradient allreduce", p.allreduce * us);
+  std::fprintf(stderr, "  %-54s %10.1f\n", "optimizer", p.optimizer * us);
+  std::fprintf(stderr, "  %-54s %10.1f\n", "train_step total", p.total * us);
+}
+
 CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const EngineOptions& opt)
     : comm_(comm), eopt_(opt), input_shape_(spec.input_shape) {
   exec_.threads = spec.threads > 0             ? static_cast<int>(spec.threads)
@@ -186,6 +280,13 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
     layers_[i]->bind(params_.data() + param_offset_[i], grads_.data() + param_offset_[i]);
     layers_[i]->init_params(params_.data() + param_offset_[i], rng);
   }
+  // A relu right after a layer that can apply it (batch_normalization) is fused into it: no
+  // pass, no buffer, no backward of its own (bit-identical results, fewer memory passes).
+  fused_.assign(layers_.size(), 0);
+  view_.assign(layers_.size(), 0);
+  for (size_t i = 0; i < layers_.size(); ++i) view_[i] = eopt_.fuse && layers_[i]->is_view();
+  for (size_t i = 1; i < layers_.size(); ++i)
+    if (eopt_.fuse && layers_[i]->type == "relu" && !fused_[i - 1] && layers_[i - 1]->fuse_relu()) fused_[i] = 1;
   first_trainable_ = layers_.size() - 1;
   for (size_t i = 0; i < layers_.size(); ++i)
     if (layers_[i]->param_size() > 0) {
@@ -193,6 +294,11 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
       break;
     }
   opt_ = std::make_unique<Optimizer>(ocfg, total);
+  if (Profile::enabled()) {
+    prof_ = std::make_unique<Profile>();
+    prof_->fwd.assign(layers_.size(), 0.0);
+    prof_->bwd.assign(layers_.size(), 0.0);
+  }
   // Data-parallel: every replica starts from rank 0's weights, whatever its seed.
   comm_.broadcast(params_.data(), params_.size() * sizeof(float), 0);
 }
@@ -207,10 +313,20 @@ void CpuEngine::ensure_capacity(uint32_t batch) {
               l->type + "): its activations would exceed 2^31 elements");
   size_t widest = 0;
   acts_.resize(layers_.size());
+  out_.resize(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     const size_t n = numel(layers_[i]->out_shape);
     widest = std::max(widest, n);
-    acts_[i].assign(batch * n, 0.f);
+    if (view_[i]) {
+      acts_[i] = {};
+      out_[i] = nullptr;  // set by every forward
+    } else if (fused_[i]) {
+      acts_[i] = {};
+      out_[i] = out_[i - 1];
+    } else {
+      acts_[i].assign(batch * n, 0.f);
+      out_[i] = acts_[i].data();
+    }
     layers_[i]->reserve(batch);
   }
   for (auto& g : gbuf_) g.assign(batch * widest, 0.f);
@@ -230,9 +346,18 @@ void CpuEngine::check_batch(const void* x, const int32_t* y, uint32_t batch, con
 
 const float* CpuEngine::forward(const float* x, uint32_t batch, bool training) {
   const float* in = x;
+  Profile* prof = training ? prof_.get() : nullptr;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->forward(in, acts_[i].data(), batch, training);
-    in = acts_[i].data();
+    if (fused_[i]) continue;  // out_[i] is the previous layer's output, already activated
+    if (view_[i]) {
+      // No layer writes to another's output, so the caller's input may stand in for it.
+      out_[i] = const_cast<float*>(in);
+      continue;
+    }
+    const auto t0 = prof ? Profile::clock::now() : Profile::clock::time_point{};
+    layers_[i]->forward(in, out_[i], batch, training);
+    if (prof) prof->fwd[i] += Profile::since(t0);
+    in = out_[i];
   }
   return in;
 }
@@ -245,12 +370,18 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
   use_single_threaded_blas();
   ensure_capacity(batch);
   const float* logits = forward(x, batch, training);
+  Profile* prof = backward ? prof_.get() : nullptr;
+  auto tick = [&] { return prof ? Profile::clock::now() : Profile::clock::time_point{}; };
+  auto t0 = tick();
   uint64_t correct = 0;
   const double loss_sum = sparse_xent(logits, y, batch, classes_, backward ? gbuf_[0].data() : nullptr, &correct,
                                       exec_);
+  if (prof) prof->loss += Profile::since(t0);
   // loss sum, correct and samples of the global batch, in one small collective.
   double stats[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(batch)};
+  t0 = tick();
   comm_.allreduce(stats, 3, SF_REDUCE_SUM);
+  if (prof) prof->allreduce += Profile::since(t0);
 
   if (backward) {
     const bool dp = comm_.size() > 1;
@@ -258,21 +389,28 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
     size_t lo = params_.size(), hi = params_.size();  // pending bucket [lo, hi), grows downwards
     int cur = 0;
     for (size_t i = layers_.size(); i-- > first_trainable_;) {
-      const float* in = i == 0 ? x : acts_[i - 1].data();
+      if (fused_[i] || view_[i]) continue;  // fused: the fused layer's business; view: dy is dx
+      const float* in = i == 0 ? x : out_[i - 1];
       // No gradient flows below the first layer with parameters (flatten of the input, ...).
       float* dx = i == first_trainable_ ? nullptr : gbuf_[1 - cur].data();
-      layers_[i]->backward(in, acts_[i].data(), gbuf_[cur].data(), dx, batch);
+      t0 = tick();
+      layers_[i]->backward(in, out_[i], gbuf_[cur].data(), dx, batch);
+      if (prof) prof->bwd[i] += Profile::since(t0);
       cur = 1 - cur;
       if (dp && layers_[i]->param_size() > 0) {
         lo = param_offset_[i];
         // Reverse layer order, as backward produces them: a bucket goes out once it is full.
         if (hi - lo >= bucket) {
+          t0 = tick();
           comm_.allreduce(grads_.data() + lo, hi - lo, SF_REDUCE_SUM);
+          if (prof) prof->allreduce += Profile::since(t0);
           hi = lo;
         }
       }
     }
+    t0 = tick();
     if (dp && hi > 0) comm_.allreduce(grads_.data(), hi, SF_REDUCE_SUM);
+    if (prof) prof->allreduce += Profile::since(t0);
   }
   StepResult r;
   r.samples = static_cast<uint64_t>(stats[2]);
@@ -282,14 +420,24 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
 }
 
 StepResult CpuEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
+  const FlushDenormals ftz(exec_.threads);
+  const auto t0 = prof_ ? Profile::clock::now() : Profile::clock::time_point{};
   StepResult r = compute(x, y, batch, true, true);
+  const auto t1 = prof_ ? Profile::clock::now() : Profile::clock::time_point{};
   // Every replica holds the same global sum, so the same update keeps them bit-identical.
   opt_->apply(params_.data(), grads_.data(), static_cast<float>(1.0 / static_cast<double>(r.samples)), step_, exec_);
   ++step_;
+  if (prof_) {
+    prof_->optimizer += Profile::since(t1);
+    prof_->total += Profile::since(t0);
+    ++prof_->steps;
+    prof_->samples += batch;
+  }
   return r;
 }
 
 StepResult CpuEngine::gradients(const float* x, const int32_t* y, uint32_t batch, std::vector<float>& g) {
+  const FlushDenormals ftz(exec_.threads);
   StepResult r = compute(x, y, batch, true, true);
   g.resize(grads_.size());
   const float s = static_cast<float>(1.0 / static_cast<double>(r.samples));
@@ -298,12 +446,14 @@ StepResult CpuEngine::gradients(const float* x, const int32_t* y, uint32_t batch
 }
 
 StepResult CpuEngine::eval_step(const float* x, const int32_t* y, uint32_t batch) {
+  const FlushDenormals ftz(exec_.threads);
   return compute(x, y, batch, false, false);
 }
 
 void CpuEngine::predict(const float* x, uint32_t batch, float* logits) {
   check_batch(x, nullptr, batch, "predict");
   if (!logits) invalid("predict: logits is NULL");
+  const FlushDenormals ftz(exec_.threads);
   use_single_threaded_blas();
   ensure_capacity(batch);
   const float* out = forward(x, batch, false);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cpu_engine.hpp"
+#include "simd.hpp"
 
 #include <cblas.h>
 
@@ -33,7 +34,18 @@ void for_range(size_t n, const Exec& ex, F&& f) {
   for (size_t c = 0; c < T; ++c) f(n * c / T, n * (c + 1) / T);
 }
 
+// How many blocks to split a GEMM into: at most `threads`, blocks of at least 16 rows/columns
+// and ~0.4 MFLOP each, so the fork pays for itself. Any split gives the same results.
+inline size_t gemm_blocks(size_t span, size_t M, size_t N, size_t K, const Exec& ex) {
+  const size_t T = static_cast<size_t>(std::max(ex.threads, 1));
+  return std::min({T, span / 16, static_cast<size_t>(static_cast<double>(M) * N * K / 2.0e5)});
+}
+
 // Row-major C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
+//
+// OpenBLAS, always: on plain GEMMs (Dense layers, 1x1 convolutions) it beats the hand-written
+// kernels of simd.hpp by up to 2x (bench/bench_cpu_engine.cpp, BM_gemm); those win on
+// convolutions only, where they never build the im2col matrix.
 //
 // One thread pool: OpenBLAS runs single-threaded (see use_single_threaded_blas) and a big GEMM
 // is split by OpenMP into `threads` independent GEMMs over blocks of C's rows (or columns, when
@@ -54,11 +66,9 @@ inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, co
                 static_cast<int>(m1 - m0), static_cast<int>(n1 - n0), static_cast<int>(K), alpha, a,
                 static_cast<int>(lda), b, static_cast<int>(ldb), beta, C + m0 * ldc + n0, static_cast<int>(ldc));
   };
-  const size_t T = static_cast<size_t>(std::max(ex.threads, 1));
   const bool by_rows = M >= N;
   const size_t span = by_rows ? M : N;
-  // Blocks of at least 16 rows/columns and ~0.4 MFLOP each, so the fork pays for itself.
-  const size_t blocks = std::min({T, span / 16, static_cast<size_t>(static_cast<double>(M) * N * K / 2.0e5)});
+  const size_t blocks = gemm_blocks(span, M, N, K, ex);
   if (blocks <= 1) {
     call(0, M, 0, N);
     return;

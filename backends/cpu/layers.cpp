@@ -205,11 +205,15 @@ class Dense final : public Layer {
 // ---- conv2d --------------------------------------------------------------------------------
 // im2col + GEMM. The kernel is Keras' (kh, kw, in_channels, filters), so a col row
 // (kh, kw, c) times the kernel matrix [kh*kw*C, F] gives one output pixel. The batch is
-// processed in chunks whose col buffer stays under kColBytes; with one chunk the forward's col
-// is reused by the backward, with several it is rebuilt chunk by chunk.
+// processed in chunks of samples whose col buffer stays under kColBytes (sized for the core's
+// L2: a col written and read back at once never goes out to memory); the backward rebuilds each
+// chunk's col (a copy of x) unless the whole batch fit in one chunk, whose forward col it reuses.
+// Per chunk the backward adds col^T dy into the weight gradient (beta 1 after the first chunk:
+// a fixed split, so results never depend on the thread count), computes dcol = dy W^T into the
+// col buffer and scatters it back (col2im).
 class Conv2D final : public Layer {
  public:
-  static constexpr size_t kColBytes = size_t{32} << 20;
+  static constexpr size_t kColBytes = size_t{512} << 10;
   uint32_t filters = 0, kh = 1, kw = 1, sh = 1, sw = 1;
   bool same = false, use_bias = true;
   Activation act = Activation::linear;
@@ -226,10 +230,35 @@ class Conv2D final : public Layer {
     const size_t per = size_t{Ho} * Wo * kkc() * sizeof(float);
     return std::max<size_t>(1, kColBytes / std::max<size_t>(per, 1));
   }
+  simd::ConvGeom geom() const { return {H, W, C, kh, kw, sh, sw, pt, pl, Ho, Wo}; }
   void reserve(uint32_t batch) override {
-    if (direct()) return;
+    if (direct() || simd::kernels()) return;  // the SIMD path works on small per-thread panels
     const size_t n = std::min<size_t>(batch, chunk_samples()) * Ho * Wo * kkc();
     if (col_.size() < n) col_.assign(n, 0.f);
+  }
+  // How many threads share work over `n` items of `per` floats each.
+  size_t split(size_t n, size_t per) const {
+    return k::par(n * per, exec_) ? std::min<size_t>(static_cast<size_t>(exec_.threads), n) : 1;
+  }
+  // f(t, begin, end) over [n0, n1) split into T parts (each sample's rows are independent).
+  template <class F>
+  void over(size_t n0, size_t n1, size_t T, F&& f) const {
+    const size_t n = n1 - n0;
+    if (T <= 1) {
+      f(size_t{0}, n0, n1);
+      return;
+    }
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(T))
+    for (size_t t = 0; t < T; ++t) f(t, n0 + n * t / T, n0 + n * (t + 1) / T);
+  }
+  // Per-thread panel buffers of the SIMD convolutions (simd.hpp): 128 KiB (an L2 share), at least
+  // 24 col rows.
+  static constexpr size_t kPanelFloats = (size_t{128} << 10) / sizeof(float);
+  size_t panel_floats() const { return std::max<size_t>(kPanelFloats, 24 * kkc()); }
+  float* panels(size_t T) {
+    const size_t n = T * panel_floats();
+    if (panel_.size() < n) panel_.resize(n);
+    return panel_.data();
   }
   void im2col(const float* x, size_t n0, size_t n1, float* col) const {
     const size_t K = kkc(), rowlen = size_t{kw} * C;
@@ -288,21 +317,34 @@ class Conv2D final : public Layer {
   }
   void forward(const float* x, float* y, uint32_t batch, bool) override {
     const size_t K = kkc(), P = size_t{Ho} * Wo;
+    const float* bias = use_bias ? p_ + K * filters : nullptr;
     reserve(batch);
     if (direct()) {
       k::gemm(false, false, batch * P, filters, K, 1.f, x, K, p_, filters, 0.f, y, filters, exec_);
-    } else {
-      const size_t cs = chunk_samples();
-      for (size_t n0 = 0; n0 < batch; n0 += cs) {
-        const size_t n1 = std::min<size_t>(batch, n0 + cs);
-        im2col(x, n0, n1, col_.data());
-        k::gemm(false, false, (n1 - n0) * P, filters, K, 1.f, col_.data(), K, p_, filters, 0.f, y + n0 * P * filters,
-                filters, exec_);
-      }
-      col_batch_ = batch <= cs ? batch : 0;
-      col_src_ = x;
+      k::bias_activation(y, bias, batch * P, filters, act, exec_);
+      return;
     }
-    k::bias_activation(y, use_bias ? p_ + K * filters : nullptr, batch * P, filters, act, exec_);
+    if (const simd::Kernels* sk = simd::kernels()) {
+      const simd::ConvGeom g = geom();
+      const size_t T = split(batch, P * K), pf = panel_floats();
+      float* buf = panels(T);
+      over(0, batch, T, [&](size_t t, size_t a, size_t b) {
+        sk->conv_fwd(g, x, a, b, p_, filters, y, buf + t * pf, pf);
+        if (bias || act != Activation::linear)
+          k::bias_activation(y + a * P * filters, bias, (b - a) * P, filters, act, Exec{1});
+      });
+      return;
+    }
+    const size_t cs = chunk_samples();
+    for (size_t n0 = 0; n0 < batch; n0 += cs) {
+      const size_t n1 = std::min<size_t>(batch, n0 + cs);
+      float* yc = y + n0 * P * filters;
+      im2col(x, n0, n1, col_.data());
+      k::gemm(false, false, (n1 - n0) * P, filters, K, 1.f, col_.data(), K, p_, filters, 0.f, yc, filters, exec_);
+      if (bias || act != Activation::linear) k::bias_activation(yc, bias, (n1 - n0) * P, filters, act, exec_);
+    }
+    col_batch_ = batch <= cs ? batch : 0;
+    col_src_ = x;
   }
   void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) override {
     const size_t K = kkc(), P = size_t{Ho} * Wo, M = batch * P;
@@ -311,6 +353,32 @@ class Conv2D final : public Layer {
     if (direct()) {
       k::gemm(true, false, K, filters, M, 1.f, x, K, dy, filters, 0.f, g_, filters, exec_);
       if (dx) k::gemm(false, true, M, K, filters, 1.f, dy, filters, p_, filters, 0.f, dx, K, exec_);
+      return;
+    }
+    if (dx) {
+      // W^T [F, K] once, so every chunk's dcol is a plain GEMM.
+      wt_.resize(K * filters);
+      for (size_t r = 0; r < K; ++r)
+        for (size_t f = 0; f < filters; ++f) wt_[f * K + r] = p_[r * filters + f];
+    }
+    if (const simd::Kernels* sk = simd::kernels()) {
+      const simd::ConvGeom g = geom();
+      const size_t pf = panel_floats();
+      // dW: rows of the kernel matrix split over the threads (each builds its own panels).
+      const size_t Tw = std::min<size_t>(split(K, M * filters), std::max<size_t>(K / 16, 1));
+      float* buf = panels(Tw);
+      wscratch_.resize(Tw * K * filters);
+      float* sc = wscratch_.data();
+      over(0, K, Tw, [&](size_t t, size_t a, size_t b) {
+        sk->conv_wgrad(g, x, batch, dy, filters, a, b, g_, buf + t * pf, pf, sc + t * K * filters);
+      });
+      if (dx) {
+        const size_t T = split(batch, P * K);
+        buf = panels(T);
+        over(0, batch, T, [&](size_t t, size_t a, size_t b) {
+          sk->conv_dgrad(g, dy, a, b, wt_.data(), filters, dx, buf + t * pf, pf);
+        });
+      }
       return;
     }
     const size_t cs = chunk_samples();
@@ -322,7 +390,7 @@ class Conv2D final : public Layer {
       k::gemm(true, false, K, filters, m, 1.f, col_.data(), K, dyc, filters, n0 == 0 ? 0.f : 1.f, g_, filters, exec_);
       if (dx) {
         // col is no longer needed for this chunk: it becomes dcol.
-        k::gemm(false, true, m, K, filters, 1.f, dyc, filters, p_, filters, 0.f, col_.data(), K, exec_);
+        k::gemm(false, false, m, K, filters, 1.f, dyc, filters, wt_.data(), K, 0.f, col_.data(), K, exec_);
         col2im(col_.data(), n0, n1, dx);
       }
     }
@@ -334,7 +402,7 @@ class Conv2D final : public Layer {
   }
 
  private:
-  std::vector<float> col_;
+  std::vector<float> col_, wt_, panel_, wscratch_;
   size_t col_batch_ = 0;  // batch whose col_ is current (one chunk only), 0: stale
   const float* col_src_ = nullptr;
 };
@@ -344,6 +412,10 @@ class Conv2D final : public Layer {
 // moving = moving * momentum + batch * (1 - momentum); inference: moving statistics.
 // Data-parallel: statistics are per replica (no cross-node sync, like Keras/PyTorch DDP by
 // default), so moving statistics may differ between nodes while weights stay identical.
+// Statistics: sums of x and x^2 in double in one pass (var = E[x^2] - mean^2, in double).
+// A ReLU layer right after it is fused (fuse_relu, by the engine): the forward writes
+// max(bn(x), 0) and the backward masks dy by that output, the same operations the two layers
+// do apart, so fusing does not change a bit.
 class BatchNorm final : public Layer {
  public:
   float momentum = 0.99f, epsilon = 1e-3f;
@@ -357,38 +429,39 @@ class BatchNorm final : public Layer {
     if (scale) std::fill(p, p + C, 1.f);
     if (center) std::fill(p + (scale ? C : 0), p + param_size(), 0.f);
   }
+  bool fuse_relu() override { return relu_ = true; }
   float gamma(size_t c) const { return scale ? p_[c] : 1.f; }
   float beta(size_t c) const { return center ? p_[(scale ? C : 0) + c] : 0.f; }
   size_t rows(uint32_t batch) const { return batch * (numel(in_shape) / C); }
+  size_t padded() const { return (C + 7) / 8 * 8; }  // double accumulators: whole SIMD vectors
   void forward(const float* x, float* y, uint32_t batch, bool training) override {
-    const size_t M = rows(batch);
+    const size_t M = rows(batch), Cp = padded();
+    const simd::Kernels* sk = simd::kernels();
     mean_.resize(C);
     invstd_.resize(C);
     scale_.resize(C);
     shift_.resize(C);
     if (training) {
-      acc_.resize(C);
-      k::reduce_rows(M, C, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
-        for (size_t r = b; r < e; ++r) {
-          const float* row = x + r * C;
-#pragma omp simd
-          for (size_t c = 0; c < C; ++c) a[c] += row[c];
+      acc_.resize(2 * Cp);
+      k::reduce_rows(M, 2 * Cp, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
+        if (sk) {
+          sk->bn_sums(x + b * C, e - b, C, a, a + Cp);
+          return;
         }
-      });
-      for (size_t c = 0; c < C; ++c) mean_[c] = static_cast<float>(acc_[c] / static_cast<double>(M));
-      k::reduce_rows(M, C, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
-        const float* mu = mean_.data();
         for (size_t r = b; r < e; ++r) {
           const float* row = x + r * C;
 #pragma omp simd
           for (size_t c = 0; c < C; ++c) {
-            const float d = row[c] - mu[c];
-            a[c] += d * d;
+            const double v = row[c];
+            a[c] += v;
+            a[Cp + c] += v * v;
           }
         }
       });
       for (size_t c = 0; c < C; ++c) {
-        const float var = static_cast<float>(acc_[c] / static_cast<double>(M));
+        const double mean = acc_[c] / static_cast<double>(M);
+        const float var = static_cast<float>(std::max(acc_[Cp + c] / static_cast<double>(M) - mean * mean, 0.0));
+        mean_[c] = static_cast<float>(mean);
         invstd_[c] = 1.f / std::sqrt(var + epsilon);
         moving_mean[c] = moving_mean[c] * momentum + mean_[c] * (1.f - momentum);
         moving_var[c] = moving_var[c] * momentum + var * (1.f - momentum);
@@ -405,32 +478,53 @@ class BatchNorm final : public Layer {
     }
     const float* sc = scale_.data();
     const float* sf = shift_.data();
+    if (sk) {
+      over_rows(M, [&](size_t b, size_t e) { sk->bn_apply(x + b * C, y + b * C, e - b, C, sc, sf, relu_); });
+      return;
+    }
+    const bool relu = relu_;
 #pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(M * C, exec_))
     for (size_t r = 0; r < M; ++r) {
       const float* xr = x + r * C;
       float* yr = y + r * C;
+      if (relu) {
 #pragma omp simd
-      for (size_t c = 0; c < C; ++c) yr[c] = xr[c] * sc[c] + sf[c];
+        for (size_t c = 0; c < C; ++c) {
+          const float v = xr[c] * sc[c] + sf[c];
+          yr[c] = v > 0.f ? v : 0.f;
+        }
+      } else {
+#pragma omp simd
+        for (size_t c = 0; c < C; ++c) yr[c] = xr[c] * sc[c] + sf[c];
+      }
     }
   }
-  void backward(const float* x, const float*, float* dy, float* dx, uint32_t batch) override {
-    const size_t M = rows(batch);
-    acc_.resize(2 * C);
+  void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) override {
+    const size_t M = rows(batch), Cp = padded();
+    const simd::Kernels* sk = simd::kernels();
+    const float* relu_y = relu_ ? y : nullptr;  // fused ReLU: dy only flows where y > 0
+    acc_.resize(2 * Cp);
     const float* mu = mean_.data();
     const float* is = invstd_.data();
-    k::reduce_rows(M, 2 * C, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
+    k::reduce_rows(M, 2 * Cp, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
+      if (sk) {
+        sk->bn_bwd_sums(x + b * C, relu_y ? relu_y + b * C : nullptr, dy + b * C, e - b, C, mu, is, a, a + Cp);
+        return;
+      }
       for (size_t r = b; r < e; ++r) {
         const float* xr = x + r * C;
         const float* d = dy + r * C;
+        const float* yr = relu_y ? relu_y + r * C : nullptr;
 #pragma omp simd
         for (size_t c = 0; c < C; ++c) {
-          a[c] += d[c];
-          a[C + c] += d[c] * ((xr[c] - mu[c]) * is[c]);
+          const float dv = !yr || yr[c] > 0.f ? d[c] : 0.f;
+          a[c] += dv;
+          a[Cp + c] += dv * ((xr[c] - mu[c]) * is[c]);
         }
       }
     });
     for (size_t c = 0; c < C; ++c) {
-      if (scale) g_[c] = static_cast<float>(acc_[C + c]);                  // dgamma = sum dy * xhat
+      if (scale) g_[c] = static_cast<float>(acc_[Cp + c]);                 // dgamma = sum dy * xhat
       if (center) g_[(scale ? C : 0) + c] = static_cast<float>(acc_[c]);  // dbeta = sum dy
     }
     if (!dx) return;
@@ -439,19 +533,29 @@ class BatchNorm final : public Layer {
     k2_.resize(C);
     for (size_t c = 0; c < C; ++c) {
       k1_[c] = static_cast<float>(acc_[c] / static_cast<double>(M));
-      k2_[c] = static_cast<float>(acc_[C + c] / static_cast<double>(M));
+      k2_[c] = static_cast<float>(acc_[Cp + c] / static_cast<double>(M));
       scale_[c] = gamma(c) * is[c];
     }
     const float* a1 = k1_.data();
     const float* a2 = k2_.data();
     const float* sc = scale_.data();
+    if (sk) {
+      over_rows(M, [&](size_t b, size_t e) {
+        sk->bn_dx(x + b * C, relu_y ? relu_y + b * C : nullptr, dy + b * C, dx + b * C, e - b, C, sc, mu, is, a1, a2);
+      });
+      return;
+    }
 #pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(M * C, exec_))
     for (size_t r = 0; r < M; ++r) {
       const float* xr = x + r * C;
       const float* d = dy + r * C;
+      const float* yr = relu_y ? relu_y + r * C : nullptr;
       float* o = dx + r * C;
 #pragma omp simd
-      for (size_t c = 0; c < C; ++c) o[c] = sc[c] * (d[c] - a1[c] - (xr[c] - mu[c]) * is[c] * a2[c]);
+      for (size_t c = 0; c < C; ++c) {
+        const float dv = !yr || yr[c] > 0.f ? d[c] : 0.f;
+        o[c] = sc[c] * ((dv - a1[c]) - ((xr[c] - mu[c]) * is[c]) * a2[c]);
+      }
     }
   }
   std::string describe() const override {
@@ -467,8 +571,20 @@ class BatchNorm final : public Layer {
   }
 
  private:
+  // f(begin, end) over [0, M) rows, split over the threads.
+  template <class F>
+  void over_rows(size_t M, F&& f) const {
+    if (!k::par(M * C, exec_)) {
+      f(size_t{0}, M);
+      return;
+    }
+    const size_t T = static_cast<size_t>(exec_.threads);
+#pragma omp parallel for schedule(static) num_threads(exec_.threads)
+    for (size_t t = 0; t < T; ++t) f(M * t / T, M * (t + 1) / T);
+  }
   std::vector<float> mean_, invstd_, scale_, shift_, k1_, k2_;
   std::vector<double> acc_;
+  bool relu_ = false;
 };
 
 // ---- activations / reshapes ----------------------------------------------------------------
@@ -501,6 +617,7 @@ class ActivationLayer final : public Layer {
 
 class Flatten final : public Layer {
  public:
+  bool is_view() const override { return true; }
   void forward(const float* x, float* y, uint32_t batch, bool) override {
     k::copy(x, y, batch * numel(in_shape), exec_);
   }
@@ -531,7 +648,20 @@ class Dropout final : public Layer {
     reserve(batch);
     if (!frozen || !has_mask_) {
       const float scale = 1.f / (1.f - rate);
-      for (size_t i = 0; i < n; ++i) mask_[i] = uniform01(rng) < rate ? 0.f : scale;
+      Rng r = rng;  // a local copy: stores into mask_ may alias a member, which kept it in memory
+      float* m = mask_.data();
+      // uniform01 is k / 2^24 for the top 24 bits k of a draw, so u < rate <=> k < ceil(rate * 2^24):
+      // the same masks as `uniform01(r) < rate ? 0 : scale`, selected with bit operations (a coin
+      // flip per element mispredicts a branch half the time).
+      const uint64_t cut = static_cast<uint64_t>(std::ceil(static_cast<double>(rate) * 16777216.0));
+      uint32_t sbits;
+      std::memcpy(&sbits, &scale, sizeof(sbits));
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t keep = static_cast<uint32_t>((r.next() >> 40) >= cut);
+        const uint32_t bits = sbits & (0u - keep);
+        std::memcpy(m + i, &bits, sizeof(bits));
+      }
+      rng = r;
       has_mask_ = true;
     }
     const float* m = mask_.data();

@@ -1,6 +1,7 @@
 // The cpu engine as a whole: optimizer rules, spec validation, training smoke tests,
 // determinism and state_dict, data parallelism over an in-process communicator.
 #include "helpers.hpp"
+#include "simd.hpp"
 
 #include <gtest/gtest.h>
 
@@ -445,4 +446,98 @@ TEST(DataParallel, ConvnetReplicasStayIdentical) {
   EXPECT_EQ(params[0], params[1]);
   EXPECT_EQ(ev[0].samples, 12u);
   EXPECT_EQ(ev[0].loss, ev[1].loss);
+}
+
+// ---- hand-written SIMD kernels and fusion --------------------------------------------------
+namespace {
+
+// Trains `m` for `steps` steps with the kernel table `isa` (simd::set_isa is process-wide, so it
+// is set before every call) and returns the parameters.
+std::vector<float> trained_with(simd::Isa isa, const ModelSpec& m, const Synthetic& d, int steps,
+                                EngineOptions eo = {}) {
+  simd::set_isa(isa);
+  CpuEngine e(m, skyforge::Communicator(), eo);
+  for (int s = 0; s < steps; ++s) e.train_step(d.x.data() + s * 16 * 784, d.y.data() + s * 16, 16);
+  auto p = params_of(e);
+  simd::set_isa(simd::supported());
+  return p;
+}
+
+// The largest difference between two trainings' updates (params - start), relative to the
+// largest update: the summation orders differ (fma chains vs OpenBLAS' blocking), the
+// mathematics does not.
+double update_mismatch(const std::vector<float>& start, const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), start.size());
+  EXPECT_EQ(b.size(), start.size());
+  double worst = 0, largest = 0;
+  for (size_t i = 0; i < start.size() && i < a.size() && i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(double{a[i]} - b[i]));
+    largest = std::max(largest, std::fabs(double{b[i]} - start[i]));
+  }
+  EXPECT_GT(largest, 0.0) << "training moved nothing";
+  return worst / largest;
+}
+
+}  // namespace
+
+TEST(Simd, KernelsTrainLikeThePortablePath) {
+  if (simd::supported() == simd::Isa::none) GTEST_SKIP() << "this CPU has no AVX2+FMA: only the OpenBLAS path exists";
+  std::printf("kernel table: %s\n", simd::isa_name(simd::supported()));
+  Synthetic d(16 * 3, 31);
+  for (ModelSpec m : {mlp(5, 1), convnet(5, 1), convnet(6, 2)}) {
+    // SGD: an update is linear in the gradient (Adam would magnify rounding in the near-zero
+    // gradients into whole learning-rate steps).
+    m.optimizer = "sgd";
+    m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+    const auto start = trained_with(simd::supported(), m, d, 0);
+    const auto simd_p = trained_with(simd::supported(), m, d, 3);
+    const auto blas_p = trained_with(simd::Isa::none, m, d, 3);
+    const double mismatch = update_mismatch(start, simd_p, blas_p);
+    std::printf("%zu layers, %u thread(s): updates differ by %.2g of the largest\n", m.layers.size(), m.threads,
+                mismatch);
+    EXPECT_LT(mismatch, 1e-5);
+    EXPECT_EQ(simd_p, trained_with(simd::supported(), m, d, 3)) << "the SIMD path is deterministic";
+  }
+  // Adam's kernel performs the portable loop's operations in its order: bit-identical.
+  skyforge::cpu::Optimizer o(parse_optimizer("adam", opts({{"learning_rate", "0.01"}})), 1000);
+  skyforge::cpu::Optimizer o2(parse_optimizer("adam", opts({{"learning_rate", "0.01"}})), 1000);
+  std::vector<float> p(1000), g(1000);
+  skyforge::Rng rng(3);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = uniform01(rng) - 0.5f, g[i] = (uniform01(rng) - 0.5f) * 1e-3f;
+  std::vector<float> p2 = p;
+  for (uint64_t it = 0; it < 3; ++it) {
+    simd::set_isa(simd::supported());
+    o.apply(p.data(), g.data(), 0.5f, it, Exec{1});
+    simd::set_isa(simd::Isa::none);
+    o2.apply(p2.data(), g.data(), 0.5f, it, Exec{1});
+  }
+  simd::set_isa(simd::supported());
+  EXPECT_EQ(0, std::memcmp(p.data(), p2.data(), p.size() * sizeof(float)));
+}
+
+TEST(Simd, IsaSwitchCapsAtWhatTheCpuHas) {
+  EXPECT_EQ(simd::set_isa(simd::Isa::none), simd::Isa::none);
+  EXPECT_EQ(simd::kernels(), nullptr);
+  const simd::Isa best = simd::supported();
+  EXPECT_EQ(simd::set_isa(simd::Isa::avx512), best);
+  EXPECT_EQ(simd::kernels() == nullptr, best == simd::Isa::none);
+  if (best != simd::Isa::none) EXPECT_STREQ(simd::kernels()->name, simd::isa_name(best));
+}
+
+TEST(Fusion, FusedAndViewLayersGiveTheSameBits) {
+  // The engine fuses batch_normalization + relu and passes flatten's input on as a view;
+  // unfused, every layer runs apart with its own buffer.
+  Synthetic d(16 * 2, 32);
+  EngineOptions unfused;
+  unfused.fuse = false;
+  ModelSpec with_flatten = convnet(8, 1);
+  with_flatten.layers[9] = layer("flatten");  // conv ... bn, relu (fused), flatten (view), dense
+  for (const ModelSpec& m : {convnet(8, 1), mlp(8, 1), with_flatten})
+    for (simd::Isa isa : {simd::Isa::none, simd::supported()}) {
+      const auto fused_p = trained_with(isa, m, d, 2);
+      const auto plain_p = trained_with(isa, m, d, 2, unfused);
+      ASSERT_EQ(fused_p.size(), plain_p.size());
+      EXPECT_EQ(0, std::memcmp(fused_p.data(), plain_p.data(), fused_p.size() * sizeof(float)))
+          << simd::isa_name(isa) << ", " << m.layers.size() << " layers";
+    }
 }
