@@ -1,10 +1,16 @@
 // The pool communicator end to end: the real `skyforge` binary, real workers on the local
 // provider, the collective_check app (fixtures/collective_check.cpp) on every node. Each test
-// runs under its own TMPDIR and checks that nothing is left behind, as tests/e2e does.
+// runs under its own TMPDIR and checks that nothing is left behind, as tests/e2e does, and
+// that no shared-memory segment of the communicator stays in /dev/shm. Local nodes share
+// this host, so the communicator runs on shared memory; in network namespaces, or with
+// SKYFORGE_COMM_SHM=0, on Gloo/TCP.
 #include <gtest/gtest.h>
+
+#include <dirent.h>
 
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "process.hpp"
 
@@ -12,9 +18,21 @@ using namespace skyforge::test;
 
 namespace {
 
+// The communicator's segments now in /dev/shm (each lives only while a communicator is built).
+std::set<std::string> shm_segments() {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name).rfind("skyforge-comm-", 0) == 0) out.insert(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
 class Collectives : public ::testing::Test {
  protected:
   void SetUp() override {
+    shm_before_ = shm_segments();
     char tmpl[] = "/tmp/skyforge-coll-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     root_ = tmpl;
@@ -28,6 +46,13 @@ class Collectives : public ::testing::Test {
       ::kill(p, SIGKILL);
     }
     EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
+    // New segments that stay (another run on this host may hold one for a few ms: look twice).
+    std::set<std::string> segments;
+    for (const auto& n : shm_segments())
+      if (!shm_before_.count(n)) segments.insert(n);
+    if (!segments.empty()) std::this_thread::sleep_for(std::chrono::seconds(2));
+    for (const auto& n : shm_segments())
+      if (segments.count(n)) ADD_FAILURE() << "left in /dev/shm: " << n;
     std::error_code ec;
     fs::remove_all(root_, ec);
   }
@@ -48,41 +73,50 @@ class Collectives : public ::testing::Test {
     return "[pool]\nnodes = " + std::to_string(nodes) + "\n" + extra + (env.empty() ? "" : "[image]\nenv = { " + env + " }\n") +
            "[job]\napp = \"collective_check\"\nplugin_path = [\"" + COLL_FIXTURES + "\"]\n" + extra_job;
   }
-  // Every node's "ok" line; returns the hashes seen.
-  std::set<std::string> expect_ok(const Output& o, int nodes) {
+  // Every node's "ok" line; returns the hashes seen. Every node must report `transport`.
+  std::set<std::string> expect_ok(const Output& o, int nodes, const std::string& transport) {
     std::set<std::string> hashes;
     for (int i = 0; i < nodes; ++i) {
       std::smatch m;
       std::regex line("\\[node " + std::to_string(i) + "\\] => ok rank=" + std::to_string(i) + " size=" +
-                      std::to_string(nodes) + " checks=(\\d+) hash=([0-9a-f]{16})");
+                      std::to_string(nodes) + " checks=(\\d+) hash=([0-9a-f]{16}) transport=(\\w+)");
       EXPECT_TRUE(std::regex_search(o.out, m, line)) << "node " << i << ":\n" << o.out << o.err;
       if (!m.empty()) {
         EXPECT_GT(std::stoi(m[1]), 50);
         hashes.insert(m[2]);
+        EXPECT_EQ(m[3], transport) << "node " << i;
       }
     }
     return hashes;
   }
 
   fs::path root_, tmp_;
+  std::set<std::string> shm_before_;
 };
 
 TEST_F(Collectives, TwoNodes) {
   Output o = run({"run", write("c2.toml", manifest(2)).string()});
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
-  EXPECT_EQ(expect_ok(o, 2).size(), 1u) << "every rank must hold the same allreduce bits\n" << o.out;
+  EXPECT_EQ(expect_ok(o, 2, "shm").size(), 1u) << "every rank must hold the same allreduce bits\n" << o.out;
+}
+
+// The same on Gloo/TCP: SKYFORGE_COMM_SHM=0 on the nodes.
+TEST_F(Collectives, TwoNodesWithSharedMemorySwitchedOff) {
+  Output o = run({"run", write("c2off.toml", manifest(2, "SKYFORGE_COMM_SHM = \"0\"")).string()});
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(expect_ok(o, 2, "gloo").size(), 1u) << "every rank must hold the same allreduce bits\n" << o.out;
 }
 
 TEST_F(Collectives, ThreeNodes) {
   Output o = run({"run", write("c3.toml", manifest(3)).string()});
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
-  EXPECT_EQ(expect_ok(o, 3).size(), 1u) << "every rank must hold the same allreduce bits\n" << o.out;
+  EXPECT_EQ(expect_ok(o, 3, "shm").size(), 1u) << "every rank must hold the same allreduce bits\n" << o.out;
 }
 
 TEST_F(Collectives, OneNodeIsLocal) {
   Output o = run({"run", write("c1.toml", manifest(1)).string()});
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
-  EXPECT_EQ(expect_ok(o, 1).size(), 1u);
+  EXPECT_EQ(expect_ok(o, 1, "local").size(), 1u);
 }
 
 TEST_F(Collectives, ThreeNodesInNetworkNamespaces) {
@@ -90,7 +124,8 @@ TEST_F(Collectives, ThreeNodesInNetworkNamespaces) {
   if (system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "ip netns is not available";
   Output o = run({"run", write("netns.toml", manifest(3, "", "[provider]\nisolation = \"netns\"\n")).string()});
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
-  EXPECT_EQ(expect_ok(o, 3).size(), 1u) << o.out;
+  // Each node in its own network namespace is another host: Gloo/TCP over their addresses.
+  EXPECT_EQ(expect_ok(o, 3, "gloo").size(), 1u) << o.out;
 }
 
 // A node that fails before the collective: the run fails at once (not after the collective
@@ -107,6 +142,16 @@ TEST_F(Collectives, NodeExitingBeforeTheCollectiveFailsTheRunNamingIt) {
   Output o = run({"run", write("exit.toml", manifest(3, "COLL_MODE = \"exit\"")).string()}, 60);
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   EXPECT_TRUE(std::regex_search(o.err, std::regex("node \\d"))) << o.err;
+  EXPECT_LT(o.seconds, 30);
+}
+
+// A node that fails after joining (shared memory mapped, segment already unlinked): the run
+// fails at once naming it; its peer's next collective fails instead of hanging.
+TEST_F(Collectives, NodeThrowingAfterJoiningFailsTheRunNamingIt) {
+  Output o = run({"run", write("throw_after.toml", manifest(2, "COLL_MODE = \"throw_after\"")).string()}, 60);
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("node 1 failed"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("gives up after joining on purpose"), std::string::npos) << o.err;
   EXPECT_LT(o.seconds, 30);
 }
 
