@@ -1,0 +1,98 @@
+// skyforge::keras::Sequential without a backend: the layer builders' specs, Keras' shape
+// inference and summary, compile()'s checks, and what an unbound model says. (Everything that
+// needs an engine is in test_keras_model.cpp, on the real cpu backend.)
+#include <skyforge/keras.hpp>
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model_util.hpp"
+
+namespace K = skyforge::keras;
+using Opts = std::vector<std::pair<std::string, std::string>>;
+using model_util::error_of;
+using model_util::make_data;
+using model_util::small_model;
+using model_util::Synthetic;
+
+// ---- layers and specs --------------------------------------------------------------------------
+TEST(KerasLayers, BuildersEmitKerasOptionNames) {
+  EXPECT_EQ(K::Dense(128, "relu").options, (Opts{{"units", "128"}, {"activation", "relu"}, {"use_bias", "true"}}));
+  EXPECT_EQ(K::layers::Dense(10).options, (Opts{{"units", "10"}, {"activation", "linear"}, {"use_bias", "true"}}));
+  EXPECT_EQ(K::Conv2D(32, 3, 1, "same", false).options,
+            (Opts{{"filters", "32"}, {"kernel_size", "3"}, {"strides", "1"}, {"padding", "same"},
+                  {"use_bias", "false"}, {"activation", "linear"}}));
+  EXPECT_EQ(K::Conv2D(8, {3, 5}, {2, 1}).option("kernel_size"), "3,5");
+  EXPECT_EQ(K::Conv2D(8, {3, 5}, {2, 1}).option("strides"), "2,1");
+  EXPECT_EQ(K::MaxPooling2D(2).options, (Opts{{"pool_size", "2"}, {"strides", "2"}, {"padding", "valid"}}));
+  EXPECT_EQ(K::MaxPooling2D(3, K::Size2(1)).option("strides"), "1");
+  EXPECT_EQ(K::BatchNormalization().options, (Opts{{"momentum", "0.99"}, {"epsilon", "0.001"}}));
+  EXPECT_EQ(K::BatchNormalization(0.9, 1e-5, true, false).options,
+            (Opts{{"momentum", "0.9"}, {"epsilon", "1e-05"}, {"scale", "false"}}));
+  EXPECT_EQ(K::Dropout(0.5).options, (Opts{{"rate", "0.5"}}));
+  EXPECT_EQ(K::ReLU().type, "relu");
+  EXPECT_EQ(K::Softmax().type, "softmax");
+  EXPECT_EQ(K::Flatten().type, "flatten");
+  EXPECT_EQ(K::GlobalAveragePooling2D().type, "global_average_pooling2d");
+}
+
+// The Keras multi-device guide's convnet: shapes and parameter counts as Keras computes them.
+TEST(KerasModel, ShapeInferenceAndSummary) {
+  K::Sequential m({K::Input({28, 28, 1}), K::Conv2D(12, 3, 1, "same", false), K::BatchNormalization(), K::ReLU(),
+                   K::Conv2D(24, 6, 2, "same", false), K::BatchNormalization(), K::ReLU(),
+                   K::Conv2D(32, 6, 2, "same", false), K::BatchNormalization(), K::ReLU(),
+                   K::GlobalAveragePooling2D(), K::Dense(256, "relu"), K::Dropout(0.5), K::Dense(10)});
+  EXPECT_EQ(m.output_shape(), (std::vector<uint32_t>{10}));
+  EXPECT_EQ(m.num_classes(), 10u);
+  const std::string s = m.summary();
+  EXPECT_NE(s.find("conv2d_1 (Conv2D)"), std::string::npos) << s;
+  EXPECT_NE(s.find("(None, 14, 14, 24)"), std::string::npos) << s;
+  EXPECT_NE(s.find("(None, 7, 7, 32)"), std::string::npos) << s;
+  EXPECT_NE(s.find("Total params: 49414"), std::string::npos) << s;
+  EXPECT_NE(s.find("Trainable params: 49278"), std::string::npos) << s;
+  EXPECT_NE(s.find("Non-trainable params: 136"), std::string::npos) << s;
+
+  K::Sequential mlp({K::Input({28, 28, 1}), K::Conv2D(32, 3), K::MaxPooling2D(2), K::Flatten(), K::Dense(10)});
+  EXPECT_EQ(mlp.output_shape(), (std::vector<uint32_t>{10}));
+  EXPECT_NE(mlp.summary().find("(None, 13, 13, 32)"), std::string::npos) << mlp.summary();
+  EXPECT_NE(mlp.summary().find("Total params: 54410"), std::string::npos) << mlp.summary();  // 320 + 5408*10+10
+}
+
+TEST(KerasModel, CompileErrorsAreClear) {
+  auto compile_error = [](K::Sequential m, const std::string& loss = "sparse_categorical_crossentropy",
+                          std::vector<std::string> metrics = {"accuracy"}) {
+    return error_of([&] { m.compile(K::Adam{}, loss, metrics); });
+  };
+  EXPECT_NE(compile_error(K::Sequential({K::Dense(10)})).find("no Input"), std::string::npos);
+  EXPECT_NE(compile_error(K::Sequential({K::Input({4})})).find("no layers"), std::string::npos);
+  EXPECT_NE(compile_error(K::Sequential({K::Input({4, 4, 1}), K::Dense(10)})).find("must be (None, classes)"),
+            std::string::npos);
+  EXPECT_NE(compile_error(K::Sequential({K::Input({16}), K::Conv2D(4, 3), K::Dense(2)}))
+                .find("layer 0 (conv2d): expects an input of rank 3"),
+            std::string::npos);
+  EXPECT_NE(compile_error(K::Sequential({K::Input({2, 2, 1}), K::Conv2D(4, 3), K::Flatten(), K::Dense(2)}))
+                .find("window 3 is larger than the input"),
+            std::string::npos);
+  EXPECT_NE(compile_error(small_model(), "mse").find("loss 'mse' is not supported"), std::string::npos);
+  EXPECT_NE(compile_error(small_model(), "sparse_categorical_crossentropy", {"auc"}).find("metric 'auc'"),
+            std::string::npos);
+  EXPECT_NE(compile_error(K::Sequential({K::Input({4}), K::Dropout(1.5), K::Dense(2)})).find("rate must be in"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { K::Sequential({K::Dense(2), K::Input({4})}); }).find("Input must come first"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { K::Sequential m = small_model(); m.compile(K::SGD{-1}); }).find("learning_rate"),
+            std::string::npos);
+}
+
+TEST(KerasModel, UnboundModelSaysHowToBind) {
+  K::Sequential m = small_model();
+  m.compile(K::Adam{});
+  const Synthetic d = make_data(10, 1);
+  EXPECT_NE(error_of([&] { m.fit(d.x, d.y); }).find("not bound to a compute backend"), std::string::npos);
+  K::Sequential not_compiled = small_model();
+  EXPECT_NE(error_of([&] { not_compiled.predict(d.x); }).find("compile() first"), std::string::npos);
+}
+
