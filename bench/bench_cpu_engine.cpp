@@ -14,6 +14,7 @@
 // machine may be shared: read the CPU column and the counters, which use CPU time.
 #include "cpu_engine.hpp"
 #include "kernels.hpp"
+#include "simd.hpp"
 
 #include <benchmark/benchmark.h>
 #include <skyforge/datasets.hpp>
@@ -153,8 +154,50 @@ void BM_gemm(benchmark::State& s) {
                                             benchmark::Counter::kIsRate);
 }
 
+// The SIMD convolution kernels (simd.hpp) on the convnet's three Conv2D layers at batch 64, 1
+// thread: forward, input gradient (dgrad) and weight gradient (wgrad), each 2*M*K*F flops.
+// Args: layer (0, 1, 2), pass (0 fwd, 1 dgrad, 2 wgrad). Skipped without AVX2.
+void BM_conv(benchmark::State& s) {
+  namespace simd = skyforge::cpu::simd;
+  const simd::Kernels* sk = simd::kernels();
+  if (!sk) {
+    s.SkipWithError("no SIMD kernels on this CPU (or SKYFORGE_CPU_ISA=none)");
+    return;
+  }
+  struct L {
+    size_t H, W, C, k, stride, F;
+    bool same;
+  };
+  static const L layers[3] = {{28, 28, 1, 3, 1, 12, true}, {28, 28, 12, 6, 2, 24, false}, {12, 12, 24, 6, 2, 32, true}};
+  const L& l = layers[s.range(0)];
+  const size_t Ho = l.same ? (l.H + l.stride - 1) / l.stride : (l.H - l.k) / l.stride + 1;
+  const size_t Wo = l.same ? (l.W + l.stride - 1) / l.stride : (l.W - l.k) / l.stride + 1;
+  const size_t ph = l.same ? std::max<long>(0, static_cast<long>((Ho - 1) * l.stride + l.k) - static_cast<long>(l.H)) : 0;
+  const size_t pw = l.same ? std::max<long>(0, static_cast<long>((Wo - 1) * l.stride + l.k) - static_cast<long>(l.W)) : 0;
+  const simd::ConvGeom g{l.H, l.W, l.C, l.k, l.k, l.stride, l.stride, ph / 2, pw / 2, Ho, Wo};
+  const size_t batch = 64, K = l.k * l.k * l.C, M = batch * Ho * Wo;
+  std::vector<float> x(batch * l.H * l.W * l.C), w(K * l.F), y(M * l.F), dw(K * l.F), scratch(K * l.F);
+  skyforge::Rng rng(5);
+  for (auto& v : x) v = skyforge::cpu::uniform01(rng) - 0.5f;
+  for (auto& v : w) v = skyforge::cpu::uniform01(rng) - 0.5f;
+  for (auto& v : y) v = skyforge::cpu::uniform01(rng) - 0.5f;
+  const size_t pf = std::max<size_t>((size_t{128} << 10) / sizeof(float), 24 * K);
+  std::vector<float> buf(pf);
+  for (auto _ : s) {
+    switch (s.range(1)) {
+      case 0: sk->conv_fwd(g, x.data(), 0, batch, w.data(), l.F, y.data(), buf.data(), pf); break;
+      case 1: sk->conv_dgrad(g, y.data(), 0, batch, w.data(), l.F, x.data(), buf.data(), pf); break;
+      default: sk->conv_wgrad(g, x.data(), batch, y.data(), l.F, 0, K, dw.data(), buf.data(), pf, scratch.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  s.counters["GFLOPS"] = benchmark::Counter(2.0 * M * K * l.F * static_cast<double>(s.iterations()) * 1e-9,
+                                            benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 
+BENCHMARK(BM_conv)->ArgNames({"layer", "pass"})->ArgsProduct({{0, 1, 2}, {0, 1, 2}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_gemm)
     ->ArgNames({"ta", "tb", "M", "N", "K"})
     ->Args({0, 0, 50176, 12, 9})     // conv 1 forward

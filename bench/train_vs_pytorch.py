@@ -85,6 +85,11 @@ CONFIGS = [  # (key, label, kind, processes)
     ("sky2", "skyforge 2 nodes x 1 thread", "skyforge", 2),
     ("torch1", "PyTorch 1 proc x 1 thread", "torch", 1),
     ("torch2", "PyTorch DDP 2 procs x 1 thread", "torch", 2),
+    # The machine's own ceiling: 2 nodes at once with no communication (keras data_parallel =
+    # false: each trains its own replica on every sample). Two processes that never talk and
+    # still fall short of 2x show how much of a 2-node shortfall the cores themselves cause
+    # (shared SMT siblings, memory bandwidth, other tenants of a VM).
+    ("sky2ind", "skyforge 2 nodes, no allreduce", "skyforge", 2),
 ]
 
 
@@ -274,8 +279,9 @@ def check_example(model, doc):
         raise SystemExit(f"train_vs_pytorch: {EXAMPLES[model]}: unexpected loss {t['loss']!r}")
 
 
-def derive_manifest(model, nodes, epochs):
-    """The example's text with nodes, epochs and threads set and every file output removed."""
+def derive_manifest(model, nodes, epochs, independent=False):
+    """The example's text with nodes, epochs and threads set and every file output removed;
+    independent: keras' data_parallel = false (every node trains its own replica)."""
     text = EXAMPLES[model].read_text()
     check_example(model, tomllib.loads(text))
 
@@ -290,6 +296,9 @@ def derive_manifest(model, nodes, epochs):
     text = setkey(text, "epochs", epochs, "train")
     text = setkey(text, "threads", 1, "train")
     text = setkey(text, "batch_size", GLOBAL_BATCH, "train")
+    if independent:
+        text, n = re.subn(r'^name\s*=\s*"keras"\s*$', 'name = "keras"\ndata_parallel = false', text, count=1, flags=re.M)
+        assert n == 1, "the example has no keras plugin table"
     doc = tomllib.loads(text)
     t = doc["train"]
     assert doc["pool"]["nodes"] == nodes and t["epochs"] == epochs and t["threads"] == 1, doc
@@ -338,7 +347,8 @@ class RssPoller(threading.Thread):
 def run_skyforge(spec):
     with tempfile.TemporaryDirectory(prefix="train_vs_pytorch.") as tmp:
         manifest = Path(tmp) / f"{spec['model']}-{spec['procs']}.toml"
-        manifest.write_text(derive_manifest(spec["model"], spec["procs"], spec["epochs"]))
+        independent = spec["key"] == "sky2ind"
+        manifest.write_text(derive_manifest(spec["model"], spec["procs"], spec["epochs"], independent))
         p = subprocess.run([spec["skyforge"], "run", str(manifest)], cwd=tmp,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     nodes = [json.loads(m.group(2)) for m in re.finditer(r"^\[node (\d+)\] => (\{.*\})\s*$", p.stdout, re.M)]
@@ -347,7 +357,8 @@ def run_skyforge(spec):
         raise SystemExit(f"skyforge run failed (exit {p.returncode}, {len(nodes)} result lines)")
     nodes.sort(key=lambda r: r["node"])
     train_s = max(r["train_seconds"] for r in nodes)
-    return {"train_seconds": train_s, "samples": TRAIN_SAMPLES * spec["epochs"],
+    # Data-parallel nodes share each epoch's samples; independent ones each train on all of them.
+    return {"train_seconds": train_s, "samples": TRAIN_SAMPLES * spec["epochs"] * (spec["procs"] if independent else 1),
             "test_accuracy": nodes[0]["test_accuracy"], "test_loss": nodes[0]["test_loss"],
             "train_loss": nodes[0].get("loss"), "train_accuracy": nodes[0].get("accuracy"),
             "skyforge_samples_per_second_reported": min(r["samples_per_second"] for r in nodes),
@@ -496,7 +507,7 @@ def main():
     print("-" * len(hdr))
     for r in cells:
         note = []
-        if "replicas_agree" in r and r["processes"] > 1:
+        if "replicas_agree" in r and r["processes"] > 1 and r["config"] != "sky2ind":
             note.append("replica weights equal" if r["replicas_agree"] else "REPLICA WEIGHTS DIFFER")
         if len(r["per_process_train_seconds"]) > 1:
             note.append("per-process train s " + "/".join(f"{t:.2f}" for t in r["per_process_train_seconds"]))
@@ -506,7 +517,7 @@ def main():
 
     print()
     hdr = (f"{'model':8s} {'skyforge/PyTorch 1 proc':>24s} {'skyforge/PyTorch 2 procs':>25s} "
-           f"{'2-node eff. skyforge':>21s} {'2-proc eff. PyTorch':>20s}")
+           f"{'2-node eff. skyforge':>21s} {'2-proc eff. PyTorch':>20s} {'2 nodes, no comm.':>18s}")
     print(hdr)
     print("-" * len(hdr))
     ratios = {}
@@ -515,12 +526,15 @@ def main():
         ratios[m] = {"skyforge_over_pytorch_1": s["sky1"] / s["torch1"],
                      "skyforge_over_pytorch_2": s["sky2"] / s["torch2"],
                      "scaling_efficiency_skyforge": s["sky2"] / (2 * s["sky1"]),
-                     "scaling_efficiency_pytorch": s["torch2"] / (2 * s["torch1"])}
+                     "scaling_efficiency_pytorch": s["torch2"] / (2 * s["torch1"]),
+                     "scaling_efficiency_no_communication": s["sky2ind"] / (2 * s["sky1"])}
         q = ratios[m]
         print(f"{m:8s} {q['skyforge_over_pytorch_1']:23.2f}x {q['skyforge_over_pytorch_2']:24.2f}x "
-              f"{q['scaling_efficiency_skyforge']:21.2f} {q['scaling_efficiency_pytorch']:20.2f}")
+              f"{q['scaling_efficiency_skyforge']:21.2f} {q['scaling_efficiency_pytorch']:20.2f} "
+              f"{q['scaling_efficiency_no_communication']:18.2f}")
     machine["loadavg_end"] = loadavg()
-    print(f"\nscaling efficiency = samples/s(2 processes) / (2 x samples/s(1 process)); "
+    print(f"\nscaling efficiency = samples/s(2 processes) / (2 x samples/s(1 process)); '2 nodes, no comm.': "
+          f"the same for 2 skyforge nodes that never communicate (the machine's ceiling); "
           f"load average at end: {machine['loadavg_end']}")
 
     if a.json:
