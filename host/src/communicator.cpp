@@ -471,8 +471,9 @@ class ShmGroup {
       const uint32_t p = parity();
       std::memcpy(slot(c_.rank, p), in + off, n);
       sync(d, true);
-      for (uint32_t r = 0; r < c_.size; ++r)
-        std::memmove(out + r * bytes + off, r == c_.rank ? in + off : slot(r, p), n);
+      // Every chunk from the slots, this rank's too: `in` may overlap `out` (in place, as Gloo
+      // allows), and the lower ranks' copies would overwrite it before it is read.
+      for (uint32_t r = 0; r < c_.size; ++r) std::memcpy(out + r * bytes + off, slot(r, p), n);
       ++ops_;
     }
   }
@@ -742,8 +743,16 @@ bool GlooCommunicator::setup_shm(net::StoreClient& store, const std::string& nam
   struct Mapping {
     void* base = nullptr;
     size_t len = 0;
+    RankCtl* mine = nullptr;  // set once this rank's pid is published: peers may count on it
     ~Mapping() {
-      if (base) ::munmap(base, len);
+      if (!base) return;
+      // Not handed to a ShmGroup (this rank's setup threw, e.g. it timed out waiting while the
+      // others went on): tell them now, or their first collective would wait for the timeout.
+      if (mine) {
+        mine->state.store(kBroken, std::memory_order_seq_cst);
+        futex_wake_all(mine->seq);
+      }
+      ::munmap(base, len);
     }
   } map;
   const uint32_t W = opt_.size;
@@ -811,9 +820,10 @@ bool GlooCommunicator::setup_shm(net::StoreClient& store, const std::string& nam
       }
     }
   }
-  if (error.empty())
-    reinterpret_cast<RankCtl*>(static_cast<uint8_t*>(map.base) + kCtlOffset)[opt_.rank].pid.store(
-        ::getpid(), std::memory_order_release);
+  if (error.empty()) {
+    map.mine = reinterpret_cast<RankCtl*>(static_cast<uint8_t*>(map.base) + kCtlOffset) + opt_.rank;
+    map.mine->pid.store(::getpid(), std::memory_order_release);
+  }
   store.set(opt_.prefix + "shm/ok/" + std::to_string(opt_.rank), error.empty() ? "1" : "0 " + error);
   std::vector<std::string> keys;
   for (uint32_t r = 0; r < W; ++r) keys.push_back("shm/ok/" + std::to_string(r));

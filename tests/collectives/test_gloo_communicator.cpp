@@ -528,6 +528,11 @@ TEST_F(Shm, BroadcastAllgatherAndBarrierAcrossSlots) {
       std::memcpy(all.data() + rank * n, in.data(), n);
       OK(c.allgather(all.data() + rank * n, n, all.data()));
       EXPECT_EQ(all, out);
+      // in == out: every rank's own data at the front, overwritten by rank 0's row first
+      std::vector<uint8_t> front(3 * n, 0);
+      std::memcpy(front.data(), in.data(), n);
+      OK(c.allgather(front.data(), n, front.data()));
+      EXPECT_EQ(front, out) << "rank " << rank << ", " << n << " bytes";
     }
     // A late rank holds everyone up.
     auto t0 = Clock::now();
