@@ -42,41 +42,35 @@ void use_single_threaded_blas() {
 [[noreturn]] void invalid(const std::string& m) { throw Error(m, SF_ERR_INVALID); }
 
 // Flush-to-zero and denormals-are-zero (MXCSR FTZ | DAZ) for the duration of one engine call, on
-// the calling thread and on the OpenMP workers of its team, restored afterwards. Subnormal
-// floats (below 1.2e-38) cost x86 cores a microcode assist per operation: Adam's second moments
-// and tiny gradients reach them after an epoch or so and made the optimizer several times
-// slower. TensorFlow/Keras run their CPU kernels the same way (and PyTorch offers it as
+// the calling thread and on its OpenMP workers, restored afterwards. Subnormal floats (below
+// 1.2e-38) cost x86 cores a microcode assist per operation: Adam's second moments and tiny
+// gradients reach them after an epoch or so and made the optimizer several times slower.
+// TensorFlow/Keras run their CPU kernels the same way (and PyTorch offers it as
 // torch.set_flush_denormal). Every thread flushes, so results do not depend on the thread count.
-// The workers are libgomp's pool: a later team of at most `threads` threads reuses the same
-// workers, so every parallel region of the call runs flushed.
+//
+// libgomp does not keep its workers: a team smaller than the last one retires the extra
+// threads, and a larger one creates threads that inherit the creating thread's MXCSR. So the
+// calling thread flushes first (threads created during the call start flushed), a team of
+// `threads` sets every worker, and on the way out the calling thread is restored first and a
+// team of `threads` then restores every worker to the caller's value, unconditionally.
 #if defined(SKYFORGE_CPU_MXCSR)
 constexpr unsigned kFtzDaz = 0x8040;  // FTZ (bit 15) | DAZ (bit 6)
-thread_local unsigned worker_saved_csr = 0;
-thread_local int worker_depth = 0;
 
 class FlushDenormals {
  public:
-  explicit FlushDenormals(int threads) : threads_(threads), saved_(_mm_getcsr()) {
-    _mm_setcsr(saved_ | kFtzDaz);
-    if (threads_ > 1) {
-#pragma omp parallel num_threads(threads_)
-      if (omp_get_thread_num() != 0 && worker_depth++ == 0) {
-        worker_saved_csr = _mm_getcsr();
-        _mm_setcsr(worker_saved_csr | kFtzDaz);
-      }
-    }
-  }
-  ~FlushDenormals() {
-    if (threads_ > 1) {
-#pragma omp parallel num_threads(threads_)
-      if (omp_get_thread_num() != 0 && worker_depth > 0 && --worker_depth == 0) _mm_setcsr(worker_saved_csr);
-    }
-    _mm_setcsr(saved_);
-  }
+  explicit FlushDenormals(int threads) : threads_(threads), saved_(_mm_getcsr()) { set_all(saved_ | kFtzDaz); }
+  ~FlushDenormals() { set_all(saved_); }
   FlushDenormals(const FlushDenormals&) = delete;
   FlushDenormals& operator=(const FlushDenormals&) = delete;
 
  private:
+  void set_all(unsigned csr) const {
+    _mm_setcsr(csr);
+    if (threads_ > 1) {
+#pragma omp parallel num_threads(threads_)
+      _mm_setcsr(csr);
+    }
+  }
   int threads_;
   unsigned saved_;
 };

@@ -541,3 +541,26 @@ TEST(Fusion, FusedAndViewLayersGiveTheSameBits) {
           << simd::isa_name(isa) << ", " << m.layers.size() << " layers";
     }
 }
+
+#if defined(__x86_64__)
+#include <omp.h>
+#include <xmmintrin.h>
+
+TEST(Denormals, FlushIsOnlyForTheEngineCall) {
+  // The engine flushes denormals on its threads during a call; afterwards neither the caller
+  // nor any OpenMP worker (libgomp retires and recreates them between teams of other sizes)
+  // may keep FTZ/DAZ.
+  const unsigned before = _mm_getcsr();
+  ASSERT_EQ(before & 0x8040u, 0u) << "the test process itself runs flushed";
+  Synthetic d(16, 40);
+  CpuEngine e(convnet(3, 4), skyforge::Communicator());
+  for (int s = 0; s < 2; ++s) e.train_step(d.x.data(), d.y.data(), s == 0 ? 16 : 3);  // batch 3: teams of 3
+  EXPECT_EQ(_mm_getcsr() & ~0x3Fu, before & ~0x3Fu);  // control bits; 0-5 are sticky exception flags
+  for (int team : {4, 2, 6}) {
+    std::vector<unsigned> csr(static_cast<size_t>(team), 0);
+#pragma omp parallel num_threads(team)
+    csr[static_cast<size_t>(omp_get_thread_num())] = _mm_getcsr();
+    for (int t = 0; t < team; ++t) EXPECT_EQ(csr[t] & 0x8040u, 0u) << "thread " << t << " of a team of " << team;
+  }
+}
+#endif
