@@ -254,7 +254,7 @@ class Conv2D final : public Layer {
   // Per-thread panel buffers of the SIMD convolutions (simd.hpp): 128 KiB (an L2 share), at least
   // 24 col rows.
   static constexpr size_t kPanelFloats = (size_t{128} << 10) / sizeof(float);
-  size_t panel_floats() const { return std::max<size_t>(kPanelFloats, 24 * kkc()); }
+  size_t panel_floats() const { return std::max<size_t>(kPanelFloats, 24 * kkc() + 16); }  // + im2col's slack
   float* panels(size_t T) {
     const size_t n = T * panel_floats();
     if (panel_.size() < n) panel_.resize(n);
@@ -367,10 +367,10 @@ class Conv2D final : public Layer {
       // dW: rows of the kernel matrix split over the threads (each builds its own panels).
       const size_t Tw = std::min<size_t>(split(K, M * filters), std::max<size_t>(K / 16, 1));
       float* buf = panels(Tw);
-      wscratch_.resize(Tw * K * filters);
+      wscratch_.resize(K * filters);  // each thread's rows [a, b) use (b - a) * filters of it
       float* sc = wscratch_.data();
       over(0, K, Tw, [&](size_t t, size_t a, size_t b) {
-        sk->conv_wgrad(g, x, batch, dy, filters, a, b, g_, buf + t * pf, pf, sc + t * K * filters);
+        sk->conv_wgrad(g, x, batch, dy, filters, a, b, g_, buf + t * pf, pf, sc + a * filters);
       });
       if (dx) {
         const size_t T = split(batch, P * K);
