@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "accelerator.hpp"
+#include "devices.hpp"
 #include "fanout.hpp"
 #include "hf_env.hpp"
 #include "rendezvous.hpp"
@@ -18,20 +19,6 @@ namespace {
 namespace st = skyforge::torch;
 namespace shf = skyforge::huggingface;
 namespace fw = skyforge::fw;
-
-uint32_t local_devices(const skyforge::InstanceInfo& info, const skyforge::Env& env) {
-  if (auto d = env.get("SKYFORGE_LOCAL_DEVICES")) {
-    try {
-      return uint32_t(std::stoul(*d));
-    } catch (const std::exception&) {
-    }
-  }
-  try {
-    if (!info.accelerator.empty()) return fw::parse_accelerator(info.accelerator).count;
-  } catch (const std::invalid_argument&) {
-  }
-  return info.accelerators;
-}
 
 class HuggingFace : public skyforge::Framework {
  public:
@@ -63,7 +50,7 @@ class HuggingFace : public skyforge::Framework {
   void around_app_enter(const skyforge::InstanceInfo& info, const skyforge::Env& env) override {
     if (info.head_addr.empty()) throw skyforge::Error("huggingface: the pool has no head address");
     try {
-      nproc_ = st::resolve_nproc(options().get_int("nproc_per_node", 1), local_devices(info, env));
+      nproc_ = st::resolve_nproc(options().get_int("nproc_per_node", 1), fw::local_devices(info, env));
       ranks_ = st::compute_ranks(st::Placement{.node = info.node,
                                                .nodes = info.total_nodes,
                                                .machine_slot = info.local_rank,

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "accelerator.hpp"
+#include "devices.hpp"
 #include "fanout.hpp"
 #include "jax_env.hpp"
 #include "rendezvous.hpp"
@@ -17,20 +18,6 @@ namespace {
 
 namespace sj = skyforge::jax;
 namespace fw = skyforge::fw;
-
-uint32_t local_devices(const skyforge::InstanceInfo& info, const skyforge::Env& env) {
-  if (auto d = env.get("SKYFORGE_LOCAL_DEVICES")) {
-    try {
-      return uint32_t(std::stoul(*d));
-    } catch (const std::exception&) {
-    }
-  }
-  try {
-    if (!info.accelerator.empty()) return fw::parse_accelerator(info.accelerator).count;
-  } catch (const std::invalid_argument&) {
-  }
-  return info.accelerators;
-}
 
 class Jax : public skyforge::Framework {
  public:
@@ -52,7 +39,7 @@ class Jax : public skyforge::Framework {
 
   void around_app_enter(const skyforge::InstanceInfo& info, const skyforge::Env& env) override {
     if (info.head_addr.empty()) throw skyforge::Error("jax: the pool has no head address");
-    const uint32_t devices = local_devices(info, env);
+    const uint32_t devices = fw::local_devices(info, env);
     nproc_ = nproc_option_ > 0 ? uint32_t(nproc_option_) : (devices > 0 ? devices : 1);
     sj::Settings s;
     s.coordinator_host = info.head_addr;

@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "accelerator.hpp"
+#include "devices.hpp"
 #include "fanout.hpp"
 #include "rendezvous.hpp"
 #include "torch_env.hpp"
@@ -24,22 +25,6 @@ namespace {
 
 namespace st = skyforge::torch;
 namespace fw = skyforge::fw;
-
-// Devices on this node: what the mig plugin found (SKYFORGE_LOCAL_DEVICES, when it ran first),
-// else the accelerator spec's count, else the host's count.
-uint32_t local_devices(const skyforge::InstanceInfo& info, const skyforge::Env& env) {
-  if (auto d = env.get("SKYFORGE_LOCAL_DEVICES")) {
-    try {
-      return uint32_t(std::stoul(*d));
-    } catch (const std::exception&) {
-    }
-  }
-  try {
-    if (!info.accelerator.empty()) return fw::parse_accelerator(info.accelerator).count;
-  } catch (const std::invalid_argument&) {
-  }
-  return info.accelerators;
-}
 
 class Torch : public skyforge::Framework {
  public:
@@ -60,7 +45,7 @@ class Torch : public skyforge::Framework {
     if (info.head_addr.empty()) throw skyforge::Error("torch: the pool has no head address");
     st::Ranks ranks;
     try {
-      nproc_ = st::resolve_nproc(options().get_int("nproc_per_node", 1), local_devices(info, env));
+      nproc_ = st::resolve_nproc(options().get_int("nproc_per_node", 1), fw::local_devices(info, env));
       ranks = st::compute_ranks(st::Placement{.node = info.node,
                                               .nodes = info.total_nodes,
                                               .machine_slot = info.local_rank,
