@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "process.hpp"
+#include "run_fixture.hpp"
 
 using namespace skyforge::test;
 
@@ -29,23 +30,15 @@ std::set<std::string> shm_segments() {
   return out;
 }
 
-class Collectives : public ::testing::Test {
+class Collectives : public SkyforgeRunTest {
  protected:
+  Collectives() : SkyforgeRunTest("skyforge-coll") {}
   void SetUp() override {
     shm_before_ = shm_segments();
-    char tmpl[] = "/tmp/skyforge-coll-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    tmp_ = root_ / "tmp";
-    fs::create_directories(tmp_);
+    SkyforgeRunTest::SetUp();
   }
   void TearDown() override {
-    auto left = wait_no_processes_under(root_, 10);
-    for (pid_t p : left) {
-      ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
-      ::kill(p, SIGKILL);
-    }
-    EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
+    SkyforgeRunTest::TearDown();
     // New segments that stay (another run on this host may hold one for a few ms: look twice).
     std::set<std::string> segments;
     for (const auto& n : shm_segments())
@@ -53,20 +46,8 @@ class Collectives : public ::testing::Test {
     if (!segments.empty()) std::this_thread::sleep_for(std::chrono::seconds(2));
     for (const auto& n : shm_segments())
       if (segments.count(n)) ADD_FAILURE() << "left in /dev/shm: " << n;
-    std::error_code ec;
-    fs::remove_all(root_, ec);
   }
-  fs::path write(const std::string& name, const std::string& text) {
-    fs::path p = root_ / name;
-    std::ofstream(p) << text;
-    return p;
-  }
-  Output run(const std::vector<std::string>& args, double timeout_s = 150) {
-    std::vector<std::string> argv = {SKYFORGE_BIN};
-    argv.insert(argv.end(), args.begin(), args.end());
-    Child c(argv, {{"TMPDIR", tmp_.string()}});
-    return c.wait(timeout_s);
-  }
+  Output run(const std::vector<std::string>& args, double timeout_s = 150) { return skyforge(args, timeout_s); }
   // A manifest running collective_check on `nodes` nodes; `env` goes to [image] env.
   std::string manifest(int nodes, const std::string& env = "", const std::string& extra = "",
                        const std::string& extra_job = "") {
@@ -90,7 +71,6 @@ class Collectives : public ::testing::Test {
     return hashes;
   }
 
-  fs::path root_, tmp_;
   std::set<std::string> shm_before_;
 };
 

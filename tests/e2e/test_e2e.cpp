@@ -7,48 +7,17 @@
 #include <set>
 
 #include "process.hpp"
+#include "run_fixture.hpp"
 
 using namespace skyforge::test;
 
 namespace {
 
-class E2E : public ::testing::Test {
+class E2E : public SkyforgeRunTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/skyforge-e2e-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    tmp_ = root_ / "tmp";
-    fs::create_directories(tmp_);
-  }
-  void TearDown() override {
-    auto left = wait_no_processes_under(root_, 10);
-    for (pid_t p : left) {
-      ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
-      ::kill(p, SIGKILL);
-    }
-    EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-
-  fs::path write(const std::string& name, const std::string& text) {
-    fs::path p = root_ / name;
-    std::ofstream(p) << text;
-    return p;
-  }
-  std::map<std::string, std::string> env() const { return {{"TMPDIR", tmp_.string()}}; }
-  Output run(const std::vector<std::string>& args, double timeout_s = 60) {
-    std::vector<std::string> argv = {SKYFORGE_BIN};
-    argv.insert(argv.end(), args.begin(), args.end());
-    Child c(argv, env());
-    return c.wait(timeout_s);
-  }
-  std::unique_ptr<Child> start(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {SKYFORGE_BIN};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return std::make_unique<Child>(argv, env());
-  }
+  E2E() : SkyforgeRunTest("skyforge-e2e") {}
+  Output run(const std::vector<std::string>& args, double timeout_s = 60) { return skyforge(args, timeout_s); }
+  std::unique_ptr<Child> start(const std::vector<std::string>& args) { return start_skyforge(args); }
   // Worker processes of this test's pools.
   std::vector<pid_t> workers() {
     std::vector<pid_t> w;
@@ -65,7 +34,6 @@ class E2E : public ::testing::Test {
     return false;
   }
 
-  fs::path root_, tmp_;
 };
 
 std::string command_manifest(int nodes, const std::string& sh, const std::string& extra_job = "",

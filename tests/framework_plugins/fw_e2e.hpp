@@ -16,50 +16,23 @@
 #include <vector>
 
 #include "process.hpp"
+#include "run_fixture.hpp"
 
 namespace skyforge::test::fw_e2e {
 
 using NodeEnv = std::map<std::string, std::string>;
 
-class FrameworkE2E : public ::testing::Test {
+class FrameworkE2E : public SkyforgeRunTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/skyforge-fw-e2e-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    tmp_ = root_ / "tmp";
-    fs::create_directories(tmp_);
-  }
-  void TearDown() override {
-    auto left = wait_no_processes_under(root_, 10);
-    for (pid_t p : left) {
-      ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
-      ::kill(p, SIGKILL);
-    }
-    EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) {
-    fs::path p = root_ / name;
-    std::ofstream(p) << text;
-    return p;
-  }
-  std::map<std::string, std::string> env() const { return {{"TMPDIR", tmp_.string()}}; }
-  std::unique_ptr<Child> start(const fs::path& manifest) {
-    return std::make_unique<Child>(std::vector<std::string>{SKYFORGE_BIN, "run", manifest.string()}, env());
-  }
+  FrameworkE2E() : SkyforgeRunTest("skyforge-fw-e2e") {}
+  std::unique_ptr<Child> start(const fs::path& manifest) { return start_skyforge({"run", manifest.string()}); }
   Output run(const fs::path& manifest, double timeout_s = 120) { return start(manifest)->wait(timeout_s); }
   // Any `skyforge` command line (validate, env, ...), under this test's TMPDIR.
   Output skyforge(const std::vector<std::string>& args, double timeout_s = 120) {
-    std::vector<std::string> argv = {SKYFORGE_BIN};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return Child(argv, env()).wait(timeout_s);
+    return SkyforgeRunTest::skyforge(args, timeout_s);
   }
   // Any program, under this test's TMPDIR (python probes and JSON checks).
   Output exec(const std::vector<std::string>& argv, double timeout_s = 60) { return Child(argv, env()).wait(timeout_s); }
-
-  fs::path root_, tmp_;
 };
 
 // "[node N] KEY=VALUE" lines -> per-node maps (only lines that look like KEY=VALUE).

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "process.hpp"
+#include "run_fixture.hpp"
 
 using namespace skyforge::test;
 
@@ -16,39 +17,16 @@ namespace {
 
 const char* kData = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
 
-class TrainE2E : public ::testing::Test {
+class TrainE2E : public SkyforgeRunTest {
  protected:
+  TrainE2E() : SkyforgeRunTest("skyforge-train") {}
   void SetUp() override {
     if (::access(kData, R_OK) != 0) GTEST_SKIP() << kData << " is missing: apt-get install dataset-fashion-mnist";
-    char tmpl[] = "/tmp/skyforge-train-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    tmp_ = root_ / "tmp";
-    fs::create_directories(tmp_);
-  }
-  void TearDown() override {
-    if (root_.empty()) return;
-    auto left = wait_no_processes_under(root_, 10);
-    for (pid_t p : left) {
-      ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
-      ::kill(p, SIGKILL);
-    }
-    EXPECT_TRUE(entries_of(tmp_).empty()) << "the run left files in its TMPDIR: " << entries_of(tmp_)[0];
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  fs::path write(const std::string& name, const std::string& text) {
-    fs::path p = root_ / name;
-    std::ofstream(p) << text;
-    return p;
+    SkyforgeRunTest::SetUp();
   }
   Output skyforge(const std::vector<std::string>& args, double timeout_s = 240) {
-    std::vector<std::string> argv = {SKYFORGE_BIN};
-    argv.insert(argv.end(), args.begin(), args.end());
-    Child c(argv, {{"TMPDIR", tmp_.string()}});
-    return c.wait(timeout_s);
+    return SkyforgeRunTest::skyforge(args, timeout_s);
   }
-  fs::path root_, tmp_;
 };
 
 // The main job's manifest with a short schedule; outputs under `out`.
