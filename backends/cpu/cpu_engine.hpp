@@ -195,8 +195,10 @@ class CpuEngine : public Engine {
  private:
   void ensure_capacity(uint32_t batch);
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
-  const float* forward(const float* x, uint32_t batch, bool training);
-  StepResult compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward);
+  // prof: where to add this call's times (train_step's calls only; null otherwise).
+  const float* forward(const float* x, uint32_t batch, bool training, Profile* prof = nullptr);
+  StepResult compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward,
+                     Profile* prof = nullptr);
 
   Communicator comm_;
   Exec exec_;

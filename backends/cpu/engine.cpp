@@ -338,9 +338,8 @@ void CpuEngine::check_batch(const void* x, const int32_t* y, uint32_t batch, con
   }
 }
 
-const float* CpuEngine::forward(const float* x, uint32_t batch, bool training) {
+const float* CpuEngine::forward(const float* x, uint32_t batch, bool training, Profile* prof) {
   const float* in = x;
-  Profile* prof = training ? prof_.get() : nullptr;
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (fused_[i]) continue;  // out_[i] is the previous layer's output, already activated
     if (view_[i]) {
@@ -358,13 +357,13 @@ const float* CpuEngine::forward(const float* x, uint32_t batch, bool training) {
 
 // One forward (+ backward with bucketed gradient allreduce). Leaves grads_ holding the GLOBAL
 // gradient SUM; the returned samples is the global count the caller divides by.
-StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward) {
+StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward,
+                              Profile* prof) {
   check_batch(x, y, batch, training ? "train_step" : "eval_step");
   if (!y) invalid("labels are NULL");
   use_single_threaded_blas();
   ensure_capacity(batch);
-  const float* logits = forward(x, batch, training);
-  Profile* prof = backward ? prof_.get() : nullptr;
+  const float* logits = forward(x, batch, training, prof);
   auto tick = [&] { return prof ? Profile::clock::now() : Profile::clock::time_point{}; };
   auto t0 = tick();
   uint64_t correct = 0;
@@ -416,7 +415,7 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
 StepResult CpuEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
   const FlushDenormals ftz(exec_.threads);
   const auto t0 = prof_ ? Profile::clock::now() : Profile::clock::time_point{};
-  StepResult r = compute(x, y, batch, true, true);
+  StepResult r = compute(x, y, batch, true, true, prof_.get());
   const auto t1 = prof_ ? Profile::clock::now() : Profile::clock::time_point{};
   // Every replica holds the same global sum, so the same update keeps them bit-identical.
   opt_->apply(params_.data(), grads_.data(), static_cast<float>(1.0 / static_cast<double>(r.samples)), step_, exec_);
