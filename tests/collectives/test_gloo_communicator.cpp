@@ -561,12 +561,12 @@ TEST_F(Shm, MismatchedCallsAreReportedNotMisread) {
 
 TEST_F(Shm, TimeoutNamesEveryMissingNode) {
   timeout_ms_ = 1500;
-  std::atomic<bool> done{false};
+  std::atomic<int> timed_out{0};
   std::vector<std::string> msg(4);
   std::vector<double> secs(4);
   run_ranks(4, [&](uint32_t rank, GlooCommunicator& c) {
-    if (rank >= 2) {  // join, then never call
-      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (rank >= 2) {  // join, then never call, and stay until both callers have timed out
+      while (timed_out < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       return;
     }
     std::vector<float> x(50000, 1.0f);
@@ -574,8 +574,7 @@ TEST_F(Shm, TimeoutNamesEveryMissingNode) {
     EXPECT_EQ(c.allreduce(x.data(), x.size(), SF_DTYPE_F32, SF_REDUCE_SUM), SF_ERR_TIMEOUT);
     secs[rank] = std::chrono::duration<double>(Clock::now() - t0).count();
     msg[rank] = GlooCommunicator::last_error();
-    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    done = true;
+    ++timed_out;  // (a silent node that left before the other caller timed out would be named as closed)
   });
   for (uint32_t r : {0u, 1u}) {
     EXPECT_NE(msg[r].find("allreduce failed on node " + std::to_string(r) + ": timed out waiting for nodes 2, 3"),
