@@ -1,5 +1,6 @@
 // skyforge — the command-line host: run, validate, env, plugins.
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 
 #include <signal.h>
 
@@ -132,29 +133,6 @@ int cmd_validate(int argc, char** argv) {
   return 0;
 }
 
-// "a\nb" -> "\"a\\nb\"" (JSON string).
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
 int cmd_env(int argc, char** argv) {
   po::options_description desc(
       "usage: skyforge env [options] <job.toml>\n\n"
@@ -219,13 +197,8 @@ int cmd_env(int argc, char** argv) {
     b = e + 1;
   }
   if (json) {
-    std::cout << "{";
-    bool first = true;
-    for (const auto& [k, v] : vars) {
-      std::cout << (first ? "\n  " : ",\n  ") << json_string(k) << ": " << json_string(v);
-      first = false;
-    }
-    std::cout << "\n}\n";
+    // Bytes that are not UTF-8 (an environment may hold any) become U+FFFD.
+    std::cout << nlohmann::ordered_json(vars).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     for (const auto& [k, v] : vars) std::cout << k << "=" << v << "\n";
   }

@@ -13,13 +13,11 @@
 
 namespace skyforge::tensorflow {
 
-// Throws std::invalid_argument when `index` is outside `workers` or a worker address is empty.
+// Compact JSON (nlohmann/json), keys in the order above. Throws std::invalid_argument when
+// `index` is outside `workers` or a worker address is empty.
 std::string tf_config(const std::vector<std::string>& workers, uint32_t index);
 
 // The store key under which node `node` of pool `pool` publishes its "host:port".
 std::string worker_key(std::string_view pool, uint32_t node);
-
-// JSON string literal (quotes included).
-std::string json_string(std::string_view s);
 
 }  // namespace skyforge::tensorflow
