@@ -133,7 +133,7 @@ TEST_F(FrameworkE2E, TensorflowEveryNodeListsTheWholeClusterAndItsOwnIndex) {
   ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
   auto envs = node_envs(o.out);
   ASSERT_EQ(envs.size(), 3u) << o.out;
-  std::regex cfg(R"(\{"cluster": \{"worker": \[("[^"]+:\d+"), ("[^"]+:\d+"), ("[^"]+:\d+")\]\}, "task": \{"type": "worker", "index": (\d)\}\})");
+  std::regex cfg(R"(\{"cluster":\{"worker":\[("[^"]+:\d+"),("[^"]+:\d+"),("[^"]+:\d+")\]\},"task":\{"type":"worker","index":(\d)\}\})");
   std::string workers, parsed_workers;
   for (int n = 0; n < 3; ++n) {
     SCOPED_TRACE("node " + std::to_string(n));
