@@ -14,7 +14,6 @@
 //   SKYFORGE_DATA_PARALLEL     1 when gradients are averaged across nodes, else 0
 #include <skyforge/sdk.hpp>
 
-#include <random>
 #include <string>
 
 namespace {
@@ -44,14 +43,7 @@ class Keras : public skyforge::Framework {
   // RNG synchronised from the head: one seed for the whole pool.
   uint64_t pool_seed(const skyforge::InstanceInfo& info) const {
     if (seed_ >= 0) return static_cast<uint64_t>(seed_);
-    const std::string key = "keras/seed";
-    if (info.is_head) {
-      std::random_device rd;
-      const uint64_t s = (static_cast<uint64_t>(rd()) << 32 | rd()) & 0x7fffffffffffffffULL;
-      if (info.total_nodes > 1) host().kv_set(key, std::to_string(s));
-      return s;
-    }
-    return std::stoull(host().kv_get(key, 120000));
+    return host().shared_seed(info, "keras/seed");
   }
 
   std::string backend_;

@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -226,14 +225,7 @@ class Train : public skyforge::App {
   uint64_t pool_seed(const TrainConfig& c, const skyforge::InstanceInfo& info) const {
     if (auto s = c.find("seed")) return c.uint("seed", 0);
     if (const char* e = std::getenv("SKYFORGE_SEED"); e && *e) return std::strtoull(e, nullptr, 10);
-    const std::string key = "train/seed";
-    if (info.is_head) {
-      std::random_device rd;
-      const uint64_t s = (static_cast<uint64_t>(rd()) << 32 | rd()) & 0x7fffffffffffffffULL;
-      if (info.total_nodes > 1) host().kv_set(key, std::to_string(s));
-      return s;
-    }
-    return std::stoull(host().kv_get(key, 120000));
+    return host().shared_seed(info, "train/seed");
   }
 
   // fit()'s step count for Data::replicated (the full global batches, a final partial one).

@@ -22,6 +22,7 @@
 #include <memory>
 #include <map>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -217,6 +218,17 @@ class Host {
                            : SF_ERR_UNSUPPORTED,
           "kv_get(" + key + ")");
     return out;
+  }
+  // One random seed for the whole pool (RNG synchronised from the head): the head draws it and
+  // publishes it under `key` in the pool's store, every other node waits for it (timeout_ms).
+  uint64_t shared_seed(const InstanceInfo& info, const std::string& key, int64_t timeout_ms = 120000) const {
+    if (info.is_head) {
+      std::random_device rd;
+      const uint64_t s = (static_cast<uint64_t>(rd()) << 32 | rd()) & 0x7fffffffffffffffULL;
+      if (info.total_nodes > 1) kv_set(key, std::to_string(s));
+      return s;
+    }
+    return std::stoull(kv_get(key, timeout_ms));
   }
   int64_t kv_add(const std::string& key, int64_t delta) const {
     int64_t result = 0;
