@@ -1,4 +1,5 @@
-// Devices on this node, as the framework plugins count them (torch, jax, huggingface).
+// Devices on this node and where the node sits, as the framework plugins see them (torch, jax,
+// huggingface).
 #pragma once
 
 #include <skyforge/sdk.hpp>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "accelerator.hpp"
+#include "placement.hpp"
 
 namespace skyforge::fw {
 
@@ -25,6 +27,15 @@ inline uint32_t local_devices(const InstanceInfo& info, const Env& env) {
   } catch (const std::invalid_argument&) {
   }
   return info.accelerators;
+}
+
+// This node's place in the pool and on its machine, running nproc_per_node processes.
+inline Placement placement(const InstanceInfo& info, uint32_t nproc_per_node) {
+  return Placement{.node = info.node,
+                   .nodes = info.total_nodes,
+                   .machine_slot = info.local_rank,
+                   .machine_nodes = info.local_world_size,
+                   .nproc_per_node = nproc_per_node};
 }
 
 }  // namespace skyforge::fw

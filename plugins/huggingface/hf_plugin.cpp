@@ -51,12 +51,7 @@ class HuggingFace : public skyforge::Framework {
     if (info.head_addr.empty()) throw skyforge::Error("huggingface: the pool has no head address");
     try {
       nproc_ = st::resolve_nproc(options().get_int("nproc_per_node", 1), fw::local_devices(info, env));
-      ranks_ = st::compute_ranks(st::Placement{.node = info.node,
-                                               .nodes = info.total_nodes,
-                                               .machine_slot = info.local_rank,
-                                               .machine_nodes = info.local_world_size,
-                                               .nproc_per_node = nproc_,
-                                               .local_proc = 0});
+      ranks_ = st::compute_ranks(fw::placement(info, nproc_));
     } catch (const std::invalid_argument& e) {
       throw skyforge::Error(std::string("huggingface: ") + e.what(), SF_ERR_INVALID);
     }

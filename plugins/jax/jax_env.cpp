@@ -10,13 +10,7 @@ namespace skyforge::jax {
 
 namespace {
 void check(const Placement& p) {
-  if (p.nodes == 0) throw std::invalid_argument("a pool has at least one node");
-  if (p.node >= p.nodes)
-    throw std::invalid_argument("node " + std::to_string(p.node) + " is outside a pool of " + std::to_string(p.nodes));
-  if (p.machine_nodes == 0 || p.machine_slot >= p.machine_nodes)
-    throw std::invalid_argument("local rank " + std::to_string(p.machine_slot) + " is outside a local world of " +
-                                std::to_string(p.machine_nodes));
-  if (p.nproc_per_node == 0) throw std::invalid_argument("nproc_per_node must be at least 1");
+  fw::check_placement(p);
   if (uint64_t(p.nodes) * p.nproc_per_node > std::numeric_limits<int32_t>::max())
     throw std::invalid_argument("JAX_NUM_PROCESSES overflows");
 }

@@ -15,17 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "placement.hpp"
+
 namespace skyforge::jax {
 
 using EnvList = std::vector<std::pair<std::string, std::string>>;
 
-struct Placement {
-  uint32_t node = 0;           // this skyforge node, 0 = head
-  uint32_t nodes = 1;          // nodes in the pool
-  uint32_t machine_slot = 0;   // this node's index among the nodes on its machine
-  uint32_t machine_nodes = 1;  // nodes on this machine
-  uint32_t nproc_per_node = 1; // JAX processes per node (one per GPU is common)
-};
+using Placement = fw::Placement;  // nproc_per_node: JAX processes per node
 
 struct Settings {
   std::string coordinator_host;  // the head's address

@@ -52,12 +52,7 @@ class Jax : public skyforge::Framework {
     if (python_hook_) s.hook_dir = write_hook(info);
     sj::EnvList vars;
     try {
-      vars = sj::environment({.node = info.node,
-                              .nodes = info.total_nodes,
-                              .machine_slot = info.local_rank,
-                              .machine_nodes = info.local_world_size,
-                              .nproc_per_node = nproc_},
-                             s);
+      vars = sj::environment(fw::placement(info, nproc_), s);
     } catch (const std::invalid_argument& e) {
       throw skyforge::Error(std::string("jax: ") + e.what(), SF_ERR_INVALID);
     }

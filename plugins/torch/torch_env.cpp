@@ -13,25 +13,19 @@ uint32_t checked_mul(uint32_t a, uint32_t b, const char* what) {
 }
 }  // namespace
 
-Ranks compute_ranks(const Placement& p) {
-  if (p.nodes == 0) throw std::invalid_argument("a pool has at least one node");
-  if (p.node >= p.nodes)
-    throw std::invalid_argument("node " + std::to_string(p.node) + " is outside a pool of " + std::to_string(p.nodes));
-  if (p.machine_nodes == 0 || p.machine_slot >= p.machine_nodes)
-    throw std::invalid_argument("local rank " + std::to_string(p.machine_slot) + " is outside a local world of " +
-                                std::to_string(p.machine_nodes));
-  if (p.nproc_per_node == 0) throw std::invalid_argument("nproc_per_node must be at least 1");
-  if (p.local_proc >= p.nproc_per_node)
-    throw std::invalid_argument("process " + std::to_string(p.local_proc) + " is outside nproc_per_node " +
+Ranks compute_ranks(const Placement& p, uint32_t local_proc) {
+  fw::check_placement(p);
+  if (local_proc >= p.nproc_per_node)
+    throw std::invalid_argument("process " + std::to_string(local_proc) + " is outside nproc_per_node " +
                                 std::to_string(p.nproc_per_node));
   Ranks r;
   r.nproc_per_node = p.nproc_per_node;
   r.group_rank = p.node;
   r.group_world_size = p.nodes;
   r.world_size = checked_mul(p.nodes, p.nproc_per_node, "WORLD_SIZE");
-  r.rank = p.node * p.nproc_per_node + p.local_proc;  // < world_size, cannot overflow
+  r.rank = p.node * p.nproc_per_node + local_proc;  // < world_size, cannot overflow
   r.local_world_size = checked_mul(p.machine_nodes, p.nproc_per_node, "LOCAL_WORLD_SIZE");
-  r.local_rank = p.machine_slot * p.nproc_per_node + p.local_proc;
+  r.local_rank = p.machine_slot * p.nproc_per_node + local_proc;
   return r;
 }
 

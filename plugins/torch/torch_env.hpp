@@ -14,19 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include "placement.hpp"
+
 namespace skyforge::torch {
 
-// Where one torch process sits. With nproc_per_node > 1 the plugin computes the environment of
-// process 0 (local_proc 0) and the fan-out launcher (plugins/common/fanout.hpp) adds the
-// process index to RANK, LOCAL_RANK and ROLE_RANK, so the ranks are node * nproc + i.
-struct Placement {
-  uint32_t node = 0;           // this skyforge node, 0 = head
-  uint32_t nodes = 1;          // nodes in the pool
-  uint32_t machine_slot = 0;   // this node's index among the nodes on its machine (info.local_rank)
-  uint32_t machine_nodes = 1;  // nodes on this machine (info.local_world_size)
-  uint32_t nproc_per_node = 1;
-  uint32_t local_proc = 0;     // 0 .. nproc_per_node-1
-};
+using Placement = fw::Placement;
 
 struct Ranks {
   uint32_t rank = 0;              // RANK, ROLE_RANK
@@ -38,8 +30,12 @@ struct Ranks {
   uint32_t nproc_per_node = 1;
 };
 
-// Throws std::invalid_argument when the placement is inconsistent (node >= nodes, ...).
-Ranks compute_ranks(const Placement& p);
+// The ranks of torch process `local_proc` (0 .. nproc_per_node-1) of node p.node. With
+// nproc_per_node > 1 the plugin computes the environment of process 0 and the fan-out launcher
+// (plugins/common/fanout.hpp) adds the process index to RANK, LOCAL_RANK and ROLE_RANK, so the
+// ranks are node * nproc + i. Throws std::invalid_argument when the placement is inconsistent
+// (node >= nodes, local_proc >= nproc_per_node, ...).
+Ranks compute_ranks(const Placement& p, uint32_t local_proc = 0);
 
 // "auto" -> "nccl" with accelerators, "gloo" without; "gloo"/"nccl" stay; anything else throws
 // std::invalid_argument.

@@ -46,12 +46,7 @@ class Torch : public skyforge::Framework {
     st::Ranks ranks;
     try {
       nproc_ = st::resolve_nproc(options().get_int("nproc_per_node", 1), fw::local_devices(info, env));
-      ranks = st::compute_ranks(st::Placement{.node = info.node,
-                                              .nodes = info.total_nodes,
-                                              .machine_slot = info.local_rank,
-                                              .machine_nodes = info.local_world_size,
-                                              .nproc_per_node = nproc_,
-                                              .local_proc = 0});
+      ranks = st::compute_ranks(fw::placement(info, nproc_));
     } catch (const std::invalid_argument& e) {
       throw skyforge::Error(std::string("torch: ") + e.what(), SF_ERR_INVALID);
     }

@@ -50,7 +50,7 @@ TEST(TorchRanks, SeveralProcessesPerNodeCoverEveryRankExactlyOnce) {
     std::set<uint32_t> local;
     for (uint32_t p = 0; p < nproc; ++p) {
       Ranks r = compute_ranks({.node = node, .nodes = nodes, .machine_slot = slot[node],
-                               .machine_nodes = on_machine[node], .nproc_per_node = nproc, .local_proc = p});
+                               .machine_nodes = on_machine[node], .nproc_per_node = nproc}, p);
       EXPECT_EQ(r.world_size, nodes * nproc);
       EXPECT_EQ(r.group_rank, node);
       EXPECT_EQ(r.group_world_size, nodes);
@@ -72,7 +72,7 @@ TEST(TorchRanks, InconsistentPlacementsAreRefused) {
   EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .machine_slot = 1, .machine_nodes = 1}), std::invalid_argument);
   EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .machine_slot = 0, .machine_nodes = 0}), std::invalid_argument);
   EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .nproc_per_node = 0}), std::invalid_argument);
-  EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .nproc_per_node = 2, .local_proc = 2}), std::invalid_argument);
+  EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1, .nproc_per_node = 2}, 2), std::invalid_argument);
   EXPECT_THROW(compute_ranks({.node = 0, .nodes = 1u << 20, .nproc_per_node = 1u << 13}), std::invalid_argument);
 }
 
