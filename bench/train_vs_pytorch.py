@@ -481,6 +481,12 @@ def main():
           f"skyforge {skyforge}")
     print(f"data: {DATA_DIR}, global batch {GLOBAL_BATCH}, Adam({LEARNING_RATE}), sparse CE from logits, "
           f"x/255; epochs: " + ", ".join(f"{m} {epochs[m]}" for m in models))
+    # Settings both sides inherit that change which kernels run (OPENBLAS_CORETYPE pins OpenBLAS'
+    # kernel set, e.g. Haswell's AVX2 ones on an AVX-512 core), printed so a table says what it measured.
+    tuning = {k: v for k, v in sorted(os.environ.items())
+              if k.startswith(("OPENBLAS_", "OMP_", "GOMP_", "MKL_", "DNNL_", "ONEDNN_", "SKYFORGE_CPU_"))}
+    machine["environment"] = tuning
+    print("environment (both sides): " + (" ".join(f"{k}={v}" for k, v in tuning.items()) or "no BLAS/OpenMP variables set"))
     print(f"load average at start: {machine['loadavg_start']}")
     print("samples/s: global, 60000 x epochs / training-loop time (slowest process); "
           "peak RSS: max over the configuration's processes (getrusage RUSAGE_CHILDREN.ru_maxrss "
