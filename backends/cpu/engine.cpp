@@ -370,18 +370,6 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
   const double loss_sum = sparse_xent(logits, y, batch, classes_, backward ? gbuf_[0].data() : nullptr, &correct,
                                       exec_);
   if (prof) prof->loss += Profile::since(t0);
-  // loss sum, correct and samples of the global batch, in one small collective: after the
-  // gradients' when there is a backward, so that a training step meets its peers once (a
-  // meeting after the forward too would make every step wait for the slowest forward and then
-  // again for the slowest backward).
-  double stats[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(batch)};
-  auto reduce_stats = [&] {
-    t0 = tick();
-    comm_.allreduce(stats, 3, SF_REDUCE_SUM);
-    if (prof) prof->allreduce += Profile::since(t0);
-  };
-  if (!backward) reduce_stats();
-
   if (backward) {
     const bool dp = comm_.size() > 1;
     const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
@@ -410,8 +398,14 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
     t0 = tick();
     if (dp && hi > 0) comm_.allreduce(grads_.data(), hi, SF_REDUCE_SUM);
     if (prof) prof->allreduce += Profile::since(t0);
-    reduce_stats();
   }
+  // loss sum, correct and samples of the global batch, in one small collective, after the
+  // gradients': a training step meets its peers once (a meeting after the forward too would make
+  // every step wait for the slowest forward and then again for the slowest backward).
+  double stats[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(batch)};
+  t0 = tick();
+  comm_.allreduce(stats, 3, SF_REDUCE_SUM);
+  if (prof) prof->allreduce += Profile::since(t0);
   StepResult r;
   r.samples = static_cast<uint64_t>(stats[2]);
   r.correct = static_cast<uint64_t>(stats[1]);
