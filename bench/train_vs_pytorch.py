@@ -4,7 +4,7 @@
 Run with Debian's interpreter (the one PyTorch imports under):
 
     /usr/bin/python3 bench/train_vs_pytorch.py [--models mlp,convnet] [--epochs-mlp 5]
-        [--epochs-convnet 1] [--skyforge build/bin/skyforge] [--json FILE]
+        [--epochs-convnet 1] [--rounds 1] [--skyforge build/bin/skyforge] [--json FILE]
 
 or `cmake --build build --target bench_train`.
 
@@ -33,6 +33,11 @@ Figures per configuration:
                A cross-check polls VmHWM in /proc/<pid>/status of every descendant every 0.1 s
                (written to --json as rss_polled_mib).
 
+--rounds N runs the whole set N times, interleaved (every configuration once per round), and
+reports each figure as the median (min-max) over the rounds; every ratio is taken within a round,
+between runs made minutes apart, then summarised the same way. On a shared VM whose speed drifts
+by tens of percent over minutes, 3 rounds say more than one.
+
 Nothing is hard-coded: every figure comes from the runs made by this invocation.
 Stdlib + numpy + torch only.
 """
@@ -44,6 +49,7 @@ import platform
 import re
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -447,6 +453,9 @@ def main():
     ap.add_argument("--models", default="mlp,convnet", help="comma-separated: mlp, convnet")
     ap.add_argument("--skyforge", default=str(REPO / "build" / "bin" / "skyforge"),
                     help="the skyforge binary (default: build/bin/skyforge under the repository root)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every configuration this many times, interleaved (round 1 of each, then round 2 "
+                         "...); report medians and ranges, ratios taken within each round")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--_cell", help=argparse.SUPPRESS)
     ap.add_argument("--_torch-rank", dest="torch_rank", help=argparse.SUPPRESS)
@@ -463,6 +472,8 @@ def main():
     epochs = {"mlp": a.epochs_mlp, "convnet": a.epochs_convnet}
     if any(epochs[m] < 1 for m in models):
         ap.error("epochs must be >= 1")
+    if a.rounds < 1:
+        ap.error("--rounds must be >= 1")
     skyforge = str(Path(a.skyforge).resolve())
     if not os.access(skyforge, os.X_OK):
         raise SystemExit(f"train_vs_pytorch: {skyforge} is not an executable (build it, or pass --skyforge)")
@@ -492,34 +503,53 @@ def main():
           "peak RSS: max over the configuration's processes (getrusage RUSAGE_CHILDREN.ru_maxrss "
           "of a fresh wrapper per configuration)", flush=True)
 
+    # Rounds interleave the configurations (a VM's speed drifts over minutes: a ratio is only
+    # meaningful between runs made close together), so each round yields its own ratios.
     cells = []
-    for m in models:
-        for key, label, kind, procs in CONFIGS:
-            spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs,
-                    "epochs": epochs[m], "skyforge": skyforge}
-            print(f"  running {m:8s} {label} ({epochs[m]} epoch{'s' if epochs[m] != 1 else ''}) ...",
-                  file=sys.stderr, flush=True)
-            la0 = loadavg()
-            r = run_cell(spec)
-            r.update(model=m, config=key, label=label, processes=procs, epochs=epochs[m],
-                     samples_per_second=r["samples"] / r["train_seconds"], loadavg_before=la0,
-                     loadavg_after=loadavg())
-            cells.append(r)
+    for rnd in range(1, a.rounds + 1):
+        for m in models:
+            for key, label, kind, procs in CONFIGS:
+                spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs,
+                        "epochs": epochs[m], "skyforge": skyforge}
+                print(f"  round {rnd}/{a.rounds}: running {m:8s} {label} "
+                      f"({epochs[m]} epoch{'s' if epochs[m] != 1 else ''}) ...", file=sys.stderr, flush=True)
+                la0 = loadavg()
+                r = run_cell(spec)
+                r.update(model=m, config=key, label=label, processes=procs, epochs=epochs[m], round=rnd,
+                         samples_per_second=r["samples"] / r["train_seconds"], loadavg_before=la0,
+                         loadavg_after=loadavg())
+                cells.append(r)
+
+    def fmt_range(values, spec):
+        lo, mid, hi = min(values), statistics.median(values), max(values)
+        return format(mid, spec) if len(values) == 1 else f"{mid:{spec}} ({lo:{spec}}-{hi:{spec}})"
 
     print()
-    hdr = (f"{'model':8s} {'configuration':32s} {'epochs':>6s} {'samples/s':>10s} {'test acc':>8s} "
+    if a.rounds > 1:
+        print(f"{a.rounds} rounds: median (min-max) over the rounds")
+    sw = 10 if a.rounds == 1 else 22  # the samples/s column: "median (min-max)" with rounds
+    hdr = (f"{'model':8s} {'configuration':32s} {'epochs':>6s} {'samples/s':>{sw}s} {'test acc':>8s} "
            f"{'peak RSS MiB':>12s} {'train s':>8s} {'wall s':>7s}  note")
     print(hdr)
     print("-" * len(hdr))
-    for r in cells:
-        note = []
-        if "replicas_agree" in r and r["processes"] > 1 and r["config"] != "sky2ind":
-            note.append("replica weights equal" if r["replicas_agree"] else "REPLICA WEIGHTS DIFFER")
-        if len(r["per_process_train_seconds"]) > 1:
-            note.append("per-process train s " + "/".join(f"{t:.2f}" for t in r["per_process_train_seconds"]))
-        print(f"{r['model']:8s} {r['label']:32s} {r['epochs']:6d} {r['samples_per_second']:10.0f} "
-              f"{r['test_accuracy']:8.4f} {r['rss_mib']:12.1f} {r['train_seconds']:8.2f} "
-              f"{r['wall_seconds']:7.2f}  {'; '.join(note)}")
+    for m in models:
+        for key, label, _, procs in CONFIGS:
+            rs = [r for r in cells if r["model"] == m and r["config"] == key]
+            note = []
+            if procs > 1 and key != "sky2ind" and "replicas_agree" in rs[0]:
+                agree = all(r["replicas_agree"] for r in rs)
+                note.append("replica weights equal" if agree else "REPLICA WEIGHTS DIFFER")
+            if procs > 1 and len(rs) == 1:
+                note.append("per-process train s " + "/".join(f"{t:.2f}" for t in rs[0]["per_process_train_seconds"]))
+            accs = sorted({round(r["test_accuracy"], 4) for r in rs})
+            acc = f"{accs[0]:.4f}" if len(accs) == 1 else f"{statistics.median(accs):.4f}"
+            if len(accs) > 1:
+                note.append("test acc " + "/".join(f"{v:.4f}" for v in accs))
+            print(f"{m:8s} {label:32s} {rs[0]['epochs']:6d} "
+                  f"{fmt_range([r['samples_per_second'] for r in rs], '.0f'):>{sw}s} {acc:>8s} "
+                  f"{max(r['rss_mib'] for r in rs):12.1f} "
+                  f"{statistics.median(r['train_seconds'] for r in rs):8.2f} "
+                  f"{statistics.median(r['wall_seconds'] for r in rs):7.2f}  {'; '.join(note)}")
 
     print()
     hdr = (f"{'model':8s} {'skyforge/PyTorch 1 proc':>24s} {'skyforge/PyTorch 2 procs':>25s} "
@@ -528,16 +558,18 @@ def main():
     print("-" * len(hdr))
     ratios = {}
     for m in models:
-        s = {r["config"]: r["samples_per_second"] for r in cells if r["model"] == m}
-        ratios[m] = {"skyforge_over_pytorch_1": s["sky1"] / s["torch1"],
-                     "skyforge_over_pytorch_2": s["sky2"] / s["torch2"],
-                     "scaling_efficiency_skyforge": s["sky2"] / (2 * s["sky1"]),
-                     "scaling_efficiency_pytorch": s["torch2"] / (2 * s["torch1"]),
-                     "scaling_efficiency_no_communication": s["sky2ind"] / (2 * s["sky1"])}
-        q = ratios[m]
-        print(f"{m:8s} {q['skyforge_over_pytorch_1']:23.2f}x {q['skyforge_over_pytorch_2']:24.2f}x "
-              f"{q['scaling_efficiency_skyforge']:21.2f} {q['scaling_efficiency_pytorch']:20.2f} "
-              f"{q['scaling_efficiency_no_communication']:18.2f}")
+        per_round = []
+        for rnd in range(1, a.rounds + 1):
+            s = {r["config"]: r["samples_per_second"] for r in cells if r["model"] == m and r["round"] == rnd}
+            per_round.append({"skyforge_over_pytorch_1": s["sky1"] / s["torch1"],
+                              "skyforge_over_pytorch_2": s["sky2"] / s["torch2"],
+                              "scaling_efficiency_skyforge": s["sky2"] / (2 * s["sky1"]),
+                              "scaling_efficiency_pytorch": s["torch2"] / (2 * s["torch1"]),
+                              "scaling_efficiency_no_communication": s["sky2ind"] / (2 * s["sky1"])})
+        ratios[m] = {k: statistics.median(q[k] for q in per_round) for k in per_round[0]}
+        ratios[m]["per_round"] = per_round
+        cols = [fmt_range([q[k] for q in per_round], ".2f") for k in per_round[0]]
+        print(f"{m:8s} {cols[0] + 'x':>24s} {cols[1] + 'x':>25s} {cols[2]:>21s} {cols[3]:>20s} {cols[4]:>18s}")
     machine["loadavg_end"] = loadavg()
     print(f"\nscaling efficiency = samples/s(2 processes) / (2 x samples/s(1 process)); '2 nodes, no comm.': "
           f"the same for 2 skyforge nodes that never communicate (the machine's ceiling); "
@@ -545,7 +577,7 @@ def main():
 
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine, "global_batch": GLOBAL_BATCH,
-                                            "learning_rate": LEARNING_RATE, "cells": cells,
+                                            "learning_rate": LEARNING_RATE, "rounds": a.rounds, "cells": cells,
                                             "ratios": ratios}, indent=2) + "\n")
         print(f"figures written to {a.json}")
 
