@@ -134,9 +134,10 @@ void BM_mlp(benchmark::State& s) {
 }
 void BM_convnet(benchmark::State& s) { train(s, convnet(), static_cast<uint32_t>(s.range(0)), 20); }
 
-// The GEMMs of those models' steps at batch 64 through k::gemm (OpenBLAS, 1 thread): what a
-// Dense layer runs, and what Conv2D runs after im2col on CPUs without the SIMD kernels (the
-// convnet figures with SKYFORGE_CPU_ISA=none). Args: ta, tb, M, N, K.
+// The GEMMs of those models' steps at batch 64 in OpenBLAS (cblas_sgemm, 1 thread): what a Dense
+// layer runs without the AVX-512 table (with it, BM_tile_gemm), and what Conv2D runs after
+// im2col on CPUs without the SIMD kernels (the convnet figures with SKYFORGE_CPU_ISA=none).
+// Args: ta, tb, M, N, K.
 void BM_gemm(benchmark::State& s) {
   const bool ta = s.range(0) != 0, tb = s.range(1) != 0;
   const size_t M = static_cast<size_t>(s.range(2)), N = static_cast<size_t>(s.range(3)),
@@ -145,9 +146,34 @@ void BM_gemm(benchmark::State& s) {
   skyforge::Rng rng(3);
   for (auto& v : a) v = skyforge::cpu::uniform01(rng) - 0.5f;
   for (auto& v : b) v = skyforge::cpu::uniform01(rng) - 0.5f;
-  const skyforge::cpu::Exec ex{1};
+  openblas_set_num_threads(1);
   for (auto _ : s) {
-    skyforge::cpu::k::gemm(ta, tb, M, N, K, 1.f, a.data(), ta ? M : K, b.data(), tb ? K : N, 0.f, c.data(), N, ex);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+                static_cast<int>(N), static_cast<int>(K), 1.f, a.data(), static_cast<int>(ta ? M : K), b.data(),
+                static_cast<int>(tb ? K : N), 0.f, c.data(), static_cast<int>(N));
+    benchmark::DoNotOptimize(c.data());
+  }
+  s.counters["GFLOPS"] = benchmark::Counter(2.0 * M * N * K * static_cast<double>(s.iterations()) * 1e-9,
+                                            benchmark::Counter::kIsRate);
+}
+
+// The same plain GEMMs in simd.hpp's register tiles (what k::gemm runs instead of OpenBLAS with
+// the AVX-512 table, see kernels.hpp). Args as BM_gemm; op(B) = B only. Skipped without AVX2.
+void BM_tile_gemm(benchmark::State& s) {
+  const skyforge::cpu::simd::Kernels* sk = skyforge::cpu::simd::kernels();
+  if (!sk) {
+    s.SkipWithError("no SIMD kernels on this CPU (or SKYFORGE_CPU_ISA=none)");
+    return;
+  }
+  const bool ta = s.range(0) != 0;
+  const size_t M = static_cast<size_t>(s.range(2)), N = static_cast<size_t>(s.range(3)),
+               K = static_cast<size_t>(s.range(4));
+  std::vector<float> a(M * K), b(K * N), c(M * N);
+  skyforge::Rng rng(3);
+  for (auto& v : a) v = skyforge::cpu::uniform01(rng) - 0.5f;
+  for (auto& v : b) v = skyforge::cpu::uniform01(rng) - 0.5f;
+  for (auto _ : s) {
+    sk->gemm(M, N, K, a.data(), ta ? 1 : K, ta ? M : 1, b.data(), N, c.data(), N, false);
     benchmark::DoNotOptimize(c.data());
   }
   s.counters["GFLOPS"] = benchmark::Counter(2.0 * M * N * K * static_cast<double>(s.iterations()) * 1e-9,
@@ -209,6 +235,12 @@ BENCHMARK(BM_gemm)
     ->Args({0, 1, 2304, 864, 32})    // conv 3 input gradient (col)
     ->Args({0, 0, 64, 128, 784})     // mlp dense 1 forward
     ->Args({1, 0, 784, 128, 64})     // mlp dense 1 weight gradient
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_tile_gemm)
+    ->ArgNames({"ta", "tb", "M", "N", "K"})
+    ->Args({0, 0, 64, 128, 784})  // mlp dense 1 forward
+    ->Args({1, 0, 784, 128, 64})  // mlp dense 1 weight gradient
+    ->Args({0, 0, 64, 10, 128})   // mlp dense 2 forward
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_mlp)->ArgName("batch")->Arg(64)->Arg(32)->Unit(benchmark::kMicrosecond)->MinTime(2.0);
 BENCHMARK(BM_convnet)->ArgName("batch")->Arg(64)->Arg(32)->Unit(benchmark::kMicrosecond)->MinTime(3.0);

@@ -43,14 +43,29 @@ inline size_t gemm_blocks(size_t span, size_t M, size_t N, size_t K, const Exec&
 
 // Row-major C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
 //
-// OpenBLAS, always: on plain GEMMs (Dense layers, 1x1 convolutions) it beats the hand-written
-// kernels of simd.hpp by up to 2x (bench/bench_cpu_engine.cpp, BM_gemm); those win on
-// convolutions only, where they never build the im2col matrix.
+// OpenBLAS, or simd.hpp's register tiles where those measured faster: with the AVX-512 table,
+// for op(B) = B, alpha 1, beta 0 or 1, and a B of at most kTileGemmMaxB floats (the tiles stream
+// B from L2 and do not pack: a B that leaves L2 belongs to OpenBLAS). The MLP's Dense GEMMs at
+// batch 64 on a Zen 5 core (bench_cpu_engine BM_gemm vs BM_tile_gemm, 1 thread, two rounds):
+// forward 64x128x784 OpenBLAS 72-73 us with its own AVX-512 kernels, 117-120 us pinned to
+// Haswell's (OPENBLAS_CORETYPE), tiles 53-55 us; weight gradient 784x128x64 64 / 114-115 us,
+// tiles 55-56 us. On the AVX2-only cores of earlier machines OpenBLAS beat the AVX2 tiles by up
+// to 2x on such GEMMs, so the AVX2 table leaves them to it. Convolutions use the tiles on both
+// tables (they never build the im2col matrix).
 //
 // One thread pool: OpenBLAS runs single-threaded (see use_single_threaded_blas) and a big GEMM
 // is split by OpenMP into `threads` independent GEMMs over blocks of C's rows (or columns, when
 // C is wide). A mix of OpenBLAS' own pthreads and OpenMP's threads spins two pools against each
 // other on the same cores; the split keeps every element's K-sum on one thread, in one order.
+constexpr size_t kTileGemmMaxB = size_t{256} << 10;  // floats: 1 MiB, an AVX-512 core's L2
+
+// The kernel table whose tiles run this GEMM, or nullptr for OpenBLAS (see gemm).
+inline const simd::Kernels* tile_gemm(bool tb, size_t N, size_t K, float alpha, float beta) {
+  const simd::Kernels* sk = simd::kernels();
+  if (!sk || sk->isa != simd::Isa::avx512 || tb || alpha != 1.f || (beta != 0.f && beta != 1.f)) return nullptr;
+  return K * N <= kTileGemmMaxB ? sk : nullptr;
+}
+
 inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
                  const float* B, size_t ldb, float beta, float* C, size_t ldc, const Exec& ex) {
   if (M == 0 || N == 0) return;
@@ -59,9 +74,14 @@ inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, co
       for (size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
     return;
   }
+  const simd::Kernels* tiles = tile_gemm(tb, N, K, alpha, beta);
   auto call = [&](size_t m0, size_t m1, size_t n0, size_t n1) {
     const float* a = ta ? A + m0 : A + m0 * lda;
     const float* b = tb ? B + n0 * ldb : B + n0;
+    if (tiles) {
+      tiles->gemm(m1 - m0, n1 - n0, K, a, ta ? 1 : lda, ta ? lda : 1, b, ldb, C + m0 * ldc + n0, ldc, beta != 0.f);
+      return;
+    }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 static_cast<int>(m1 - m0), static_cast<int>(n1 - n0), static_cast<int>(K), alpha, a,
                 static_cast<int>(lda), b, static_cast<int>(ldb), beta, C + m0 * ldc + n0, static_cast<int>(ldc));

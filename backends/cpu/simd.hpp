@@ -59,6 +59,11 @@ struct Kernels {
                 const float* mu, const float* is, const float* k1, const float* k2);
   void (*adam)(size_t n, float* p, const float* g, float* m, float* v, float scale, float b1c, float b2c,
                float alpha, float eps);
+  // A plain GEMM in register tiles, no packing (for operands that stay in L2): O[i, j] (rows x
+  // cols, row stride ldo) = sum over t < T of P[i * prs + t * pts] * Q[t * qts + j], one fma chain
+  // per element in increasing t, stored, or added to O when accumulate.
+  void (*gemm)(size_t rows, size_t cols, size_t T, const float* P, size_t prs, size_t pts, const float* Q,
+               size_t qts, float* O, size_t ldo, bool accumulate);
 };
 
 // The best table for this CPU, honouring SKYFORGE_CPU_ISA (avx512 | avx2 | none) as a cap;
