@@ -1,8 +1,10 @@
-// The SIMD convolution kernels (simd.hpp) against a scalar reference with the numerics contract
-// they promise: every output element is one fma chain, in a fixed order, over what im2col would
-// hold (padding zeros included). The forward's chain runs over the window in (i, j, c) order,
-// the weight gradient's over the output pixels of the batch in order, so the results must be
-// bit-identical, for each instruction set the CPU has, whichever internal path a geometry takes.
+// The SIMD kernels (simd.hpp) against a scalar reference with the numerics contract they
+// promise: every output element is one fma chain, in a fixed order. Convolutions: over what
+// im2col would hold (padding zeros included), the forward's chain over the window in (i, j, c)
+// order, the weight gradient's over the output pixels of the batch in order. GEMM: over the
+// reduction index. So the results must be bit-identical, for each instruction set the CPU has,
+// whichever internal path a shape takes.
+#include "kernels.hpp"
 #include "simd.hpp"
 
 #include "helpers.hpp"
@@ -113,4 +115,67 @@ TEST(SimdConv, ForwardAndWeightGradientAreTheIm2colChains) {
     }
   }
   simd::set_isa(best);
+}
+
+TEST(SimdGemm, TilesAreTheFmaChains) {
+  const simd::Isa best = simd::supported();
+  if (best == simd::Isa::none) GTEST_SKIP() << "this CPU has no AVX2+FMA: only the OpenBLAS path exists";
+  struct Shape {
+    size_t M, N, K;
+    bool ta, accumulate;
+  };
+  // The MLP's Dense GEMMs (forward, weight gradient), a half-vector width (pair tiles), ragged
+  // edges, a reduction of one.
+  const Shape shapes[] = {{64, 128, 784, false, false}, {784, 128, 64, true, false}, {13, 24, 50, false, true},
+                          {7, 37, 19, true, true},       {30, 8, 1, false, false}};
+  for (simd::Isa isa : {simd::Isa::avx2, simd::Isa::avx512}) {
+    if (isa > best) continue;
+    simd::set_isa(isa);
+    const simd::Kernels* sk = simd::kernels();
+    ASSERT_NE(sk, nullptr);
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(std::string(sk->name) + ": " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" +
+                   std::to_string(sh.K) + (sh.ta ? " A^T" : "") + (sh.accumulate ? " +=" : ""));
+      const auto a = random(sh.M * sh.K, 4), b = random(sh.K * sh.N, 5), c0 = random(sh.M * sh.N, 6);
+      // A is [M, K], or [K, M] read transposed.
+      auto at = [&](size_t i, size_t t) { return sh.ta ? a[t * sh.M + i] : a[i * sh.K + t]; };
+      std::vector<float> ref(sh.M * sh.N), c = c0;
+      for (size_t i = 0; i < sh.M; ++i)
+        for (size_t j = 0; j < sh.N; ++j) {
+          float acc = 0.f;
+          for (size_t t = 0; t < sh.K; ++t) acc = std::fma(at(i, t), b[t * sh.N + j], acc);
+          ref[i * sh.N + j] = sh.accumulate ? c0[i * sh.N + j] + acc : acc;
+        }
+      sk->gemm(sh.M, sh.N, sh.K, a.data(), sh.ta ? 1 : sh.K, sh.ta ? sh.M : 1, b.data(), sh.N, c.data(), sh.N,
+               sh.accumulate);
+      ASSERT_EQ(0, std::memcmp(c.data(), ref.data(), c.size() * sizeof(float)));
+    }
+  }
+  simd::set_isa(best);
+}
+
+// k::gemm routes a GEMM to the tiles or to OpenBLAS (kernels.hpp): either way the engine's thread
+// split must not change a bit, and the two must agree to rounding.
+TEST(SimdGemm, EngineGemmIsThreadCountInvariantAndAgreesWithOpenBlas) {
+  const simd::Isa best = simd::supported();
+  const size_t M = 200, N = 128, K = 784;
+  const auto a = random(M * K, 7), b = random(K * N, 8);
+  auto run = [&](simd::Isa isa, int threads) {
+    simd::set_isa(isa);
+    std::vector<float> c(M * N);
+    k::gemm(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N, Exec{threads});
+    return c;
+  };
+  const auto blas = run(simd::Isa::none, 1);
+  const auto one = run(best, 1), two = run(best, 2);
+  simd::set_isa(best);
+  std::printf("k::gemm with the %s table: %s\n", simd::isa_name(best),
+              k::tile_gemm(false, N, K, 1.f, 0.f) ? "register tiles" : "OpenBLAS");
+  EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)));
+  double worst = 0, largest = 0;
+  for (size_t i = 0; i < blas.size(); ++i) {
+    worst = std::max(worst, std::fabs(double{one[i]} - blas[i]));
+    largest = std::max(largest, std::fabs(double{blas[i]}));
+  }
+  EXPECT_LT(worst, 1e-5 * largest);
 }
