@@ -61,14 +61,15 @@ std::vector<float> random(size_t n, uint64_t seed) {
 
 }  // namespace
 
-TEST(SimdConv, ForwardAndWeightGradientAreTheIm2colChains) {
+TEST(SimdConv, ForwardAndGradientsAreTheIm2colChains) {
   const simd::Isa best = simd::supported();
   if (best == simd::Isa::none) GTEST_SKIP() << "this CPU has no AVX2+FMA: only the OpenBLAS path exists";
   // A grey first layer (the convnet's), strided and odd 'same' padding, several channels with a
-  // filter count past two vectors (several column blocks), and windows long enough for the
-  // in-place and panel paths.
+  // filter count past two vectors (several column blocks), windows long enough for the in-place
+  // and panel paths, and a stride past the window.
   const Case cases[] = {{28, 28, 1, 3, 1, 12, true}, {9, 7, 2, 3, 2, 20, true},  {10, 10, 3, 5, 1, 40, false},
-                        {8, 8, 1, 2, 2, 7, true},    {12, 12, 24, 6, 2, 32, true}, {28, 28, 12, 6, 2, 24, false}};
+                        {8, 8, 1, 2, 2, 7, true},    {12, 12, 24, 6, 2, 32, true}, {28, 28, 12, 6, 2, 24, false},
+                        {9, 9, 3, 1, 2, 5, false}};  // (last: input pixels no window covers)
   const size_t batch = 3;
   for (simd::Isa isa : {simd::Isa::avx2, simd::Isa::avx512}) {
     if (isa > best) continue;
@@ -83,7 +84,7 @@ TEST(SimdConv, ForwardAndWeightGradientAreTheIm2colChains) {
       const size_t K = c.k * c.k * c.C, M = batch * g.Ho * g.Wo;
       const auto x = random(batch * c.H * c.W * c.C, 1), w = random(K * c.F, 2), dy = random(M * c.F, 3);
       const auto col = im2col(g, x, batch);
-      std::vector<float> y_ref(M * c.F), dw_ref(K * c.F);
+      std::vector<float> y_ref(M * c.F), dw_ref(K * c.F), dx_ref(x.size(), 0.f);
       for (size_t m = 0; m < M; ++m)
         for (size_t f = 0; f < c.F; ++f) {
           float acc = 0.f;
@@ -96,8 +97,41 @@ TEST(SimdConv, ForwardAndWeightGradientAreTheIm2colChains) {
           for (size_t m = 0; m < M; ++m) acc = std::fma(col[m * K + t], dy[m * c.F + f], acc);
           dw_ref[t * c.F + f] = acc;
         }
+      // Input gradient: dcol = dy · W^T, one chain per element over the filters, then col2im adding
+      // each dx element's window entries in output-pixel order, from 0.
+      std::vector<float> wt(c.F * K);
+      for (size_t t = 0; t < K; ++t)
+        for (size_t f = 0; f < c.F; ++f) wt[f * K + t] = w[t * c.F + f];
+      {
+        size_t m = 0;
+        for (size_t n = 0; n < batch; ++n)
+          for (size_t oh = 0; oh < g.Ho; ++oh)
+            for (size_t ow = 0; ow < g.Wo; ++ow, ++m)
+              for (size_t i = 0; i < g.kh; ++i)
+                for (size_t j = 0; j < g.kw; ++j) {
+                  const long ih = static_cast<long>(oh * g.sh + i) - static_cast<long>(g.pt);
+                  const long iw = static_cast<long>(ow * g.sw + j) - static_cast<long>(g.pl);
+                  if (ih < 0 || iw < 0 || ih >= static_cast<long>(g.H) || iw >= static_cast<long>(g.W)) continue;
+                  for (size_t ch = 0; ch < g.C; ++ch) {
+                    const size_t t = (i * g.kw + j) * g.C + ch;
+                    float acc = 0.f;
+                    for (size_t f = 0; f < c.F; ++f) acc = std::fma(dy[m * c.F + f], wt[f * K + t], acc);
+                    dx_ref[((n * g.H + ih) * g.W + iw) * g.C + ch] += acc;
+                  }
+                }
+      }
+      // Buffers as Conv2D sizes them (layers.cpp, panel_floats); the input gradient also with the
+      // smallest panels it accepts.
       const size_t pf = std::max<size_t>((size_t{128} << 10) / sizeof(float), 24 * K + 16);
       std::vector<float> buf(pf), y(M * c.F, NAN), dw(K * c.F, NAN), scratch(K * c.F);
+      for (size_t floats : {pf, 24 * K + 16}) {
+        std::vector<float> dx(x.size(), NAN);
+        sk->conv_dgrad(g, dy.data(), 0, batch, wt.data(), c.F, dx.data(), buf.data(), floats);
+        for (size_t i = 0; i < dx.size(); ++i)
+          ASSERT_EQ(0, std::memcmp(&dx[i], &dx_ref[i], sizeof(float)))
+              << "input gradient element " << i << " (buffer of " << floats << " floats): " << dx[i] << " vs "
+              << dx_ref[i];
+      }
       sk->conv_fwd(g, x.data(), 0, batch, w.data(), c.F, y.data(), buf.data(), pf);
       // The weight gradient in two row ranges, as two threads would split it.
       sk->conv_wgrad(g, x.data(), batch, dy.data(), c.F, 0, K / 2, dw.data(), buf.data(), pf, scratch.data());
