@@ -536,13 +536,13 @@ def main():
         for key, label, _, procs in CONFIGS:
             rs = [r for r in cells if r["model"] == m and r["config"] == key]
             note = []
-            if procs > 1 and key != "sky2ind" and "replicas_agree" in rs[0]:
-                agree = all(r["replicas_agree"] for r in rs)
+            if procs > 1 and key != "sky2ind" and any("replicas_agree" in r for r in rs):
+                agree = all(r.get("replicas_agree", False) for r in rs)
                 note.append("replica weights equal" if agree else "REPLICA WEIGHTS DIFFER")
             if procs > 1 and len(rs) == 1:
                 note.append("per-process train s " + "/".join(f"{t:.2f}" for t in rs[0]["per_process_train_seconds"]))
+            acc = f"{statistics.median(r['test_accuracy'] for r in rs):.4f}"
             accs = sorted({round(r["test_accuracy"], 4) for r in rs})
-            acc = f"{accs[0]:.4f}" if len(accs) == 1 else f"{statistics.median(accs):.4f}"
             if len(accs) > 1:
                 note.append("test acc " + "/".join(f"{v:.4f}" for v in accs))
             print(f"{m:8s} {label:32s} {rs[0]['epochs']:6d} "

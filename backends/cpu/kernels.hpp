@@ -44,14 +44,15 @@ inline size_t gemm_blocks(size_t span, size_t M, size_t N, size_t K, const Exec&
 // Row-major C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
 //
 // OpenBLAS, or simd.hpp's register tiles where those measured faster: with the AVX-512 table,
-// for op(B) = B, alpha 1, beta 0 or 1, and a B of at most kTileGemmMaxB floats (the tiles stream
-// B from L2 and do not pack: a B that leaves L2 belongs to OpenBLAS). The MLP's Dense GEMMs at
+// for op(B) = B (so not the input gradients, dy · W^T), alpha 1, beta 0 or 1, and a B of at most
+// kTileGemmMaxB floats (the tiles stream B from L2 and do not pack: a B that leaves L2 belongs
+// to OpenBLAS). Callers are Dense layers and 1x1 convolutions. The MLP's Dense GEMMs at
 // batch 64 on a Zen 5 core (bench_cpu_engine BM_gemm vs BM_tile_gemm, 1 thread, two rounds):
 // forward 64x128x784 OpenBLAS 72-73 us with its own AVX-512 kernels, 117-120 us pinned to
 // Haswell's (OPENBLAS_CORETYPE), tiles 53-55 us; weight gradient 784x128x64 64 / 114-115 us,
 // tiles 55-56 us. On the AVX2-only cores of earlier machines OpenBLAS beat the AVX2 tiles by up
-// to 2x on such GEMMs, so the AVX2 table leaves them to it. Convolutions use the tiles on both
-// tables (they never build the im2col matrix).
+// to 2x on such GEMMs, so the AVX2 table leaves them to it. Other convolutions do not come here:
+// they run simd.hpp's conv kernels on both tables (they never build the im2col matrix).
 //
 // One thread pool: OpenBLAS runs single-threaded (see use_single_threaded_blas) and a big GEMM
 // is split by OpenMP into `threads` independent GEMMs over blocks of C's rows (or columns, when

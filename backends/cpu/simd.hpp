@@ -34,7 +34,10 @@ struct Kernels {
   // v += (g'^2 - v) * b2c; p -= alpha * m / (sqrt(v) + eps).
   // Convolutions without a col matrix: each builds panels of col rows (as many as fit in
   // buf_floats less 16 floats of slack; room for 24 rows or more is best) in buf and uses them
-  // at once. Same results as im2col, a GEMM with one fma chain per element, and col2im.
+  // at once, or reads x in place (windows inside the image), or, for small windows (kw*C under
+  // two vectors), copies each sample zero-padded into buf (with the kernel's columns padded to
+  // whole vectors, for the forward) and reads the taps there. Same results as im2col, a GEMM
+  // with one fma chain per element, and col2im.
   //   conv_fwd:   y rows of samples [n0, n1) = col · Wk (Wk [K, F], K = kh*kw*C)
   //   conv_dgrad: dx of samples [n0, n1) = col2im(dy · Wt) (Wt [F, K], the kernel transposed)
   //   conv_wgrad: rows [r0, r1) of dW [K, F] = col^T · dy over all `batch` samples (overwritten);

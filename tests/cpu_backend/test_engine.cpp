@@ -521,7 +521,9 @@ TEST(Simd, IsaSwitchCapsAtWhatTheCpuHas) {
   const simd::Isa best = simd::supported();
   EXPECT_EQ(simd::set_isa(simd::Isa::avx512), best);
   EXPECT_EQ(simd::kernels() == nullptr, best == simd::Isa::none);
-  if (best != simd::Isa::none) EXPECT_STREQ(simd::kernels()->name, simd::isa_name(best));
+  if (best != simd::Isa::none) {
+    EXPECT_STREQ(simd::kernels()->name, simd::isa_name(best));
+  }
 }
 
 TEST(Fusion, FusedAndViewLayersGiveTheSameBits) {
