@@ -138,14 +138,27 @@ void BM_convnet(benchmark::State& s) { train(s, convnet(), static_cast<uint32_t>
 // layer runs without the AVX-512 table (with it, BM_tile_gemm), and what Conv2D runs after
 // im2col on CPUs without the SIMD kernels (the convnet figures with SKYFORGE_CPU_ISA=none).
 // Args: ta, tb, M, N, K.
+// A GEMM benchmark's shape (args ta, tb, M, N, K) and operands, A and B random.
+struct GemmCase {
+  bool ta, tb;
+  size_t M, N, K;
+  std::vector<float> a, b, c;
+  explicit GemmCase(const benchmark::State& s)
+      : ta(s.range(0) != 0), tb(s.range(1) != 0), M(static_cast<size_t>(s.range(2))),
+        N(static_cast<size_t>(s.range(3))), K(static_cast<size_t>(s.range(4))), a(M * K), b(K * N), c(M * N) {
+    skyforge::Rng rng(3);
+    for (auto& v : a) v = skyforge::cpu::uniform01(rng) - 0.5f;
+    for (auto& v : b) v = skyforge::cpu::uniform01(rng) - 0.5f;
+  }
+  void count(benchmark::State& s) const {
+    s.counters["GFLOPS"] = benchmark::Counter(2.0 * M * N * K * static_cast<double>(s.iterations()) * 1e-9,
+                                              benchmark::Counter::kIsRate);
+  }
+};
+
 void BM_gemm(benchmark::State& s) {
-  const bool ta = s.range(0) != 0, tb = s.range(1) != 0;
-  const size_t M = static_cast<size_t>(s.range(2)), N = static_cast<size_t>(s.range(3)),
-               K = static_cast<size_t>(s.range(4));
-  std::vector<float> a(M * K), b(K * N), c(M * N);
-  skyforge::Rng rng(3);
-  for (auto& v : a) v = skyforge::cpu::uniform01(rng) - 0.5f;
-  for (auto& v : b) v = skyforge::cpu::uniform01(rng) - 0.5f;
+  GemmCase g(s);
+  auto& [ta, tb, M, N, K, a, b, c] = g;
   openblas_set_num_threads(1);
   for (auto _ : s) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
@@ -153,8 +166,7 @@ void BM_gemm(benchmark::State& s) {
                 static_cast<int>(tb ? K : N), 0.f, c.data(), static_cast<int>(N));
     benchmark::DoNotOptimize(c.data());
   }
-  s.counters["GFLOPS"] = benchmark::Counter(2.0 * M * N * K * static_cast<double>(s.iterations()) * 1e-9,
-                                            benchmark::Counter::kIsRate);
+  g.count(s);
 }
 
 // The same plain GEMMs in simd.hpp's register tiles (what k::gemm runs instead of OpenBLAS with
@@ -165,19 +177,12 @@ void BM_tile_gemm(benchmark::State& s) {
     s.SkipWithError("no SIMD kernels on this CPU (or SKYFORGE_CPU_ISA=none)");
     return;
   }
-  const bool ta = s.range(0) != 0;
-  const size_t M = static_cast<size_t>(s.range(2)), N = static_cast<size_t>(s.range(3)),
-               K = static_cast<size_t>(s.range(4));
-  std::vector<float> a(M * K), b(K * N), c(M * N);
-  skyforge::Rng rng(3);
-  for (auto& v : a) v = skyforge::cpu::uniform01(rng) - 0.5f;
-  for (auto& v : b) v = skyforge::cpu::uniform01(rng) - 0.5f;
+  GemmCase g(s);
   for (auto _ : s) {
-    sk->gemm(M, N, K, a.data(), ta ? 1 : K, ta ? M : 1, b.data(), N, c.data(), N, false);
-    benchmark::DoNotOptimize(c.data());
+    sk->gemm(g.M, g.N, g.K, g.a.data(), g.ta ? 1 : g.K, g.ta ? g.M : 1, g.b.data(), g.N, g.c.data(), g.N, false);
+    benchmark::DoNotOptimize(g.c.data());
   }
-  s.counters["GFLOPS"] = benchmark::Counter(2.0 * M * N * K * static_cast<double>(s.iterations()) * 1e-9,
-                                            benchmark::Counter::kIsRate);
+  g.count(s);
 }
 
 // The SIMD convolution kernels (simd.hpp) on the convnet's three Conv2D layers at batch 64, 1

@@ -33,10 +33,10 @@ simd::ConvGeom geometry(const Case& c) {
   return {c.H, c.W, c.C, c.k, c.k, c.s, c.s, static_cast<size_t>(ph / 2), static_cast<size_t>(pw / 2), Ho, Wo};
 }
 
-// The im2col matrix [batch * Ho * Wo, kh * kw * C], zeros where a window leaves the image.
-std::vector<float> im2col(const simd::ConvGeom& g, const std::vector<float>& x, size_t batch) {
-  const size_t K = g.kh * g.kw * g.C;
-  std::vector<float> col(batch * g.Ho * g.Wo * K, 0.f);
+// f(m, t, xi) for every window entry inside the image, in col order: output pixel m (over the
+// batch), tap t = (i, j, c), and the index xi of the input element it reads.
+template <class F>
+void for_each_window_entry(const simd::ConvGeom& g, size_t batch, F&& f) {
   size_t m = 0;
   for (size_t n = 0; n < batch; ++n)
     for (size_t oh = 0; oh < g.Ho; ++oh)
@@ -47,8 +47,15 @@ std::vector<float> im2col(const simd::ConvGeom& g, const std::vector<float>& x, 
             const long iw = static_cast<long>(ow * g.sw + j) - static_cast<long>(g.pl);
             if (ih < 0 || iw < 0 || ih >= static_cast<long>(g.H) || iw >= static_cast<long>(g.W)) continue;
             for (size_t c = 0; c < g.C; ++c)
-              col[m * K + (i * g.kw + j) * g.C + c] = x[((n * g.H + ih) * g.W + iw) * g.C + c];
+              f(m, (i * g.kw + j) * g.C + c, ((n * g.H + static_cast<size_t>(ih)) * g.W + static_cast<size_t>(iw)) * g.C + c);
           }
+}
+
+// The im2col matrix [batch * Ho * Wo, kh * kw * C], zeros where a window leaves the image.
+std::vector<float> im2col(const simd::ConvGeom& g, const std::vector<float>& x, size_t batch) {
+  const size_t K = g.kh * g.kw * g.C;
+  std::vector<float> col(batch * g.Ho * g.Wo * K, 0.f);
+  for_each_window_entry(g, batch, [&](size_t m, size_t t, size_t xi) { col[m * K + t] = x[xi]; });
   return col;
 }
 
@@ -102,24 +109,11 @@ TEST(SimdConv, ForwardAndGradientsAreTheIm2colChains) {
       std::vector<float> wt(c.F * K);
       for (size_t t = 0; t < K; ++t)
         for (size_t f = 0; f < c.F; ++f) wt[f * K + t] = w[t * c.F + f];
-      {
-        size_t m = 0;
-        for (size_t n = 0; n < batch; ++n)
-          for (size_t oh = 0; oh < g.Ho; ++oh)
-            for (size_t ow = 0; ow < g.Wo; ++ow, ++m)
-              for (size_t i = 0; i < g.kh; ++i)
-                for (size_t j = 0; j < g.kw; ++j) {
-                  const long ih = static_cast<long>(oh * g.sh + i) - static_cast<long>(g.pt);
-                  const long iw = static_cast<long>(ow * g.sw + j) - static_cast<long>(g.pl);
-                  if (ih < 0 || iw < 0 || ih >= static_cast<long>(g.H) || iw >= static_cast<long>(g.W)) continue;
-                  for (size_t ch = 0; ch < g.C; ++ch) {
-                    const size_t t = (i * g.kw + j) * g.C + ch;
-                    float acc = 0.f;
-                    for (size_t f = 0; f < c.F; ++f) acc = std::fma(dy[m * c.F + f], wt[f * K + t], acc);
-                    dx_ref[((n * g.H + ih) * g.W + iw) * g.C + ch] += acc;
-                  }
-                }
-      }
+      for_each_window_entry(g, batch, [&](size_t m, size_t t, size_t xi) {
+        float acc = 0.f;
+        for (size_t f = 0; f < c.F; ++f) acc = std::fma(dy[m * c.F + f], wt[f * K + t], acc);
+        dx_ref[xi] += acc;
+      });
       // Buffers as Conv2D sizes them (layers.cpp, panel_floats); the input gradient also with the
       // smallest panels it accepts.
       const size_t pf = std::max<size_t>((size_t{128} << 10) / sizeof(float), 24 * K + 16);
