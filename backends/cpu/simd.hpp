@@ -32,12 +32,12 @@ struct Kernels {
   // portable loop (no fma contraction: these translation units build with -ffp-contract=off),
   // so the result is bit-identical to it: g' = g * scale; m += (g' - m) * b1c;
   // v += (g'^2 - v) * b2c; p -= alpha * m / (sqrt(v) + eps).
-  // Convolutions without a col matrix: each builds panels of col rows (as many as fit in
-  // buf_floats less 16 floats of slack; room for 24 rows or more is best) in buf and uses them
-  // at once, or reads x in place (windows inside the image), or, for small windows (kw*C under
-  // two vectors), copies each sample zero-padded into buf (with the kernel's columns padded to
-  // whole vectors, for the forward) and reads the taps there. Same results as im2col, a GEMM
-  // with one fma chain per element, and col2im.
+  // Convolutions without a col matrix: the forward and the weight gradient read x in place, or
+  // copy each sample zero-padded into buf (with, for small windows' forward, the kernel's columns
+  // padded to whole vectors) and read it there; the input gradient, and any sample too big for
+  // buf, builds panels of col rows in buf (as many as fit in buf_floats less 16 floats of slack;
+  // room for 24 rows or more is best) and uses them at once. Same results as im2col, a GEMM with
+  // one fma chain per element, and col2im.
   //   conv_fwd:   y rows of samples [n0, n1) = col · Wk (Wk [K, F], K = kh*kw*C)
   //   conv_dgrad: dx of samples [n0, n1) = col2im(dy · Wt) (Wt [F, K], the kernel transposed)
   //   conv_wgrad: rows [r0, r1) of dW [K, F] = col^T · dy over all `batch` samples (overwritten);
