@@ -66,6 +66,21 @@ std::vector<float> random(size_t n, uint64_t seed) {
   return v;
 }
 
+// f(table) under each kernel table this CPU has (AVX2, then AVX-512; simd::set_isa is
+// process-wide), then the best one again.
+template <class F>
+void for_each_table(F&& f) {
+  const simd::Isa best = simd::supported();
+  for (simd::Isa isa : {simd::Isa::avx2, simd::Isa::avx512}) {
+    if (isa > best) continue;
+    simd::set_isa(isa);
+    const simd::Kernels* sk = simd::kernels();
+    ASSERT_NE(sk, nullptr);
+    f(*sk);
+  }
+  simd::set_isa(best);
+}
+
 }  // namespace
 
 TEST(SimdConv, ForwardAndGradientsAreTheIm2colChains) {
@@ -78,11 +93,8 @@ TEST(SimdConv, ForwardAndGradientsAreTheIm2colChains) {
                         {8, 8, 1, 2, 2, 7, true},    {12, 12, 24, 6, 2, 32, true}, {28, 28, 12, 6, 2, 24, false},
                         {9, 9, 3, 1, 2, 5, false}};  // (last: input pixels no window covers)
   const size_t batch = 3;
-  for (simd::Isa isa : {simd::Isa::avx2, simd::Isa::avx512}) {
-    if (isa > best) continue;
-    simd::set_isa(isa);
-    const simd::Kernels* sk = simd::kernels();
-    ASSERT_NE(sk, nullptr);
+  for_each_table([&](const simd::Kernels& table) {
+    const simd::Kernels* sk = &table;
     for (const Case& c : cases) {
       SCOPED_TRACE(std::string(sk->name) + ": " + std::to_string(c.H) + "x" + std::to_string(c.W) + "x" +
                    std::to_string(c.C) + " k" + std::to_string(c.k) + " s" + std::to_string(c.s) + " F" +
@@ -141,8 +153,7 @@ TEST(SimdConv, ForwardAndGradientsAreTheIm2colChains) {
         ASSERT_EQ(0, std::memcmp(&dw[i], &dw_ref[i], sizeof(float))) << "weight gradient element " << i << ": "
                                                                        << dw[i] << " vs " << dw_ref[i];
     }
-  }
-  simd::set_isa(best);
+  });
 }
 
 TEST(SimdGemm, TilesAreTheFmaChains) {
@@ -156,11 +167,8 @@ TEST(SimdGemm, TilesAreTheFmaChains) {
   // edges, a reduction of one.
   const Shape shapes[] = {{64, 128, 784, false, false}, {784, 128, 64, true, false}, {13, 24, 50, false, true},
                           {7, 37, 19, true, true},       {30, 8, 1, false, false}};
-  for (simd::Isa isa : {simd::Isa::avx2, simd::Isa::avx512}) {
-    if (isa > best) continue;
-    simd::set_isa(isa);
-    const simd::Kernels* sk = simd::kernels();
-    ASSERT_NE(sk, nullptr);
+  for_each_table([&](const simd::Kernels& table) {
+    const simd::Kernels* sk = &table;
     for (const Shape& sh : shapes) {
       SCOPED_TRACE(std::string(sk->name) + ": " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" +
                    std::to_string(sh.K) + (sh.ta ? " A^T" : "") + (sh.accumulate ? " +=" : ""));
@@ -178,8 +186,7 @@ TEST(SimdGemm, TilesAreTheFmaChains) {
                sh.accumulate);
       ASSERT_EQ(0, std::memcmp(c.data(), ref.data(), c.size() * sizeof(float)));
     }
-  }
-  simd::set_isa(best);
+  });
 }
 
 // k::gemm routes a GEMM to the tiles or to OpenBLAS (kernels.hpp): either way the engine's thread
