@@ -34,11 +34,23 @@ void for_range(size_t n, const Exec& ex, F&& f) {
   for (size_t c = 0; c < T; ++c) f(n * c / T, n * (c + 1) / T);
 }
 
-// How many blocks to split a GEMM into: at most `threads`, blocks of at least 16 rows/columns
-// and ~0.4 MFLOP each, so the fork pays for itself. Any split gives the same results.
-inline size_t gemm_blocks(size_t span, size_t M, size_t N, size_t K, const Exec& ex) {
-  const size_t T = static_cast<size_t>(std::max(ex.threads, 1));
-  return std::min({T, span / 16, static_cast<size_t>(static_cast<double>(M) * N * K / 2.0e5)});
+// How many blocks a GEMM is split into: a function of its shape alone, never of the thread
+// count. OpenBLAS' bits for an element depend on where its block starts (its micro-kernels
+// treat edge tiles their own way: with Debian's 0.3.21 on a Zen 3 core, splitting a 200x128x784
+// GEMM's rows at 112 changes 1,612 of its 25,600 elements, at 96 none), so a split that followed
+// the threads would make the results follow them too. A block holds at least kGemmGrain
+// multiply-adds (~4 MFLOP, tens of microseconds on one core: a fork pays for itself, and a
+// single thread working through the blocks in turn loses little to the extra calls) and 16 rows
+// or columns; the count is a power of two up to kGemmMaxBlocks, so 1, 2, 4, ... threads share
+// the blocks evenly, and more threads than blocks leave the rest idle for that GEMM.
+inline constexpr double kGemmGrain = 2.0e6;
+inline constexpr size_t kGemmMaxBlocks = 16;
+inline size_t gemm_blocks(size_t span, size_t M, size_t N, size_t K) {
+  const double fit = std::min({static_cast<double>(kGemmMaxBlocks), static_cast<double>(span / 16),
+                               static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) / kGemmGrain});
+  size_t blocks = 1;
+  while (static_cast<double>(blocks * 2) <= fit) blocks *= 2;
+  return blocks;
 }
 
 // Row-major C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
@@ -55,9 +67,11 @@ inline size_t gemm_blocks(size_t span, size_t M, size_t N, size_t K, const Exec&
 // they run simd.hpp's conv kernels on both tables (they never build the im2col matrix).
 //
 // One thread pool: OpenBLAS runs single-threaded (see use_single_threaded_blas) and a big GEMM
-// is split by OpenMP into `threads` independent GEMMs over blocks of C's rows (or columns, when
-// C is wide). A mix of OpenBLAS' own pthreads and OpenMP's threads spins two pools against each
-// other on the same cores; the split keeps every element's K-sum on one thread, in one order.
+// is split into independent GEMMs over blocks of C's rows (or columns, when C is wide), which
+// the engine's OpenMP threads share out. A mix of OpenBLAS' own pthreads and OpenMP's threads
+// spins two pools against each other on the same cores. The blocks follow the shape only
+// (gemm_blocks) and every element's K-sum stays in one block, in one order: the thread count
+// changes no bit, on either kernel table or on OpenBLAS.
 constexpr size_t kTileGemmMaxB = size_t{256} << 10;  // floats: 1 MiB, an AVX-512 core's L2
 
 // The kernel table whose tiles run this GEMM, or nullptr for OpenBLAS (see gemm).
@@ -89,14 +103,15 @@ inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, co
   };
   const bool by_rows = M >= N;
   const size_t span = by_rows ? M : N;
-  const size_t blocks = gemm_blocks(span, M, N, K, ex);
+  const size_t blocks = gemm_blocks(span, M, N, K);
   if (blocks <= 1) {
     call(0, M, 0, N);
     return;
   }
   const size_t step = (span + blocks - 1) / blocks;
   const size_t chunk = (step + 15) / 16 * 16;
-#pragma omp parallel for schedule(static, 1) num_threads(static_cast<int>(blocks))
+  const int team = static_cast<int>(std::min<size_t>(blocks, static_cast<size_t>(std::max(ex.threads, 1))));
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
   for (size_t b = 0; b < blocks; ++b) {
     const size_t lo = std::min(span, b * chunk), hi = std::min(span, (b + 1) * chunk);
     if (lo >= hi) continue;

@@ -190,27 +190,45 @@ TEST(SimdGemm, TilesAreTheFmaChains) {
 }
 
 // k::gemm routes a GEMM to the tiles or to OpenBLAS (kernels.hpp): either way the engine's thread
-// split must not change a bit, and the two must agree to rounding.
+// split must not change a bit, and the two must agree to rounding. Every table this CPU has, and
+// the portable path (OpenBLAS alone); shapes split by rows and by columns, with ragged blocks.
 TEST(SimdGemm, EngineGemmIsThreadCountInvariantAndAgreesWithOpenBlas) {
   const simd::Isa best = simd::supported();
-  const size_t M = 200, N = 128, K = 784;
-  const auto a = random(M * K, 7), b = random(K * N, 8);
-  auto run = [&](simd::Isa isa, int threads) {
-    simd::set_isa(isa);
-    std::vector<float> c(M * N);
-    k::gemm(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N, Exec{threads});
-    return c;
+  struct Shape {
+    size_t M, N, K;
+    bool ta;
   };
-  const auto blas = run(simd::Isa::none, 1);
-  const auto one = run(best, 1), two = run(best, 2);
-  simd::set_isa(best);
-  std::printf("k::gemm with the %s table: %s\n", simd::isa_name(best),
-              k::tile_gemm(false, N, K, 1.f, 0.f) ? "register tiles" : "OpenBLAS");
-  EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)));
-  double worst = 0, largest = 0;
-  for (size_t i = 0; i < blas.size(); ++i) {
-    worst = std::max(worst, std::fabs(double{one[i]} - blas[i]));
-    largest = std::max(largest, std::fabs(double{blas[i]}));
+  const Shape shapes[] = {{200, 128, 784, false}, {64, 128, 784, false}, {784, 128, 64, true}, {1000, 40, 300, false},
+                          {37, 900, 200, false}};
+  for (simd::Isa isa : {simd::Isa::none, simd::Isa::avx2, simd::Isa::avx512}) {
+    if (isa > best) continue;
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(std::string(simd::isa_name(isa)) + ": " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" +
+                   std::to_string(sh.K) + (sh.ta ? " A^T" : ""));
+      const auto a = random(sh.M * sh.K, 7), b = random(sh.K * sh.N, 8);
+      auto run = [&](simd::Isa table, int threads) {
+        simd::set_isa(table);
+        std::vector<float> c(sh.M * sh.N);
+        k::gemm(sh.ta, false, sh.M, sh.N, sh.K, 1.f, a.data(), sh.ta ? sh.M : sh.K, b.data(), sh.N, 0.f, c.data(),
+                sh.N, Exec{threads});
+        return c;
+      };
+      const auto blas = run(simd::Isa::none, 1);
+      const auto one = run(isa, 1);
+      std::printf("k::gemm %zux%zux%zu with the %s table: %s, %zu block(s)\n", sh.M, sh.N, sh.K, simd::isa_name(isa),
+                  k::tile_gemm(false, sh.N, sh.K, 1.f, 0.f) ? "register tiles" : "OpenBLAS",
+                  k::gemm_blocks(std::max(sh.M, sh.N), sh.M, sh.N, sh.K));
+      for (int threads : {2, 3, 4}) {
+        const auto many = run(isa, threads);
+        EXPECT_EQ(0, std::memcmp(one.data(), many.data(), one.size() * sizeof(float))) << threads << " threads";
+      }
+      double worst = 0, largest = 0;
+      for (size_t i = 0; i < blas.size(); ++i) {
+        worst = std::max(worst, std::fabs(double{one[i]} - blas[i]));
+        largest = std::max(largest, std::fabs(double{blas[i]}));
+      }
+      EXPECT_LT(worst, 1e-5 * largest);
+    }
   }
-  EXPECT_LT(worst, 1e-5 * largest);
+  simd::set_isa(best);
 }
