@@ -14,6 +14,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -62,6 +63,13 @@ using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Asio opens and accepts sockets without SOCK_CLOEXEC: mark each one at once, so that no
+// process a worker or a plugin starts inherits a pool connection (docs/architecture.md).
+void close_on_exec(int fd) {
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
 
 void put_u16(char* p, uint16_t v) {
   p[0] = static_cast<char>(v & 0xff);
@@ -746,6 +754,7 @@ void Server::Impl::accept() {
 
 void Server::Impl::on_accept(const boost::system::error_code& ec, tcp::socket socket) {
   if (ec == asio::error::operation_aborted) return;
+  if (!ec) close_on_exec(socket.native_handle());
   std::shared_ptr<Handshake> h;
   std::string refused;
   {
@@ -824,6 +833,7 @@ Server::Server(asio::io_context& io, const std::string& bind_address, uint16_t p
       ep = results.begin()->endpoint();
     }
     impl_->acceptor.open(ep.protocol());
+    close_on_exec(impl_->acceptor.native_handle());
     impl_->acceptor.set_option(tcp::acceptor::reuse_address(true));
     impl_->acceptor.bind(ep);
     impl_->acceptor.listen(asio::socket_base::max_listen_connections);
@@ -964,6 +974,7 @@ std::shared_ptr<Connection> connect(asio::io_context& io, const std::string& hos
       last_error = "cannot create a socket: " + ec.message();
       continue;
     }
+    close_on_exec(socket.native_handle());
     socket.non_blocking(true, ec);
     const int fd = socket.native_handle();
     int r = ::connect(fd, ep.data(), static_cast<socklen_t>(ep.size()));

@@ -1,5 +1,6 @@
 #include "worker.hpp"
 
+#include <linux/close_range.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -16,9 +17,11 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -38,8 +41,14 @@ namespace {
 
 constexpr int kSpinUs = 50;
 
-// Process group of the running command app, for signal handlers (async-signal-safe use only).
-std::atomic<pid_t> g_child_pgid{0};
+// The running command app's pid, for signal handlers (async-signal-safe use only). The command
+// runs in the worker's own process group (docs/architecture.md, "Processes"): whoever ends the
+// worker's group — the provider's terminate, the worker itself — ends the command and whatever
+// it started, and the kernel kills the command when the worker dies (PR_SET_PDEATHSIG).
+std::atomic<pid_t> g_child_pid{0};
+// Whether this worker leads its process group (it makes itself the leader at start): only then
+// is every other member of the group its own to kill.
+bool g_own_group = false;
 int g_diag_fd = 2;
 
 void diag(const std::string& line) {
@@ -48,15 +57,59 @@ void diag(const std::string& line) {
   (void)rc;
 }
 
+// Every other member of this worker's process group: what a command app started, orphans
+// included (they keep the group unless they leave it on purpose). Read from /proc.
+std::vector<pid_t> group_members() {
+  std::vector<pid_t> out;
+  if (!g_own_group) return out;
+  const pid_t self = ::getpid(), group = ::getpgrp();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (pid == self) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so parse after the last ')'.
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    long ppid = 0, pgrp = 0;
+    if (rest >> state >> ppid >> pgrp && pgrp == group && state != "Z") out.push_back(pid);
+  }
+  return out;
+}
+
+// `sig` to the command app and every other member of the group, once.
+void signal_group(int sig) {
+  if (pid_t c = g_child_pid.load(); c > 0) ::kill(c, sig);
+  for (pid_t p : group_members()) ::kill(p, sig);
+}
+
+// SIGKILL to every other member of the group until none is left (a member may fork while we
+// look), then reap the worker's own children among them.
 void kill_children() {
-  pid_t pg = g_child_pgid.load();
-  if (pg > 0) ::kill(-pg, SIGKILL);
+  if (pid_t c = g_child_pid.load(); c > 0) ::kill(c, SIGKILL);
+  for (int round = 0; round < 100; ++round) {
+    const auto left = group_members();
+    if (left.empty()) break;
+    for (pid_t p : left) ::kill(p, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(round < 10 ? 1 : 10));
+  }
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
 }
 
 extern "C" void on_terminate_signal(int sig) {
-  // The provider asked us to go: take the command app's whole process group with us.
-  pid_t pg = g_child_pgid.load();
-  if (pg > 0) ::kill(-pg, SIGKILL);
+  // The provider asked us to go. With a command app running, take the whole process group with
+  // us — the command and everything it started; this process goes with them (async-signal-safe:
+  // no /proc walk here).
+  if (pid_t c = g_child_pid.load(); c > 0) {
+    ::kill(c, SIGKILL);
+    if (g_own_group) ::kill(0, SIGKILL);
+  }
   _exit(128 + sig);
 }
 
@@ -136,7 +189,7 @@ void Worker::on_frame(msg::Type type, std::string&& payload) {
       break;
     case msg::Type::Shutdown:
       shutdown_ = true;
-      if (pid_t pg = g_child_pgid.load(); pg > 0) ::kill(-pg, SIGTERM);  // cancel a running command
+      if (g_child_pid.load() > 0) signal_group(SIGTERM);  // cancel a running command
       break;
     default:
       diag("ignoring unexpected frame type " + std::to_string(static_cast<int>(type)));
@@ -278,12 +331,24 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
-    setpgid(0, 0);
+    // Stays in the worker's process group (see g_child_pid); dies with the worker.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    // Only 0-2 cross exec: no pool connection, store socket or plugin descriptor reaches the job,
+    // whatever was opened without O_CLOEXEC (a library's, a plugin's).
+    if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+      for (int fd = 3; fd < 65536; ++fd) {
+        const int flags = ::fcntl(fd, F_GETFD);
+        if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+      }
+    }
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     if (chdir(info_.work_dir) != 0) _exit(127);
     execvpe(cargv[0], cargv.data(), cenv.data());
     const char* why = strerrordesc_np(errno);  // a constant string: no locale, no allocation
@@ -293,16 +358,15 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
     (void)rc;
     _exit(127);
   }
-  setpgid(pid, pid);
-  g_child_pgid = pid;
+  g_child_pid = pid;
   int status = 0;
   for (;;) {
     pid_t r = waitpid(pid, &status, 0);
     if (r == pid) break;
     if (r < 0 && errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
   }
-  ::kill(-pid, SIGKILL);  // whatever the command left behind in its group
-  g_child_pgid = 0;
+  g_child_pid = 0;
+  kill_children();  // whatever the command left behind in the group
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return -WTERMSIG(status);
   return 1;
@@ -382,6 +446,12 @@ msg::RunResult Worker::run_app(EnvMap& env) {
 }
 
 int Worker::run() {
+  // Lead a process group of our own (providers start workers in a session of their own, which
+  // already makes them leaders): the command app joins it, and ending the group ends the node.
+  g_own_group = ::getpgrp() == ::getpid() || ::setpgid(0, 0) == 0;
+  // The command's orphans come to us, so kill_children reaps them (and, once we are gone, to the
+  // next reaper up: the local provider's host is one).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   g_diag_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
   if (g_diag_fd < 0) g_diag_fd = 2;
   struct sigaction sa {};

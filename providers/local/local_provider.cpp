@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -137,6 +138,11 @@ Provisioned LocalProvider::provision(const PoolSpec& spec) {
     throw Error("local provider: isolation = \"netns\" supports at most " + std::to_string(NetnsPool::kMaxNodes) +
                     " nodes per pool; " + std::to_string(spec.nodes) + " were asked for",
                 SF_ERR_INVALID);
+
+  // Orphans of a node's processes (what a command started, once its worker is gone) come to
+  // this process rather than to init, so stop_groups' waitpid(-group) reaps them: a zombie
+  // still counts as a member of its group, and init may take a second or more to reap it.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
 
   nodes_.clear();
   net_.reset();

@@ -3,6 +3,9 @@
 // behind" is checked precisely: no process whose cwd is there, no directory left there.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -234,6 +237,85 @@ TEST_F(E2E, WorkerKilledIsReportedLostAndPoolIsCleaned) {
   Output o = c->wait(30);
   EXPECT_EQ(o.exit_code, 1);
   EXPECT_NE(o.err.find("lost"), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, CommandAppInheritsOnlyTheStandardDescriptors) {
+  // The worker's pool connection, node 0's store listener and its store connections: none of
+  // them may reach the job. `ls` lists the shell's own table (the command app's process).
+  auto m = write("fds.toml", command_manifest(2, "ls /proc/$$/fd"));
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  std::regex line(R"(\[node (\d)\] (\d+)\n)");
+  std::map<int, std::set<int>> fds;
+  for (std::sregex_iterator it(o.out.begin(), o.out.end(), line), end; it != end; ++it)
+    fds[std::stoi((*it)[1])].insert(std::stoi((*it)[2]));
+  ASSERT_EQ(fds.size(), 2u) << o.out;
+  for (const auto& [node, open] : fds) EXPECT_EQ(open, (std::set<int>{0, 1, 2})) << "node " << node << ":\n" << o.out;
+}
+
+TEST_F(E2E, CommandAppCannotSpeakOnItsNodesControlConnection) {
+  // Before the fix, fd 7 of node 1's command was its authenticated connection: junk written there
+  // reached the host's deserialiser and failed the run.
+  auto m = write("junk.toml", command_manifest(2,
+      "if [ $SKYFORGE_NODE = 1 ]; then for fd in 3 4 5 6 7 8 9; do (printf JUNK >&$fd) 2>/dev/null; done; fi; sleep 1"));
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.err.find("bad frame"), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, KilledWorkerTakesItsCommandsDescendantsAlong) {
+  // `sleep` is the shell's child, the worker's grandchild: it lives in the worker's process group,
+  // which the provider's terminate ends. The loss is seen when the connection closes, not when
+  // the lease runs out (no orphan holds the socket open).
+  auto m = write("orphan.toml", command_manifest(3, "echo up; sleep 300; true"));
+  auto c = start({"run", m.string()});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c->wait_for_output("[node " + std::to_string(i) + "] up", 30));
+  ASSERT_TRUE(wait_workers(3, 10));
+  pid_t victim = 0;
+  for (pid_t w : workers()) {
+    std::ifstream env("/proc/" + std::to_string(w) + "/environ");
+    std::string e((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (e.find(std::string("SKYFORGE_NODE=1") + '\0') != std::string::npos) victim = w;
+  }
+  if (victim == 0) victim = workers()[1];
+  ::kill(victim, SIGKILL);
+  Output o = c->wait(30);
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.err.find("lost"), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("lease expired"), std::string::npos) << o.err;
+  auto left = wait_no_processes_under(root_, 1);
+  EXPECT_TRUE(left.empty()) << left.size() << " processes outlived the run, e.g. " << comm_of(left[0]);
+}
+
+TEST_F(E2E, CommandThatLeftTheGroupDiesWithItsWorker) {
+  // A command that makes itself a session of its own escapes every group kill: the kernel ends
+  // it when its worker dies (PR_SET_PDEATHSIG).
+  auto m = write("setsid.toml", command_manifest(2, "echo up; exec setsid sleep 300"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
+  ASSERT_TRUE(c->wait_for_output("[node 0] up", 30));
+  ASSERT_TRUE(wait_workers(2, 10));
+  std::vector<pid_t> sleepers;
+  for (int tries = 0; tries < 100 && sleepers.size() < 2; ++tries) {
+    sleepers.clear();
+    for (pid_t p : processes_under(root_))
+      if (comm_of(p) == "sleep") sleepers.push_back(p);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(sleepers.size(), 2u);
+  for (pid_t w : workers()) ::kill(w, SIGKILL);
+  c->wait(30);
+  for (pid_t p : sleepers) {
+    bool gone = false;
+    for (int tries = 0; tries < 100 && !gone; ++tries) {
+      std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+      std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+      const auto close = text.rfind(')');  // "pid (comm) state ...": a zombie is dead too
+      gone = close == std::string::npos || text.compare(close + 2, 1, "Z") == 0 || comm_of(p) != "sleep";
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_TRUE(gone) << "sleep " << p << " outlived its worker";
+  }
 }
 
 TEST_F(E2E, StoppedWorkerIsDeclaredLostWithinFiveSeconds) {

@@ -310,7 +310,7 @@ inline void write_file_atomic(const std::filesystem::path& path, std::string_vie
 }
 
 inline std::string read_file(const std::filesystem::path& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
+  std::FILE* f = std::fopen(path.c_str(), "rbe");
   if (!f) throw std::runtime_error("cannot open " + path.string() + ": " + std::strerror(errno));
   std::string out;
   char buf[1 << 16];

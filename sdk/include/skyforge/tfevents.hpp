@@ -182,7 +182,7 @@ class EventWriter {
     path_ = dir / base;
     // Two writers in one directory within a second (a resumed run, a test): keep both files.
     for (int i = 1; std::filesystem::exists(path_); ++i) path_ = dir / (base + "." + std::to_string(i));
-    f_ = std::fopen(path_.c_str(), "wb");
+    f_ = std::fopen(path_.c_str(), "wbe");
     if (!f_) throw std::runtime_error("tensorboard: cannot create " + path_.string() + ": " + std::strerror(errno));
     write_event(encode_file_version_event(t));
     flush();
@@ -235,7 +235,7 @@ class EventWriter {
 // ---- reading back ---------------------------------------------------------------------------
 // Every record's data, CRCs verified; throws naming the file and the record on corruption.
 inline std::vector<std::string> read_records(const std::filesystem::path& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
+  std::FILE* f = std::fopen(path.c_str(), "rbe");
   if (!f) throw std::runtime_error("tfrecord: cannot open " + path.string() + ": " + std::strerror(errno));
   std::vector<std::string> out;
   auto fail = [&](const std::string& why) {
