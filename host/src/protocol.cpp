@@ -240,6 +240,26 @@ void BoundedIArchive::load_override(boost::serialization::collection_size_type& 
                         std::to_string(remaining()) + " bytes are left");
 }
 
+void BoundedIArchive::load_override(boost::archive::version_type& t) {
+  Base::load_override(t);
+  if (t != boost::archive::version_type(0))
+    throw ProtocolError("class version " + std::to_string(static_cast<unsigned>(t)) + " (this protocol writes 0)");
+}
+
+void BoundedIArchive::load_override(boost::serialization::item_version_type& t) {
+  Base::load_override(t);
+  if (t != boost::serialization::item_version_type(0))
+    throw ProtocolError("element version " + std::to_string(static_cast<unsigned>(t)) + " (this protocol writes 0)");
+}
+
+void BoundedIArchive::load_override(boost::archive::tracking_type& t) {
+  // Written as one raw byte (a bool): read it as a byte, never into a bool.
+  unsigned char c = 0;
+  load_binary(&c, 1);
+  if (c != 0) throw ProtocolError("object tracking flag " + std::to_string(c) + " (messages hold no pointers)");
+  t = boost::archive::tracking_type(false);
+}
+
 void BoundedIArchive::load(std::string& s) {
   std::size_t n = 0;
   load_binary(&n, sizeof n);

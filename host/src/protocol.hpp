@@ -28,6 +28,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/serialization/collection_size_type.hpp>
+#include <boost/serialization/item_version_type.hpp>
 
 #include <array>
 #include <chrono>
@@ -134,7 +135,9 @@ class StringSinkBuf : public std::streambuf {
 // boost::archive::binary_iarchive with every length prefix checked against the bytes that are
 // left, so a forged length cannot make the reader allocate more than a small multiple of the
 // payload it actually received (worst case: sizeof(element) * payload size, and the payload is
-// itself bounded by the frame limit). Also rejects bools other than 0/1.
+// itself bounded by the frame limit). Also rejects bools other than 0/1, and class information
+// the writer never produces (a class or element version other than 0, object tracking: messages hold no
+// pointers), so that whatever it accepts serialises back to the same bytes.
 class BoundedIArchive
     : public boost::archive::binary_iarchive_impl<BoundedIArchive, char, std::char_traits<char>> {
   using Base = boost::archive::binary_iarchive_impl<BoundedIArchive, char, std::char_traits<char>>;
@@ -157,6 +160,9 @@ class BoundedIArchive
     Base::load_override(t);
   }
   void load_override(boost::serialization::collection_size_type& t);
+  void load_override(boost::archive::version_type& t);
+  void load_override(boost::serialization::item_version_type& t);
+  void load_override(boost::archive::tracking_type& t);
 
  private:
   ViewBuf& buf_;

@@ -150,25 +150,43 @@ TEST(Payload, InvalidBoolIsRejected) {
   EXPECT_THROW(deserialize<msg::TaskResult>(bytes), ProtocolError);
 }
 
-TEST(Payload, RandomGarbageOnlyEverThrowsProtocolError) {
+// A decoder may only accept what an encoder could have written: whatever it accepts must
+// serialise back to the very same bytes (no trailing bytes, no out-of-range bool or enum read as
+// something else); everything else is refused with a ProtocolError — deserialize() maps every
+// other exception to one, so a crash or a canonical-form break is what this can catch. Most
+// corrupted inputs must be refused (a flip inside a string's bytes is a valid message).
+TEST(Payload, RandomGarbageIsRefusedOrIsACanonicalMessage) {
   std::mt19937_64 rng(12345);
-  const std::string good = serialize(msg::Job{});
-  for (int i = 0; i < 3000; ++i) {
+  msg::Job job;
+  job.command = {"python3", "train.py"};
+  job.env = {{"A", "1"}};
+  job.config = {{"job.timeout", "30"}};
+  job.app.name = "hello";
+  const std::string good = serialize(job);
+  int job_refused = 0, junk_refused = 0;
+  const int rounds = 3000;
+  for (int i = 0; i < rounds; ++i) {
     std::string s = good;
     const int flips = 1 + static_cast<int>(rng() % 4);
     for (int k = 0; k < flips; ++k) s[rng() % s.size()] = static_cast<char>(rng());
     if (rng() % 3 == 0) s.resize(rng() % (s.size() + 1));
     try {
-      (void)deserialize<msg::Job>(s);
+      const msg::Job back = deserialize<msg::Job>(s);
+      ASSERT_EQ(serialize(back), s) << "round " << i << ": accepted a non-canonical Job payload";
     } catch (const ProtocolError&) {
+      ++job_refused;
     }
     std::string junk(rng() % 64, '\0');
     for (auto& c : junk) c = static_cast<char>(rng());
     try {
-      (void)deserialize<msg::TaskResults>(junk);
+      const msg::TaskResults back = deserialize<msg::TaskResults>(junk);
+      ASSERT_EQ(serialize(back), junk) << "round " << i << ": accepted random bytes as TaskResults";
     } catch (const ProtocolError&) {
+      ++junk_refused;
     }
   }
+  EXPECT_GT(job_refused, rounds / 2) << "corrupted Job payloads refused";
+  EXPECT_GT(junk_refused, rounds * 9 / 10) << "random payloads refused";
 }
 
 TEST(Crypto, HmacSha256MatchesRfc4231) {
