@@ -1,4 +1,5 @@
 #include "env.hpp"
+#include "lent.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -31,9 +32,13 @@ sf_env EnvMap::c_view() {
   sf_env e{};
   e.ctx = this;
   e.set = [](void* ctx, const char* k, const char* v) {
-    if (k && *k) static_cast<EnvMap*>(ctx)->set(k, v ? v : "");
+    lent([&] {
+      if (k && *k) static_cast<EnvMap*>(ctx)->set(k, v ? v : "");
+    });
   };
-  e.get = [](void* ctx, const char* k) -> const char* { return static_cast<EnvMap*>(ctx)->get(k ? k : ""); };
+  e.get = [](void* ctx, const char* k) -> const char* {
+    return lent<const char*>(nullptr, [&] { return static_cast<EnvMap*>(ctx)->get(k ? k : ""); });
+  };
   return e;
 }
 

@@ -1,5 +1,7 @@
 #include "loader.hpp"
 
+#include "lent.hpp"
+
 #include <boost/dll/shared_library.hpp>
 
 #include <cstddef>
@@ -32,7 +34,7 @@ std::string version_str(unsigned major, unsigned minor) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
-// Hooks a plugin of each kind must provide (DESIGN.md §4: marked *).
+// Hooks a plugin of each kind must provide (abi.h says which).
 struct RequiredHook {
   const char* name;
   size_t end;
@@ -57,7 +59,7 @@ const char* plugin_message(const sf_plugin_descriptor* d, void* self) {
   return (m && *m) ? m : "(the plugin gave no message)";
 }
 
-// Libraries stay resident for the life of the process (DESIGN.md §3: never dlclose): the
+// Libraries stay resident for the life of the process (abi.h: never dlclose): the
 // registry is reachable from a static and never destroyed, so nothing ever unloads one.
 void keep_resident(boost::dll::shared_library lib) {
   static std::mutex mu;
@@ -76,12 +78,16 @@ PluginInstance::~PluginInstance() {
 }
 
 void PluginInstance::check(sf_status st, const char* hook) const {
+  // A callback the host lent to this hook failed (abi.h: it returned normally to the plugin).
+  if (std::string lent_failure = take_lent_failure(); !lent_failure.empty())
+    throw PluginError("plugin '" + plugin_->name + "' " + hook + ": a host callback it called failed: " + lent_failure,
+                      SF_ERR);
   if (st == SF_OK) return;
   throw PluginError("plugin '" + plugin_->name + "' " + hook + ": " + plugin_message(plugin_->descriptor, self_), st);
 }
 
 const LoadedPlugin& Loader::load(const std::string& library_path, const std::string& expected_name,
-                                 std::optional<sf_kind> expected_kind) {
+                                 std::optional<sf_kind> expected_kind, std::optional<std::pair<int, int>> expected_abi) {
   std::error_code fs_ec;
   std::string path = std::filesystem::weakly_canonical(library_path, fs_ec).string();
   if (fs_ec || path.empty()) path = library_path;
@@ -133,6 +139,10 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
   if (!expected_name.empty() && p->name != expected_name)
     throw LoadError(path + ": plugin.toml says name '" + expected_name + "' but the library calls itself '" +
                     p->name + "'");
+  if (expected_abi && (expected_abi->first != p->abi_major || expected_abi->second != p->abi_minor))
+    throw LoadError(path + ": plugin.toml says abi \"" + version_str(expected_abi->first, expected_abi->second) +
+                    "\" but the library declares ABI " + version_str(p->abi_major, p->abi_minor) +
+                    " (skyforge_add_plugin() builds the library with plugin.toml's abi: rebuild it)");
   if (expected_kind && p->kind != *expected_kind)
     throw LoadError(path + ": plugin '" + p->name + "' is a " + kind_name(p->kind) + " plugin, expected a " +
                     kind_name(*expected_kind) + " plugin");

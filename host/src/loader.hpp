@@ -1,4 +1,4 @@
-// Plugin loader (DESIGN.md §3): Boost.DLL with RTLD_NOW|RTLD_LOCAL, ABI checks, resident
+// Plugin loader (docs/plugins.md): Boost.DLL with RTLD_NOW|RTLD_LOCAL, ABI checks, resident
 // forever (never dlclose'd), instances created through the descriptor.
 #pragma once
 
@@ -81,8 +81,10 @@ class Loader {
   // Loads (once) and validates a plugin library. Errors name the file and, for versions, both
   // the plugin's and the host's numbers. `expected_name` (from plugin.toml) must match the
   // descriptor's name when given; two different libraries may not claim one name.
+  // `expected_abi` (plugin.toml's "major.minor") must be the ABI the descriptor declares.
   const LoadedPlugin& load(const std::string& library_path, const std::string& expected_name = "",
-                           std::optional<sf_kind> expected_kind = std::nullopt);
+                           std::optional<sf_kind> expected_kind = std::nullopt,
+                           std::optional<std::pair<int, int>> expected_abi = std::nullopt);
 
   // Creates an instance with the given (already validated) options.
   std::unique_ptr<PluginInstance> create(const LoadedPlugin& plugin,

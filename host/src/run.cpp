@@ -1,4 +1,5 @@
 #include "run.hpp"
+#include "lent.hpp"
 
 #include <unistd.h>
 
@@ -214,15 +215,17 @@ bool PoolRun::node_done(const NodeState& n) const { return n.result.has_value();
 
 void PoolRun::load_plugins() {
   const PluginInfo* prov = catalog_.find(m_.pool.provider);
-  provider_ = loader_.create(loader_.load(prov->library, prov->name, SF_KIND_PROVIDER), m_.pool.provider_options);
+  auto abi = [](const PluginInfo* info) { return std::make_optional(std::make_pair(info->abi_major, info->abi_minor)); };
+  provider_ = loader_.create(loader_.load(prov->library, prov->name, SF_KIND_PROVIDER, abi(prov)),
+                             m_.pool.provider_options);
   for (const auto& use : m_.plugins) {
     const PluginInfo* info = catalog_.find(use.name);
-    frameworks_.push_back(loader_.create(loader_.load(info->library, info->name), use.options));
+    frameworks_.push_back(loader_.create(loader_.load(info->library, info->name, std::nullopt, abi(info)), use.options));
   }
   if (!m_.job.app.empty()) {
     // Loaded here too, so that a broken or unsuitable app fails before any node exists.
     const PluginInfo* info = catalog_.find(m_.job.app);
-    app_ = &loader_.load(info->library, info->name, SF_KIND_APP);
+    app_ = &loader_.load(info->library, info->name, SF_KIND_APP, abi(info));
     auto* h = static_cast<const sf_app_hooks*>(app_->hooks);
     bool has_task = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, task) && h->task;
     bool has_run = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, run) && h->run;
@@ -244,10 +247,14 @@ void PoolRun::client_enter() {
   image_ = m_.image;
   sf_image_editor ed{};
   ed.ctx = &image_;
-  ed.add_apt = [](void* c, const char* p) { static_cast<Image*>(c)->apt.emplace_back(p); };
-  ed.add_pip = [](void* c, const char* p) { static_cast<Image*>(c)->pip.emplace_back(p); };
-  ed.set_env = [](void* c, const char* k, const char* v) { static_cast<Image*>(c)->env[k] = v ? v : ""; };
-  ed.add_file = [](void* c, const char* s, const char* d) { static_cast<Image*>(c)->files.push_back(FileCopy{s, d, SourcePos{}}); };
+  ed.add_apt = [](void* c, const char* p) { lent([&] { static_cast<Image*>(c)->apt.emplace_back(p ? p : ""); }); };
+  ed.add_pip = [](void* c, const char* p) { lent([&] { static_cast<Image*>(c)->pip.emplace_back(p ? p : ""); }); };
+  ed.set_env = [](void* c, const char* k, const char* v) {
+    lent([&] { static_cast<Image*>(c)->env[k ? k : ""] = v ? v : ""; });
+  };
+  ed.add_file = [](void* c, const char* s, const char* d) {
+    lent([&] { static_cast<Image*>(c)->files.push_back(FileCopy{s ? s : "", d ? d : "", SourcePos{}}); });
+  };
   for (auto& fw : frameworks_) {
     auto* h = fw->hooks<sf_framework_hooks>();
     if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
@@ -259,7 +266,7 @@ void PoolRun::client_enter() {
     if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
     if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, bootstrap)) && h->bootstrap) {
       sf_sink sink{&bootstrap_lines_, [](void* c, const char* d, size_t n) {
-                     static_cast<std::vector<std::string>*>(c)->emplace_back(d, n);
+                     lent([&] { static_cast<std::vector<std::string>*>(c)->emplace_back(d, n); });
                    }};
       fw->check(h->bootstrap(fw->self(), &cluster_, sink), "bootstrap");
     }
@@ -293,17 +300,21 @@ void PoolRun::provision() {
   sf_node_sink ns{};
   ns.ctx = this;
   ns.add_node = [](void* c, const char* id, const char* addr) {
-    auto* self = static_cast<PoolRun*>(c);
-    NodeState n;
-    n.id = id ? id : "";
-    n.address = addr ? addr : "";
-    std::lock_guard<std::mutex> lock(self->mu_);
-    self->nodes_.push_back(std::move(n));
+    lent([&] {
+      auto* self = static_cast<PoolRun*>(c);
+      NodeState n;
+      n.id = id ? id : "";
+      n.address = addr ? addr : "";
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->nodes_.push_back(std::move(n));
+    });
   };
   ns.set_control_address = [](void* c, const char* a) {
-    auto* self = static_cast<PoolRun*>(c);
-    std::lock_guard<std::mutex> lock(self->mu_);
-    self->control_address_ = a ? a : "";
+    lent([&] {
+      auto* self = static_cast<PoolRun*>(c);
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->control_address_ = a ? a : "";
+    });
   };
   sf_pool_spec spec{};
   spec.struct_size = sizeof spec;
@@ -334,10 +345,12 @@ void PoolRun::bootstrap_nodes() {
         uint32_t node;
       } ctx{this, static_cast<uint32_t>(i)};
       sf_sink log{&ctx, [](void* c, const char* d, size_t n) {
-                    auto* x = static_cast<Ctx*>(c);
-                    std::string line(d, n);
-                    if (line.empty() || line.back() != '\n') line.push_back('\n');
-                    if (x->self->opt_.verbose) x->self->printer_.node_lines(x->node, 2, "[bootstrap] " + line);
+                    lent([&] {
+                      auto* x = static_cast<Ctx*>(c);
+                      std::string line(d, n);
+                      if (line.empty() || line.back() != '\n') line.push_back('\n');
+                      if (x->self->opt_.verbose) x->self->printer_.node_lines(x->node, 2, "[bootstrap] " + line);
+                    });
                   }};
       sf_status st = h->bootstrap(provider_->self(), nodes_[i].id.c_str(), script.c_str(), log);
       if (st == SF_OK) return "";

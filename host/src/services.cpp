@@ -1,5 +1,7 @@
 #include "services.hpp"
+#include "lent.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "store.hpp"
@@ -20,9 +22,11 @@ Services::Services(LogFn log) : log_(std::move(log)) {
   table_.abi_minor = SKYFORGE_ABI_MINOR;
   table_.ctx = this;
   table_.log = [](void* ctx, int32_t level, const char* message) {
-    Services& s = self(ctx);
-    std::lock_guard<std::mutex> lock(s.log_mutex_);
-    if (s.log_) s.log_(level, message ? message : "");
+    lent([&] {
+      Services& s = self(ctx);
+      std::lock_guard<std::mutex> lock(s.log_mutex_);
+      if (s.log_) s.log_(level, message ? message : "");
+    });
   };
   table_.instance_info = [](void* ctx) -> const sf_instance_info* { return self(ctx).instance(); };
   table_.kv_set = [](void* ctx, const char* key, const char* value, size_t size) -> sf_status {
@@ -59,38 +63,42 @@ Services::Services(LogFn log) : log_(std::move(log)) {
     }
   };
   table_.config = [](void* ctx, const char* key) -> const char* {
-    Services& s = self(ctx);
-    auto it = s.config_.find(key ? key : "");
-    return it == s.config_.end() ? nullptr : it->second.c_str();
+    return lent<const char*>(nullptr, [&]() -> const char* {
+      Services& s = self(ctx);
+      auto it = s.config_.find(key ? key : "");
+      return it == s.config_.end() ? nullptr : it->second.c_str();
+    });
   };
   table_.last_error = [](void*) -> const char* { return t_error.c_str(); };
   table_.communicator = [](void* ctx) -> const sf_communicator* {
-    Services& s = self(ctx);
-    std::lock_guard<std::mutex> lock(s.comm_mutex_);
-    if (s.comm_) return s.comm_.get();
-    if (!s.comm_error_.empty()) {
+    return lent<const sf_communicator*>(nullptr, [&]() -> const sf_communicator* {
+      Services& s = self(ctx);
+      std::lock_guard<std::mutex> lock(s.comm_mutex_);
+      if (s.comm_) return s.comm_.get();
+      if (!s.comm_error_.empty()) {
+        fail(SF_ERR, s.comm_error_);
+        return nullptr;
+      }
+      if (!s.comm_factory_) {
+        fail(SF_ERR_UNSUPPORTED, "there is no communicator here: it exists only on a pool's nodes");
+        return nullptr;
+      }
+      try {
+        s.comm_ = s.comm_factory_();
+        if (!s.comm_) throw std::runtime_error("the communicator could not be built");
+        return s.comm_.get();
+      } catch (const std::exception& e) {
+        s.comm_error_ = e.what();
+      } catch (...) {
+        s.comm_error_ = "the communicator could not be built (unknown error)";
+      }
       fail(SF_ERR, s.comm_error_);
       return nullptr;
-    }
-    if (!s.comm_factory_) {
-      fail(SF_ERR_UNSUPPORTED, "there is no communicator here: it exists only on a pool's nodes");
-      return nullptr;
-    }
-    try {
-      s.comm_ = s.comm_factory_();
-      if (!s.comm_) throw std::runtime_error("the communicator could not be built");
-      return s.comm_.get();
-    } catch (const std::exception& e) {
-      s.comm_error_ = e.what();
-    } catch (...) {
-      s.comm_error_ = "the communicator could not be built (unknown error)";
-    }
-    fail(SF_ERR, s.comm_error_);
-    return nullptr;
+    });
   };
   table_.compute_backend = [](void* ctx, const char* name, const sf_compute_hooks** hooks,
                               void** self_out) -> sf_status {
-    return self(ctx).find_compute_backend(name, hooks, self_out);
+    return lent<sf_status>(SF_ERR, [&] { return self(ctx).find_compute_backend(name, hooks, self_out); });
   };
 }
 
@@ -180,7 +188,22 @@ void Services::set_instance(const msg::Job& job, const std::string& work_dir) {
   info_.pool_id = pool_id_.c_str();
   info_.store_addr = store_addr_.c_str();
   info_.work_dir = work_dir_.c_str();
+  slot_infos_.assign(std::max<uint32_t>(job.concurrency, 1), info_);
+  for (uint32_t s = 0; s < slot_infos_.size(); ++s) slot_infos_[s].slot = s;
   has_instance_ = true;
+}
+
+namespace {
+thread_local int64_t t_slot = -1;  // the task slot the calling thread runs, -1: none
+}
+
+Services::SlotScope::SlotScope(uint32_t slot) { t_slot = slot; }
+Services::SlotScope::~SlotScope() { t_slot = -1; }
+
+const sf_instance_info* Services::instance() const {
+  if (!has_instance_) return nullptr;
+  if (t_slot >= 0 && static_cast<size_t>(t_slot) < slot_infos_.size()) return &slot_infos_[static_cast<size_t>(t_slot)];
+  return &info_;
 }
 
 void Services::set_store(std::unique_ptr<net::StoreClient> store) { store_ = std::move(store); }

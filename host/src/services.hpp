@@ -1,4 +1,4 @@
-// The sf_host_services table the host lends to every plugin (DESIGN.md §3): logging, this
+// The sf_host_services table the host lends to every plugin (docs/plugins.md): logging, this
 // node's identity, the head's rendezvous store, job configuration and (ABI 1.1) the pool's
 // communicator and the node's compute backends. One per process.
 //
@@ -41,7 +41,18 @@ class Services {
   void set_instance(const msg::Job& job, const std::string& work_dir);
   void set_store(std::unique_ptr<net::StoreClient> store);
   void set_config(std::map<std::string, std::string> config) { config_ = std::move(config); }
-  const sf_instance_info* instance() const { return has_instance_ ? &info_ : nullptr; }
+  // This node's identity, as the calling thread sees it: on a task slot's thread (see
+  // SlotScope) the slot's own record, whose `slot` is that slot; elsewhere the node's (slot 0).
+  // Every record lives as long as this object.
+  const sf_instance_info* instance() const;
+  // Marks the calling thread as task slot `slot` (< concurrency) for as long as it lives.
+  class SlotScope {
+   public:
+    explicit SlotScope(uint32_t slot);
+    ~SlotScope();
+    SlotScope(const SlotScope&) = delete;
+    SlotScope& operator=(const SlotScope&) = delete;
+  };
   net::StoreClient* store() const { return store_.get(); }
 
   // Node side: communicator() builds it with `factory` on first use and returns the same one
@@ -67,6 +78,7 @@ class Services {
   std::mutex log_mutex_;
   bool has_instance_ = false;
   sf_instance_info info_{};
+  std::vector<sf_instance_info> slot_infos_;  // one per task slot: info_ but for `slot`
   // storage behind info_'s strings
   std::string head_addr_, private_ip_, accelerator_, pool_id_, store_addr_, work_dir_;
   std::unique_ptr<net::StoreClient> store_;

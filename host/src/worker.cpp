@@ -1,4 +1,5 @@
 #include "worker.hpp"
+#include "lent.hpp"
 
 #include <linux/close_range.h>
 #include <signal.h>
@@ -310,7 +311,7 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
     sf_argv cin{in.size(), in.data()};
     std::vector<std::string> out;
     sf_sink sink{&out, [](void* ctx, const char* d, size_t n) {
-                   static_cast<std::vector<std::string>*>(ctx)->emplace_back(d, n);
+                   lent([&] { static_cast<std::vector<std::string>*>(ctx)->emplace_back(d, n); });
                  }};
     fw->check(h->launcher(fw->self(), &info_, &cin, sink), "launcher");
     if (out.empty()) throw std::runtime_error("plugin '" + fw->plugin().name + "' launcher returned no command");
@@ -378,6 +379,7 @@ void Worker::run_tasks() {
   std::vector<std::thread> threads;
   for (uint32_t slot = 0; slot < slots; ++slot) {
     threads.emplace_back([this, slot, h] {
+      Services::SlotScope in_slot(slot);  // instance_info() on this thread says `slot`
       for (;;) {
         msg::TaskBatch batch;
         // A short spin before sleeping: the host usually answers a result with the next batch
@@ -401,7 +403,7 @@ void Worker::run_tasks() {
           msg::TaskResult r;
           r.slot = slot;
           sf_sink sink = {&r.value, [](void* ctx, const char* d, size_t n) {
-                            static_cast<std::string*>(ctx)->append(d, n);
+                            lent([&] { static_cast<std::string*>(ctx)->append(d, n); });
                           }};
           sf_status st = h->task(app_->self(), input.data(), input.size(), slot, sink);
           if (st != SF_OK) {
@@ -440,7 +442,7 @@ msg::RunResult Worker::run_app(EnvMap& env) {
   auto* h = app_->hooks<sf_app_hooks>();
   if (!h->run) throw std::runtime_error("app '" + app_->plugin().name + "' has no run() hook");
   sf_sink sink = {&result.value,
-                  [](void* ctx, const char* d, size_t n) { static_cast<std::string*>(ctx)->append(d, n); }};
+                  [](void* ctx, const char* d, size_t n) { lent([&] { static_cast<std::string*>(ctx)->append(d, n); }); }};
   app_->check(h->run(app_->self(), sink), "run");
   return result;
 }
@@ -483,7 +485,7 @@ int Worker::run() {
   hello.private_ip = args_.address;
   try {
     if (args_.node == 0) {
-      // The head runs the pool's rendezvous store (DESIGN.md §8).
+      // The head runs the pool's rendezvous store (docs/architecture.md).
       store_server_ = std::make_unique<net::StoreServer>(io_, args_.address, 0, args_.secret);
       hello.store_addr = args_.address + ":" + std::to_string(store_server_->port());
     }

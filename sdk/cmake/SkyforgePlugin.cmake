@@ -3,7 +3,9 @@
 # Builds a skyforge plugin: a MODULE library with hidden visibility that links the SDK, placed
 # with its plugin.toml in <OUTPUT_DIR>/<name>/ (a directory the host can search). PLUGIN_TOML
 # defaults to plugin.toml beside the CMakeLists; @SKYFORGE_PLUGIN_LIBRARY@ in it is replaced
-# with the library's file name.
+# with the library's file name. Its `abi = "major.minor"` is the ABI the plugin requires: it is
+# compiled into the library (SKYFORGE_PLUGIN_ABI_MINOR, read by sdk.hpp and the descriptor), so
+# the file and the binary always agree, and a plugin that says "1.0" loads in every 1.x host.
 function(skyforge_add_plugin name)
   cmake_parse_arguments(ARG "NO_INSTALL" "PLUGIN_TOML;OUTPUT_DIR" "SOURCES" ${ARGN})
   if(NOT ARG_PLUGIN_TOML)
@@ -26,7 +28,13 @@ function(skyforge_add_plugin name)
     C_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON
     LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIR}/${name})
-  # Export exactly one symbol (DESIGN.md §3): hidden visibility alone still lets libstdc++'s
+  file(STRINGS ${ARG_PLUGIN_TOML} _abi_line REGEX "^[ \t]*abi[ \t]*=")
+  if(_abi_line MATCHES "\"([0-9]+)\\.([0-9]+)\"")
+    target_compile_definitions(${name} PRIVATE SKYFORGE_PLUGIN_ABI_MINOR=${CMAKE_MATCH_2})
+  else()
+    message(FATAL_ERROR "${ARG_PLUGIN_TOML}: expected a line abi = \"major.minor\" (the plugin ABI it requires)")
+  endif()
+  # Export exactly one symbol (docs/plugins.md): hidden visibility alone still lets libstdc++'s
   # weak template instantiations escape, so a version script makes everything else local.
   set(_vs ${CMAKE_CURRENT_BINARY_DIR}/${name}.exports.map)
   file(WRITE ${_vs} "{\n  global: skyforge_plugin_entry;\n  local: *;\n};\n")

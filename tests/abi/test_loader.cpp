@@ -1,10 +1,12 @@
-// The loader against one real fixture .so per failure mode (DESIGN.md §3, §10).
+// The loader against one real fixture .so per failure mode (docs/plugins.md, "The ABI").
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "env.hpp"
+#include "lent.hpp"
 #include "loader.hpp"
 #include "services.hpp"
 
@@ -22,9 +24,10 @@ class LoaderTest : public ::testing::Test {
 
   // The LoadError's message for loading `name` (fails the test if it loads).
   std::string load_error(const std::string& path, const std::string& expected_name = "",
-                         std::optional<sf_kind> kind = std::nullopt) {
+                         std::optional<sf_kind> kind = std::nullopt,
+                         std::optional<std::pair<int, int>> abi = std::nullopt) {
     try {
-      loader.load(path, expected_name, kind);
+      loader.load(path, expected_name, kind, abi);
     } catch (const LoadError& e) {
       return e.what();
     }
@@ -72,6 +75,34 @@ TEST_F(LoaderTest, MissingRequiredHookIsNamed) {
   std::string e = load_error(fixture("missing_required_hook"));
   EXPECT_NE(e.find(fixture("missing_required_hook")), std::string::npos) << e;
   EXPECT_NE(e.find("'terminate'"), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, DescriptorTooSmallIsRefusedBeforeAnyFieldPastTheVersion) {
+  std::string e = load_error(fixture("descriptor_too_small"));
+  EXPECT_NE(e.find(fixture("descriptor_too_small")), std::string::npos) << e;
+  EXPECT_NE(e.find("descriptor too small (16 bytes)"), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, DescriptorWithoutANameIsRefused) {
+  std::string e = load_error(fixture("no_name"));
+  EXPECT_NE(e.find(fixture("no_name")), std::string::npos) << e;
+  EXPECT_NE(e.find("has no name"), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, DescriptorWithoutCreateIsRefusedNamingThePlugin) {
+  std::string e = load_error(fixture("no_create"));
+  EXPECT_NE(e.find(fixture("no_create")), std::string::npos) << e;
+  EXPECT_NE(e.find("plugin 'no_create' is missing create/destroy/last_error"), std::string::npos) << e;
+}
+
+TEST_F(LoaderTest, PluginTomlAbiMustBeTheOneTheLibraryDeclares) {
+  // skyforge_add_plugin() compiled plugin.toml's abi ("1.0") into the fixture.
+  EXPECT_EQ(loader.load(fixture("dup_a"), "dup", std::nullopt, std::make_pair(1, 0)).abi_minor, 0);
+  // So does the SDK's SKYFORGE_PLUGIN(): a C++ plugin that asks for 1.0 would load in a 1.0 host.
+  EXPECT_EQ(loader.load(fixture("sdk_app"), "sdk_app", SF_KIND_APP, std::make_pair(1, 0)).abi_minor, 0);
+  std::string e = load_error(fixture("init_fails"), "init_fails", std::nullopt, std::make_pair(1, 1));
+  EXPECT_NE(e.find(fixture("init_fails")), std::string::npos) << e;
+  EXPECT_NE(e.find("plugin.toml says abi \"1.1\" but the library declares ABI 1.0"), std::string::npos) << e;
 }
 
 TEST_F(LoaderTest, InitFailureCarriesThePluginsMessage) {
@@ -141,6 +172,58 @@ TEST_F(LoaderTest, SdkAppRunsAndTaskErrorsComeBackAsStatusAndMessage) {
   EXPECT_STREQ(p.descriptor->last_error(inst->self()), "boom on purpose");
   EXPECT_EQ(h->task(inst->self(), "std", 3, 0, sink), SF_ERR);
   EXPECT_STREQ(p.descriptor->last_error(inst->self()), "std exception on purpose");
+}
+
+TEST_F(LoaderTest, InstanceInfoOnATaskThreadNamesItsSlot) {
+  msg::Job job;
+  job.node = 1;
+  job.total_nodes = 2;
+  job.concurrency = 4;
+  services.set_instance(job, "/tmp");
+  const LoadedPlugin& p = loader.load(fixture("sdk_app"), "sdk_app", SF_KIND_APP);
+  auto inst = loader.create(p, {});
+  auto* h = inst->hooks<sf_app_hooks>();
+  auto task = [&](uint32_t slot) {
+    std::string out;
+    sf_sink sink{&out, [](void* c, const char* d, size_t n) { static_cast<std::string*>(c)->append(d, n); }};
+    EXPECT_EQ(h->task(inst->self(), "slot", 4, slot, sink), SF_OK);
+    return out;
+  };
+  EXPECT_EQ(task(0), "0/0") << "outside a slot's thread: the node's record";
+  for (uint32_t slot : {1u, 3u}) {
+    std::string got;
+    std::thread([&] {
+      Services::SlotScope in_slot(slot);
+      got = task(slot);
+    }).join();
+    EXPECT_EQ(got, std::to_string(slot) + "/" + std::to_string(slot));
+  }
+  EXPECT_EQ(services.instance()->slot, 0u);
+  EXPECT_EQ(services.instance()->node, 1u);
+}
+
+TEST(LentCallbacks, AThrowingHostCallbackReturnsNormallyAndTheHookCallerReportsIt) {
+  // The services table's log calls the host's log functor; this one throws, as a full disk or
+  // an exhausted heap would make it.
+  Services throwing{[](int32_t, const std::string&) { throw std::runtime_error("log sink is full"); }};
+  const sf_host_services* t = throwing.table();
+  t->log(t->ctx, SF_LOG_ERROR, "hello");  // from the plugin's side: a plain C call that returns
+  EXPECT_EQ(take_lent_failure(), "log sink is full");
+  EXPECT_EQ(take_lent_failure(), "") << "taken once";
+  // A failure left by a callback surfaces as the hook's failure in PluginInstance::check.
+  Services quiet{[](int32_t, const std::string&) {}};
+  Loader loader(quiet.table());
+  auto inst = loader.create(loader.load(fixture("sdk_app"), "sdk_app", SF_KIND_APP), {});
+  t->log(t->ctx, SF_LOG_ERROR, "again");
+  try {
+    inst->check(SF_OK, "run");
+    FAIL() << "check() let a callback failure pass";
+  } catch (const PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("plugin 'sdk_app' run: a host callback it called failed: log sink is full"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(inst->check(SF_OK, "run"));
 }
 
 TEST_F(LoaderTest, ThrowingHookBecomesAStatusAndTheHostSurvives) {

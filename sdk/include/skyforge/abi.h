@@ -1,17 +1,38 @@
 /*
  * skyforge plugin ABI — the one stable contract between the host and a plugin .so.
+ * docs/plugins.md explains it with examples; this header is the reference.
  *
- * Pure C: no STL, no Boost, no exceptions cross this boundary. Rules (DESIGN.md §3):
+ * Pure C: no STL, no Boost, no exceptions cross this boundary. Rules:
  *  - each plugin exports exactly one symbol, SKYFORGE_ENTRY_SYMBOL, of type sf_entry_fn;
  *  - semver: the host refuses a different major, or a plugin minor above its own;
- *  - structs only ever grow at the end; every reader honours `struct_size`;
+ *  - structs only ever grow at the end; every reader honours `struct_size`, and a hook that
+ *    lies past a table's struct_size is absent;
  *  - errors cross as an sf_status plus a message the plugin owns until its next call
  *    (descriptor->last_error);
  *  - whoever allocates frees: data flows out of a call through an sf_sink, which copies;
  *  - the host never dlclose()s a plugin while the process lives.
  *
- * Any change to this file must move SKYFORGE_ABI_MINOR (additions) or SKYFORGE_ABI_MAJOR
- * (anything else); tests/abi checks the header's hash against the version.
+ * Ownership and lifetimes, unless a declaration below says otherwise:
+ *  - BORROWED: every pointer an argument carries (strings, sf_kv arrays, sf_argv, specs,
+ *    sf_instance_info, sf_cluster, the sf_env / sf_image_editor / sf_sink / sf_node_sink
+ *    tables) is the caller's and valid only until the call returns: copy what you keep;
+ *  - SINKS: the receiver of an sf_sink write copies the bytes before `write` returns;
+ *  - HOST-OWNED: what a host service returns (instance_info, config, communicator,
+ *    compute_backend, last_error) stays the host's; its lifetime is stated at the service;
+ *  - PLUGIN-OWNED: the descriptor and its hooks table live as long as the library (static
+ *    storage); an instance lives from create() to destroy(); last_error strings until the
+ *    plugin's next call on that thread.
+ *
+ * Threads: the host calls one plugin instance's hooks from one thread at a time, in the order
+ * of a run (docs/architecture.md), except where a hook table says which hooks may run
+ * concurrently (provider: bootstrap per node, terminate and worker_alive beside anything;
+ * app: task, one thread per slot). Services may be called from any thread. Callbacks the host
+ * lends (sinks, sf_env, sf_image_editor, sf_node_sink, services) never unwind into the
+ * plugin: they return normally, and report failures through their status or last_error.
+ *
+ * Any change to this file's code must move SKYFORGE_ABI_MINOR (additions) or
+ * SKYFORGE_ABI_MAJOR (anything else); tests/abi hashes the header without its comments and
+ * checks the hash against the version, so comments may be edited freely.
  */
 #ifndef SKYFORGE_ABI_H
 #define SKYFORGE_ABI_H
@@ -70,7 +91,7 @@ typedef struct sf_sink {
   void (*write)(void* ctx, const char* data, size_t size);
 } sf_sink;
 
-/* ---- what a node knows about itself (DESIGN.md §6) ---------------------------------- */
+/* ---- what a node knows about itself (docs/runtime-api.md) --------------------------- */
 typedef struct sf_instance_info {
   uint32_t struct_size;
   uint32_t node;             /* 0..total_nodes-1; node 0 is the head */
@@ -83,7 +104,8 @@ typedef struct sf_instance_info {
   uint32_t accelerators;     /* accelerators on this node (0: CPU only) */
   const char* accelerator;   /* accelerator spec from the manifest, "" for none */
   uint32_t concurrency;      /* task slots on this node */
-  uint32_t slot;             /* calling slot (tasks), 0 otherwise */
+  uint32_t slot;             /* the calling task's slot: instance_info() called on a map job's
+                                task thread returns that slot's record; 0 elsewhere */
   const char* pool_id;       /* unique per pool */
   const char* store_addr;    /* host:port of the head's rendezvous store */
   const char* work_dir;      /* this node's working directory */
@@ -99,7 +121,7 @@ typedef struct sf_cluster {
   const char* pool_id;
 } sf_cluster;
 
-/* ---- collectives across the pool's nodes (DESIGN.md §6; ABI 1.1) ----------------------- */
+/* ---- collectives across the pool's nodes (docs/runtime-api.md; ABI 1.1) -------------- */
 typedef int32_t sf_dtype;
 #define SF_DTYPE_F32 1
 #define SF_DTYPE_F64 2
@@ -133,13 +155,19 @@ typedef struct sf_communicator {
 /* ---- services the host lends to every plugin ---------------------------------------- */
 struct sf_compute_hooks; /* defined below, with the compute backends */
 
+/* Lent to every plugin at entry and create(); valid for the life of the process. Every service
+ * may be called from any thread, never throws, and reports a failure as a status (or NULL)
+ * with the reason in last_error(). */
 typedef struct sf_host_services {
   uint32_t struct_size;
   uint16_t abi_major;
   uint16_t abi_minor;
   void* ctx;
+  /* SF_LOG_*; the message is copied. WARN and ERROR are always shown to the user; DEBUG and
+   * INFO only with `skyforge run -v`. */
   void (*log)(void* ctx, int32_t level, const char* message);
-  /* This node's identity; NULL on the client, before a pool exists. */
+  /* This node's identity; NULL on the client, before a pool exists. Host-owned, unchanging,
+   * valid for the life of the process. */
   const sf_instance_info* (*instance_info)(void* ctx);
   /* Rendezvous key-value store on the head node (nodes only; SF_ERR_UNSUPPORTED on the client). */
   sf_status (*kv_set)(void* ctx, const char* key, const char* value, size_t size);
@@ -147,22 +175,28 @@ typedef struct sf_host_services {
   sf_status (*kv_get)(void* ctx, const char* key, int64_t timeout_ms, sf_sink out);
   /* Atomic add on an integer key (created at 0); writes the new value to *result. */
   sf_status (*kv_add)(void* ctx, const char* key, int64_t delta, int64_t* result);
-  /* Job-level configuration value by dotted key ("job.timeout"); NULL when absent. */
+  /* Job-level configuration value by dotted key ("job.timeout"); NULL when absent. Host-owned,
+   * valid for the life of the process (the job's configuration never changes once set). */
   const char* (*config)(void* ctx, const char* key);
-  /* Message of the last failed service call on this thread. */
+  /* Message of the last failed service call on this thread; valid until the next service
+   * call on this thread. */
   const char* (*last_error)(void* ctx);
   /* ABI 1.1 (check struct_size before use) ------------------------------------------------ */
   /* The pool's communicator (rank = node), created on first use by a collective rendezvous of
-   * every node; NULL on the client or when it cannot be built (last_error says why). */
+   * every node; NULL on the client or when it cannot be built (last_error says why).
+   * Host-owned; valid until the calling plugin is destroyed (the host keeps it until every
+   * app, framework and compute backend instance on the node is gone). */
   const sf_communicator* (*communicator)(void* ctx);
   /* A compute backend loaded on this node: `name` as in the manifest, or NULL/"" for the one
-   * the manifest selected (the keras plugin's `backend`). The host owns the instance. */
+   * the manifest selected (the keras plugin's `backend`). Host-owned: *hooks and *self stay
+   * valid until the calling plugin is destroyed (compute backends outlive apps); never
+   * destroy them. */
   sf_status (*compute_backend)(void* ctx, const char* name, const struct sf_compute_hooks** hooks,
                                void** self);
 } sf_host_services;
 
-/* ---- framework plugins (DESIGN.md §4) ----------------------------------------------- */
-/* Lets transform_image add to the node image. */
+/* ---- framework plugins (docs/plugins.md) --------------------------------------------- */
+/* Lets transform_image add to the node image. Borrowed for that call; arguments are copied. */
 typedef struct sf_image_editor {
   void* ctx;
   void (*add_apt)(void* ctx, const char* package);
@@ -171,7 +205,8 @@ typedef struct sf_image_editor {
   void (*add_file)(void* ctx, const char* source, const char* destination);
 } sf_image_editor;
 
-/* The environment a node's app or command will see. */
+/* The environment a node's app or command will see. Borrowed for the call that passes it;
+ * `set` copies; `get`'s result is valid until the next `set` or the end of that call. */
 typedef struct sf_env {
   void* ctx;
   void (*set)(void* ctx, const char* key, const char* value);
@@ -184,6 +219,10 @@ typedef struct sf_argv {
   const char* const* argv;
 } sf_argv;
 
+/* Every hook is optional (NULL: nothing to do). Client hooks run on the client's main thread,
+ * node hooks on the worker's main thread, one at a time; around_*_enter runs in manifest order
+ * and around_*_exit in reverse, also after a failure (then job_status / app_status is not
+ * SF_OK). */
 typedef struct sf_framework_hooks {
   uint32_t struct_size;
   /* client */
@@ -199,7 +238,7 @@ typedef struct sf_framework_hooks {
   sf_status (*launcher)(void* self, const sf_instance_info* info, const sf_argv* in, sf_sink out);
 } sf_framework_hooks;
 
-/* ---- providers (DESIGN.md §9) ------------------------------------------------------- */
+/* ---- providers (docs/providers.md) -------------------------------------------------- */
 typedef struct sf_pool_spec {
   uint32_t struct_size;
   uint32_t nodes;
@@ -217,6 +256,11 @@ typedef struct sf_node_sink {
   void (*set_control_address)(void* ctx, const char* address);
 } sf_node_sink;
 
+/* The four marked hooks are required (the host refuses a provider without them at load).
+ * provision and start_worker run on the host's main thread; bootstrap runs concurrently, one
+ * thread per node; terminate may run at any time beside any other hook — from the signal path
+ * on a second Ctrl-C, or after a partial provision — and worker_alive from the host's wait
+ * for joining nodes: both must be thread-safe. */
 typedef struct sf_provider_hooks {
   uint32_t struct_size;
   sf_status (*provision)(void* self, const sf_pool_spec* spec, const sf_node_sink* out);            /* required */
@@ -231,7 +275,10 @@ typedef struct sf_provider_hooks {
   int32_t (*worker_alive)(void* self, const char* node_id);
 } sf_provider_hooks;
 
-/* ---- native apps (DESIGN.md §5) ---------------------------------------------------- */
+/* ---- native apps (docs/plugins.md) --------------------------------------------------- */
+/* run is required for mode = "broadcast" | "single", task for mode = "map" (checked when a job
+ * names the app). run executes on the worker's main thread; task runs concurrently on
+ * `concurrency` threads, one per slot, each slot's tasks one after another. */
 typedef struct sf_app_hooks {
   uint32_t struct_size;
   /* broadcast / single: run once on this node; the result goes to `result` */
@@ -240,7 +287,7 @@ typedef struct sf_app_hooks {
   sf_status (*task)(void* self, const char* input, size_t input_size, uint32_t slot, sf_sink result);
 } sf_app_hooks;
 
-/* ---- compute backends (DESIGN.md §7; ABI 1.1) ----------------------------------------- */
+/* ---- compute backends (docs/compute-backends.md; ABI 1.1) --------------------------- */
 /* An engine owns a whole training step (forward, backward, gradient allreduce, optimizer
  * update), so a backend is free to fuse and overlap. Tensors are float32, row-major, images
  * NHWC; labels int32 class indices. */
@@ -272,6 +319,8 @@ typedef struct sf_step_result {
   uint64_t samples;  /* samples in the global batch */
 } sf_step_result;
 
+/* Every hook is required. One engine's hooks are called from one thread at a time; engines of
+ * one backend may be used from different threads. */
 typedef struct sf_compute_hooks {
   uint32_t struct_size;
   /* comm may be NULL (one replica). With comm->size > 1 the engine is data-parallel: rank 0's
@@ -300,10 +349,13 @@ typedef struct sf_compute_hooks {
 } sf_compute_hooks;
 
 /* ---- the descriptor every plugin returns --------------------------------------------- */
+/* Returned by the entry; static storage, valid as long as the library. name, create, destroy,
+ * last_error and hooks are required (hooks: the table of `kind`). */
 typedef struct sf_plugin_descriptor {
   uint32_t struct_size;
-  uint16_t abi_major; /* the ABI the plugin was compiled against */
-  uint16_t abi_minor;
+  uint16_t abi_major; /* the ABI the plugin needs: the host's major must be the same... */
+  uint16_t abi_minor; /* ...and its minor at least this (a plugin that uses no 1.1 member may
+                         say 0 and load in a 1.0 host; see SKYFORGE_PLUGIN_ABI_MINOR in sdk.hpp) */
   sf_kind kind;
   const char* name;
   const char* version;

@@ -377,11 +377,11 @@ class App : public PluginBase {
   virtual std::string task(std::string_view /*input*/, uint32_t /*slot*/) {
     throw Error("this app has no task()", SF_ERR_UNSUPPORTED);
   }
-  // The runtime API of DESIGN.md §6, for convenience.
+  // The runtime API of docs/runtime-api.md, for convenience.
   InstanceInfo instance_info() const { return host().instance_info(); }
 };
 
-// ---- compute backends (DESIGN.md §7) -------------------------------------------------------
+// ---- compute backends (docs/compute-backends.md) -------------------------------------------------------
 struct LayerSpec {
   std::string type;  // "dense", "conv2d", ... (abi.h, sf_layer_spec)
   Options options;
@@ -679,6 +679,15 @@ const void* hooks_for() {
                      "a plugin derives from skyforge::Framework, Provider, App or ComputeBackend");
 }
 
+// The ABI minor a plugin requires (docs/plugins.md): skyforge_add_plugin() defines
+// SKYFORGE_PLUGIN_ABI_MINOR from plugin.toml's `abi`; built some other way, the minor of the
+// header it was compiled against. Compute backends exist from 1.1 on.
+#ifndef SKYFORGE_PLUGIN_ABI_MINOR
+#define SKYFORGE_PLUGIN_ABI_MINOR SKYFORGE_ABI_MINOR
+#endif
+static_assert(SKYFORGE_PLUGIN_ABI_MINOR <= SKYFORGE_ABI_MINOR,
+              "plugin.toml asks for a newer plugin ABI than this SDK's abi.h provides");
+
 template <class P>
 const sf_plugin_descriptor* entry(const sf_host_services* host, const char* name, const char* version,
                                   const char* description) noexcept {
@@ -687,7 +696,7 @@ const sf_plugin_descriptor* entry(const sf_host_services* host, const char* name
     sf_plugin_descriptor t{};
     t.struct_size = sizeof(sf_plugin_descriptor);
     t.abi_major = SKYFORGE_ABI_MAJOR;
-    t.abi_minor = SKYFORGE_ABI_MINOR;
+    t.abi_minor = P::kind == SF_KIND_COMPUTE_BACKEND && SKYFORGE_PLUGIN_ABI_MINOR < 1 ? 1 : SKYFORGE_PLUGIN_ABI_MINOR;
     t.kind = P::kind;
     t.name = name;
     t.version = version;
