@@ -1,4 +1,4 @@
-// skyforge `cpu` compute backend: the reference engine (DESIGN.md §7).
+// skyforge `cpu` compute backend: the reference engine (docs/compute-backends.md).
 //
 // float32, NHWC, Keras semantics and defaults. GEMMs go through OpenBLAS (cblas_sgemm),
 // convolutions through im2col + GEMM, everything else through OpenMP loops. The engine lives

@@ -1,4 +1,4 @@
-// The pool's communicator (DESIGN.md §6, abi.h sf_communicator): one process group over every
+// The pool's communicator (docs/runtime-api.md, abi.h sf_communicator): one process group over every
 // node, rank = node, size = total_nodes, on Gloo/TCP or, when every node is on this host, on
 // shared memory (below). Built only into skyforge-worker (the client has no pool and does not
 // link Gloo).

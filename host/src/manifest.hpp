@@ -102,7 +102,7 @@ struct JobSpec {
   SourcePos options_pos;
 };
 
-// The [train] table (built-in `train` job, DESIGN.md §5): a Keras-like model, its data and its
+// The [train] table (built-in `train` job, docs/training.md): a Keras-like model, its data and its
 // schedule. Checked here against the layer catalogue; carried to the nodes as flat config keys
 // ("train.epochs", "train.layers.0.type", ...) that the `train` app reads.
 struct TrainSpec {

@@ -1,4 +1,4 @@
-// Control-plane messages (DESIGN.md §8). Each is the Boost.Serialization payload of one frame;
+// Control-plane messages (docs/architecture.md). Each is the Boost.Serialization payload of one frame;
 // the frame's type field says which. Nothing here is deserialised before a peer has proved
 // the pool secret (see protocol.hpp).
 #pragma once

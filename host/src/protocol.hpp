@@ -1,4 +1,4 @@
-// Control-plane wire protocol (DESIGN.md §8): framing, payload (de)serialisation, the HMAC
+// Control-plane wire protocol (docs/architecture.md): framing, payload (de)serialisation, the HMAC
 // challenge-response handshake, and a heartbeated, leased TCP connection.
 //
 // Frame on the wire (all integers little-endian):

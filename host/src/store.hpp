@@ -1,4 +1,4 @@
-// The pool's rendezvous key-value store (DESIGN.md §8): run by the head node, used by every
+// The pool's rendezvous key-value store (docs/architecture.md): run by the head node, used by every
 // node for Gloo's Store and the NCCL unique-id exchange. Clients authenticate with the pool
 // secret exactly as workers do (protocol.hpp); requests are msg::KvRequest frames of type
 // KvSet / KvGet / KvAdd, each answered by one msg::KvReply carrying the request's id. Requests

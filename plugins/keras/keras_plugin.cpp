@@ -1,4 +1,4 @@
-// The `keras` framework plugin (DESIGN.md §4).
+// The `keras` framework plugin (docs/training.md, "keras" options; docs/keras-api.md).
 //
 // Native apps and the built-in [train] job: the `backend` option names the compute backend the
 // host loads on every node (the SDK's keras::Sequential finds it through

@@ -1,4 +1,4 @@
-// The built-in `train` job (DESIGN.md §5). The host flattens a manifest's [train] table into
+// The built-in `train` job (docs/training.md). The host flattens a manifest's [train] table into
 // config keys (train.epochs, train.layers.0.type, ...; paths already absolute) and runs this app
 // once on every node. Each node loads the whole dataset and fit() splits every global batch
 // across the nodes (Data::replicated), so N nodes take exactly the optimisation steps one node

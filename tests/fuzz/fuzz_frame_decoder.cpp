@@ -1,4 +1,4 @@
-// libFuzzer target for the control-plane frame decoder (DESIGN.md §10), and for the payload
+// libFuzzer target for the control-plane frame decoder (docs/architecture.md, "The control plane"), and for the payload
 // decoder behind it: arbitrary bytes, fed in arbitrary chunks, must only ever yield frames or
 // ProtocolError, never a crash, an unbounded allocation or any other exception.
 #include <algorithm>

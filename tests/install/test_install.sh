@@ -101,7 +101,7 @@ build_template() {  # build_template DIR PLUGIN
   [[ -f $lib ]] || fail "templates/$dir built no $lib"
   grep -qx "library = \"lib$plugin.so\"" "$work/$dir/build/plugins/$plugin/plugin.toml" ||
     fail "templates/$dir: plugin.toml beside the library does not name lib$plugin.so"
-  # DESIGN.md §3: a plugin exports one symbol, its entry. Instantiations of namespace std
+  # docs/plugins.md: a plugin exports one symbol, its entry. Instantiations of namespace std
   # templates keep libstdc++'s default visibility and are left out of this check.
   local exported
   exported=$(nm -D --defined-only "$lib" | awk '{print $NF}' | grep -vE '^_Z(Z|N|K|V|r|T[ISV]|GV)*St' || true)

@@ -1,4 +1,4 @@
-// Property tests for skyforge/data.hpp (DESIGN.md §6): every guarantee docs/runtime-api.md
+// Property tests for skyforge/data.hpp (docs/runtime-api.md): every guarantee docs/runtime-api.md
 // promises, checked over many (n, world, seed) combinations rather than a handful of examples.
 #include <skyforge/data.hpp>
 #include <skyforge/sdk.hpp>  // skyforge::InstanceInfo, which data.hpp must not need

@@ -1,4 +1,4 @@
-// skyforge data API (DESIGN.md §6): deterministic data partitioning for native apps.
+// skyforge data API (docs/runtime-api.md): deterministic data partitioning for native apps.
 //
 // Every function here gives the same answer on every node, compiler and standard library:
 // the permutation comes from a documented generator (SplitMix64 seeding a xoshiro256**) and
