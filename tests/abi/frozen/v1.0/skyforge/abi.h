@@ -1,7 +1,7 @@
 /*
  * skyforge plugin ABI — the one stable contract between the host and a plugin .so.
  *
- * Pure C: no STL, no Boost, no exceptions cross this boundary. Rules (DESIGN.md §3):
+ * Pure C: no STL, no Boost, no exceptions cross this boundary. Rules (docs/plugins.md):
  *  - each plugin exports exactly one symbol, SKYFORGE_ENTRY_SYMBOL, of type sf_entry_fn;
  *  - semver: the host refuses a different major, or a plugin minor above its own;
  *  - structs only ever grow at the end; every reader honours `struct_size`;
@@ -70,7 +70,7 @@ typedef struct sf_sink {
   void (*write)(void* ctx, const char* data, size_t size);
 } sf_sink;
 
-/* ---- what a node knows about itself (DESIGN.md §6) ---------------------------------- */
+/* ---- what a node knows about itself (docs/runtime-api.md) ---------------------------------- */
 typedef struct sf_instance_info {
   uint32_t struct_size;
   uint32_t node;             /* 0..total_nodes-1; node 0 is the head */
@@ -120,7 +120,7 @@ typedef struct sf_host_services {
   const char* (*last_error)(void* ctx);
 } sf_host_services;
 
-/* ---- framework plugins (DESIGN.md §4) ----------------------------------------------- */
+/* ---- framework plugins (docs/plugins.md) ----------------------------------------------- */
 /* Lets transform_image add to the node image. */
 typedef struct sf_image_editor {
   void* ctx;
@@ -158,7 +158,7 @@ typedef struct sf_framework_hooks {
   sf_status (*launcher)(void* self, const sf_instance_info* info, const sf_argv* in, sf_sink out);
 } sf_framework_hooks;
 
-/* ---- providers (DESIGN.md §9) ------------------------------------------------------- */
+/* ---- providers (docs/providers.md) ------------------------------------------------------- */
 typedef struct sf_pool_spec {
   uint32_t struct_size;
   uint32_t nodes;
@@ -190,7 +190,7 @@ typedef struct sf_provider_hooks {
   int32_t (*worker_alive)(void* self, const char* node_id);
 } sf_provider_hooks;
 
-/* ---- native apps (DESIGN.md §5) ---------------------------------------------------- */
+/* ---- native apps (docs/plugins.md) ---------------------------------------------------- */
 typedef struct sf_app_hooks {
   uint32_t struct_size;
   /* broadcast / single: run once on this node; the result goes to `result` */
