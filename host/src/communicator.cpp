@@ -26,13 +26,13 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
 
+#include "io_loop.hpp"
 #include "store.hpp"
 
 namespace skyforge {
@@ -207,14 +207,6 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 size_t data_offset(uint32_t size) { return round_up(kCtlOffset + size * sizeof(RankCtl), 4096); }
 size_t segment_bytes(uint32_t size, size_t slot) { return data_offset(size) + size_t{2} * size * slot; }
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
 uint32_t* futex_word(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
 void futex_wake_all(std::atomic<uint32_t>& a) {
   ::syscall(SYS_futex, futex_word(a), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
@@ -299,18 +291,6 @@ std::string inode_of(const char* path) {
   struct stat st {};
   if (::stat(path, &st) != 0) return "";
   return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-}
-
-std::string random_hex(size_t bytes) {
-  std::random_device rd;
-  std::string s;
-  static const char* digits = "0123456789abcdef";
-  for (size_t i = 0; i < bytes; ++i) {
-    unsigned v = rd() & 0xff;
-    s += digits[v >> 4];
-    s += digits[v & 15];
-  }
-  return s;
 }
 
 // What this rank says about itself under "<prefix>shm/host/<rank>".
@@ -702,7 +682,7 @@ GlooCommunicator::GlooCommunicator(net::StoreClient& store, Options options) : o
   me.shm = shm_allowed && !me.host.empty();
   me.pid = ::getpid();
   me.pidns = inode_of("/proc/self/ns/pid");
-  if (opt_.rank == 0) me.token = random_hex(16);
+  if (opt_.rank == 0) me.token = net::random_hex(16);
   std::vector<std::string> keys;
   for (uint32_t r = 0; r < opt_.size; ++r) keys.push_back("shm/host/" + std::to_string(r));
   store.set(opt_.prefix + keys[opt_.rank], me.format());

@@ -11,9 +11,12 @@
 
 namespace skyforge {
 
+// A spin-wait's pause (x86 PAUSE, Arm YIELD): lets the sibling hyperthread run, saves power.
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
 #endif
 }
 
