@@ -152,7 +152,8 @@ const PluginInfo* resolve(const Catalog& c, const std::string& name, const std::
                       (c.search_dirs().empty() ? std::string("no directories") : detail::join(c.search_dirs(), ", ")) + ")";
     msg += detail::did_you_mean(name, names_of_kind(c, kinds));
     if (!c.problems().empty())
-      msg += "; " + std::to_string(c.problems().size()) + " plugin.toml problem(s) in the search path, see `skyforge plugins`";
+      msg += "; " + std::to_string(c.problems().size()) + " plugin.toml problem(s) in the search path, see `skyforge plugins" +
+             (pos.file.empty() ? std::string() : " " + pos.file) + "`";
     out.add(pos, std::move(msg));
     return nullptr;
   }

@@ -77,7 +77,7 @@ int cmd_run(int argc, char** argv) {
   std::string manifest;
   RunOptions opt;
   desc.add_options()("manifest", po::value(&manifest), "the job manifest")(
-      "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugin debug logs")(
+      "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugins' debug-level logs (info and above always show)")(
       "quiet-results", po::bool_switch(&opt.quiet_results), "do not print per-task results of a map job")(
       "pipeline", po::value(&opt.pipeline)->default_value(2), "map: batches in flight per slot (>= 1)")(
       "timings", po::bool_switch(&opt.timings), "print phase timings (ms) and map batch round trips on stderr")(
@@ -148,7 +148,7 @@ int cmd_env(int argc, char** argv) {
   desc.add_options()("manifest", po::value(&manifest), "the job manifest")(
       "node,n", po::value(&node)->default_value(0), "which node's environment to print")(
       "json", po::bool_switch(&json), "print a JSON object instead of NAME=value lines")(
-      "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugin debug logs");
+      "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugins' debug-level logs (info and above always show)");
   po::positional_options_description pos;
   pos.add("manifest", 1);
   auto p = parse("env", argc, argv, desc, &pos);
@@ -207,14 +207,28 @@ int cmd_env(int argc, char** argv) {
 
 int cmd_plugins(int argc, char** argv) {
   po::options_description desc(
-      "usage: skyforge plugins [--plugin-path DIR]...\n\n"
-      "Lists installed plugins from their plugin.toml files, without loading any code.\n\noptions");
+      "usage: skyforge plugins [<job.toml>] [--plugin-path DIR]...\n\n"
+      "Lists installed plugins from their plugin.toml files, without loading any code. With a\n"
+      "manifest, also searches its job.plugin_path first, as `skyforge run` would.\n\noptions");
   std::vector<std::string> extra;
-  desc.add_options()("plugin-path,p", po::value(&extra)->composing(), "also search DIR (first)");
-  auto p = parse("plugins", argc, argv, desc, nullptr);
+  std::string manifest;
+  desc.add_options()("plugin-path,p", po::value(&extra)->composing(), "also search DIR (first)")(
+      "manifest", po::value(&manifest), "a job manifest whose plugin_path to search too");
+  po::positional_options_description pos;
+  pos.add("manifest", 1);
+  auto p = parse("plugins", argc, argv, desc, &pos);
   if (p.help) {
     std::cout << desc;
     return 0;
+  }
+  if (!manifest.empty()) {
+    try {
+      const Manifest m = load_manifest(manifest);
+      extra.insert(extra.end(), m.job.plugin_path.begin(), m.job.plugin_path.end());
+    } catch (const ManifestError& e) {
+      std::cerr << e.what() << (std::string(e.what()).back() == '\n' ? "" : "\n");
+      return kExitUsage;
+    }
   }
   Catalog c(Catalog::default_search_dirs(extra));
   std::cout << std::left << std::setw(16) << "KIND" << std::setw(16) << "NAME" << std::setw(10) << "VERSION"

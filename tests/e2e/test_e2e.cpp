@@ -155,6 +155,22 @@ TEST_F(E2E, ValidateAndPluginsAndHelp) {
   EXPECT_EQ(o.exit_code, 0);
 }
 
+TEST_F(E2E, PluginsWithAManifestSearchesItsPluginPathToo) {
+  auto m = write("fixtures.toml", std::string("[pool]\nnodes = 1\n[job]\nplugin_path = [\"") + E2E_FIXTURES +
+                                      "\"]\ncommand = [\"true\"]\n");
+  Output o = run({"plugins"});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_FALSE(std::regex_search(o.out, std::regex(R"(framework\s+trace_a\s)"))) << o.out;
+  o = run({"plugins", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(framework\s+trace_a\s)"))) << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(provider\s+local\s)"))) << o.out;
+  auto bad = write("broken.toml", "[pool]\nnodes = \"two\"\n");
+  o = run({"plugins", bad.string()});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("broken.toml:2:"), std::string::npos) << o.err;
+}
+
 TEST_F(E2E, FrameworkHooksEnterInManifestOrderAndExitInReverseEvenOnFailure) {
   const std::string plugins = std::string("[[plugins]]\nname = \"trace_a\"\n[[plugins]]\nname = \"trace_b\"\n");
   const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
