@@ -1,7 +1,9 @@
 # skyforge_add_plugin(<name> SOURCES <src>... [PLUGIN_TOML <file>] [OUTPUT_DIR <dir>] [NO_INSTALL])
 #
 # Builds a skyforge plugin: a MODULE library with hidden visibility that links the SDK, placed
-# with its plugin.toml in <OUTPUT_DIR>/<name>/ (a directory the host can search). PLUGIN_TOML
+# with its plugin.toml in <OUTPUT_DIR>/<name>/ (a directory the host can search). `cmake
+# --install` puts both in <prefix>/<SKYFORGE_PLUGIN_SUBDIR>/<name>/ (lib/skyforge/plugins: the
+# host's own plugin directory when <prefix> is skyforge's); NO_INSTALL leaves it out (fixtures). PLUGIN_TOML
 # defaults to plugin.toml beside the CMakeLists; @SKYFORGE_PLUGIN_LIBRARY@ in it is replaced
 # with the library's file name. Its `abi = "major.minor"` is the ABI the plugin requires: it is
 # compiled into the library (SKYFORGE_PLUGIN_ABI_MINOR, read by sdk.hpp and the descriptor), so

@@ -143,6 +143,17 @@ expect_line run-map "[task 1] => egrofyks"
 expect_line run-map "[task 2] => x"
 expect_line run-map "[task 3] => 54321"
 
+# Installed into skyforge's prefix, a plugin needs no plugin_path at all.
+step "cmake --install templates/app into the prefix; skyforge run (map over my_app, no plugin path)"
+capture install-app "$cmake_bin" --install "$work/app/build" --prefix "$prefix"
+expect_ok install-app
+installed=$(find "$prefix" -path '*/skyforge/plugins/my_app/libmy_app.so' -print -quit)
+[[ -n $installed && -f $(dirname "$installed")/plugin.toml ]] ||
+  { show install-app; fail "cmake --install of templates/app put no my_app/{libmy_app.so,plugin.toml} in the plugin directory"; }
+skyforge run-map-installed run "$work/map.toml"
+expect_ok run-map-installed
+expect_line run-map-installed "[task 1] => egrofyks"
+
 step "skyforge plugins"
 SKYFORGE_PLUGIN_PATH=$plugin_path skyforge plugins plugins
 expect_ok plugins
