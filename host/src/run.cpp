@@ -101,7 +101,7 @@ class PoolRun {
  public:
   PoolRun(const Manifest& m, const Catalog& c, const RunOptions& o)
       : m_(m), catalog_(c), opt_(o), services_([this](int32_t level, const std::string& msg) {
-          if (level >= SF_LOG_WARN || opt_.verbose) printer_.err(msg);
+          if (level >= SF_LOG_INFO || opt_.verbose) printer_.err(msg);  // debug: -v only
         }) {}
   int run();
 

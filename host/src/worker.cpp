@@ -162,7 +162,7 @@ class Worker {
   std::atomic<size_t> queued_{0};  // batches_.size(), readable without mu_
   bool shutdown_ = false;
   std::atomic<bool> finishing_{false};
-  std::atomic<int32_t> min_log_level_{SF_LOG_WARN};  // plugin logs below this stay on the node
+  std::atomic<int32_t> min_log_level_{SF_LOG_INFO};  // plugin logs below this stay on the node (debug: -v)
 };
 
 void Worker::send_log(int stream, std::string text) {

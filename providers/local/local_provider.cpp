@@ -194,7 +194,7 @@ Provisioned LocalProvider::provision(const PoolSpec& spec) {
     }
     throw Error(msg);
   }
-  host().info("local provider: pool " + pool_id_ + ": " + std::to_string(spec.nodes) + " node(s) under " +
+  host().debug("local provider: pool " + pool_id_ + ": " + std::to_string(spec.nodes) + " node(s) under " +
               pool_dir_.string() +
               (net_ ? ", network " + net_->subnet() + " on bridge " + net_->bridge_name() : std::string()));
   return out;

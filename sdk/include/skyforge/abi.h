@@ -163,8 +163,8 @@ typedef struct sf_host_services {
   uint16_t abi_major;
   uint16_t abi_minor;
   void* ctx;
-  /* SF_LOG_*; the message is copied. WARN and ERROR are always shown to the user; DEBUG and
-   * INFO only with `skyforge run -v`. */
+  /* SF_LOG_*; the message is copied. INFO, WARN and ERROR are shown to the user; DEBUG only
+   * with `skyforge run -v`. */
   void (*log)(void* ctx, int32_t level, const char* message);
   /* This node's identity; NULL on the client, before a pool exists. Host-owned, unchanging,
    * valid for the life of the process. */

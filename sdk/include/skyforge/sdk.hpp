@@ -196,6 +196,8 @@ class Host {
   void log(int32_t level, const std::string& message) const {
     if (s_ && s_->log) s_->log(s_->ctx, level, message.c_str());
   }
+  // Levels: debug is shown only with `skyforge run -v`; info, warn and error always.
+  void debug(const std::string& m) const { log(SF_LOG_DEBUG, m); }
   void info(const std::string& m) const { log(SF_LOG_INFO, m); }
   void warn(const std::string& m) const { log(SF_LOG_WARN, m); }
 
