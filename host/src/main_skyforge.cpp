@@ -4,6 +4,7 @@
 
 #include <signal.h>
 
+#include <cctype>
 #include <cstdio>
 #include <iomanip>
 #include <map>
@@ -17,6 +18,7 @@
 #include "loader.hpp"
 #include "manifest.hpp"
 #include "run.hpp"
+#include "services.hpp"
 
 namespace po = boost::program_options;
 using namespace skyforge;
@@ -54,12 +56,52 @@ Parsed parse(const std::string& cmd, int argc, char** argv, po::options_descript
   return p;
 }
 
+// Where a plugin's own refusal of its options points: at the option its message names (as a
+// whole word), else at the plugin's entry.
+SourcePos refusal_pos(const std::string& message, const OptionList& options, const std::vector<SourcePos>& option_pos,
+                      const SourcePos& entry) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t i = 0; i < options.size() && i < option_pos.size(); ++i) {
+    const std::string& key = options[i].first;
+    for (size_t at = message.find(key); at != std::string::npos; at = message.find(key, at + 1)) {
+      const size_t end = at + key.size();
+      if ((at == 0 || !word(message[at - 1])) && (end == message.size() || !word(message[end]))) return option_pos[i];
+    }
+  }
+  return entry;
+}
+
+// The checks only a plugin can make: create() every provider and framework plugin the manifest
+// names with its options, on the client, as `run` will, and destroy it again. A refusal is a
+// manifest problem at the option it names. (Constructors validate; they start nothing.)
+void check_plugins_accept_their_options(const Manifest& m, const Catalog& catalog) {
+  Services services([](int32_t, const std::string&) {});
+  Loader loader(services.table());
+  std::vector<std::string> problems;
+  auto check = [&](const std::string& name, const OptionList& options, const std::vector<SourcePos>& option_pos,
+                   const SourcePos& entry, const std::string& where) {
+    const PluginInfo* info = catalog.find(name);
+    if (!info) return;  // validate_against reported it
+    try {
+      loader.create(loader.load(info->library, info->name), options);
+    } catch (const PluginError& e) {
+      problems.push_back(refusal_pos(e.what(), options, option_pos, entry).str() + ": " + where + ": " + e.what());
+    } catch (const LoadError& e) {
+      problems.push_back(entry.str() + ": " + where + ": " + e.what());
+    }
+  };
+  check(m.pool.provider, m.pool.provider_options, m.pool.provider_option_pos, m.pool.provider_pos, "[provider]");
+  for (const auto& use : m.plugins) check(use.name, use.options, use.option_pos, use.pos, "[[plugins]] " + use.name);
+  if (!problems.empty()) throw ManifestError(std::move(problems));
+}
+
 // Loads, checks and validates a manifest against the installed plugins; prints errors.
 bool load_checked(const std::string& path, Manifest& m, std::unique_ptr<Catalog>& catalog) {
   try {
     m = load_manifest(path);
     catalog = std::make_unique<Catalog>(Catalog::default_search_dirs(m.job.plugin_path));
     validate_against(m, *catalog);
+    check_plugins_accept_their_options(m, *catalog);
     return true;
   } catch (const ManifestError& e) {
     std::cerr << e.what() << (std::string(e.what()).back() == '\n' ? "" : "\n");

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -18,6 +20,7 @@
 #include <mutex>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "io_loop.hpp"
@@ -94,6 +97,7 @@ struct NodeState {
   bool closed = false;
   std::string lost;  // why the connection ended before the node was done
   std::optional<msg::RunResult> result;
+  bool cancelled = false;  // told to shut down while its part was still running
   uint32_t inflight = 0;  // map: batches sent, not yet answered
 };
 
@@ -108,6 +112,7 @@ class PoolRun {
  private:
   // phases
   void load_plugins();
+  std::map<std::string, std::string> job_config() const;
   void client_enter();
   void client_exit(bool ok);
   void provision();
@@ -513,6 +518,27 @@ void PoolRun::wait_joined() {
   }
 }
 
+// The job-level configuration plugins read with host().config(key), on the client and on every
+// node alike (docs/plugins.md lists the keys); nodes also get compute.backend (send_jobs).
+std::map<std::string, std::string> PoolRun::job_config() const {
+  std::map<std::string, std::string> c = {
+      {"job.kind", !m_.job.command.empty() ? "command" : m_.train.present ? "train" : "app"},
+      {"job.mode", m_.job.mode},
+      {"job.manifest", m_.path},
+      {"pool.provider", m_.pool.provider},
+      {"pool.nodes", std::to_string(m_.pool.nodes)},
+      {"pool.concurrency", std::to_string(m_.pool.concurrency)},
+      {"log.verbose", opt_.verbose ? "true" : "false"}};
+  if (!m_.job.app.empty()) c["job.app"] = m_.job.app;
+  if (m_.job.timeout_s > 0) {
+    std::ostringstream t;
+    t << m_.job.timeout_s;
+    c["job.timeout"] = t.str();
+  }
+  for (const auto& [key, value] : m_.train.config) c[key] = value;
+  return c;
+}
+
 void PoolRun::send_jobs() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) return;
@@ -523,10 +549,7 @@ void PoolRun::send_jobs() {
   for (auto& n : nodes_) per_addr[n.address]++;
   std::map<std::string, uint32_t> seen;
   std::vector<msg::PluginSpec> fws;
-  std::map<std::string, std::string> config = {{"job.mode", m_.job.mode},
-                                                {"job.manifest", m_.path},
-                                                {"pool.provider", m_.pool.provider},
-                                                {"log.verbose", opt_.verbose ? "true" : "false"}};
+  std::map<std::string, std::string> config = job_config();
   for (size_t i = 0; i < m_.plugins.size(); ++i)
     fws.push_back(msg::PluginSpec{frameworks_[i]->plugin().name, frameworks_[i]->plugin().path, m_.plugins[i].options});
   // Plugins named through an option (keras' backend = "cpu"): loaded on every node as well, with
@@ -553,7 +576,6 @@ void PoolRun::send_jobs() {
         fws.push_back(std::move(spec));
       }
     }
-  for (const auto& [key, value] : m_.train.config) config[key] = value;
   msg::PluginSpec app;
   if (app_) {
     app.name = app_->name;
@@ -673,7 +695,10 @@ void PoolRun::teardown() {
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (auto& n : nodes_)
-      if (n.conn && !n.closed) n.conn->send_msg(msg::Type::Shutdown, msg::Shutdown{failure_.empty() ? "done" : failure_});
+      if (n.conn && !n.closed) {
+        n.cancelled = !n.result.has_value();
+        n.conn->send_msg(msg::Type::Shutdown, msg::Shutdown{failure_.empty() ? "done" : failure_});
+      }
     // Give workers a moment to run their exit hooks, flush output and leave on their own.
     auto deadline = Clock::now() + std::chrono::seconds(5);
     cv_.wait_until(lock, deadline, [&] {
@@ -717,7 +742,10 @@ int PoolRun::report() {
   if (!m_.job.command.empty()) {
     std::string failed;
     for (size_t i = 0; i < nodes_.size(); ++i)
-      if (nodes_[i].result && nodes_[i].result->exit_code != 0)
+      // A command the teardown itself stopped (SIGTERM after another node failed, or Ctrl-C)
+      // did not fail: the run's failure is reported once, below.
+      if (nodes_[i].result && nodes_[i].result->exit_code != 0 &&
+          !(nodes_[i].cancelled && nodes_[i].result->exit_code == -SIGTERM))
         failed += (failed.empty() ? "" : ", ") + std::string("node ") + std::to_string(i) + " (" +
                   (nodes_[i].result->exit_code < 0 ? "signal " + std::to_string(-nodes_[i].result->exit_code)
                                                    : "exit " + std::to_string(nodes_[i].result->exit_code)) +
@@ -769,6 +797,7 @@ int PoolRun::run() {
       fail(e.what());
     }
   };
+  services_.set_config(job_config());  // before any plugin exists: constructors may read it
   step([&] { load_plugins(); });
   step([&] { client_enter(); });
   step([&] { provision(); });

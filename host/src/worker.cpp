@@ -138,7 +138,8 @@ class Worker {
   msg::RunResult run_app(EnvMap& env);
   int run_command(const std::vector<std::string>& argv, const EnvMap& env);
   void run_tasks();
-  void exit_hooks(bool ok);
+  // around_app_exit of every entered plugin, in reverse; the failures, in call order.
+  std::vector<std::string> exit_hooks(bool ok);
   void dead_man(const std::string& reason);
   std::shared_ptr<const sf_communicator> make_communicator();
 
@@ -160,6 +161,7 @@ class Worker {
   std::optional<msg::Job> job_;
   std::deque<msg::TaskBatch> batches_;
   std::atomic<size_t> queued_{0};  // batches_.size(), readable without mu_
+  std::atomic<uint64_t> failed_tasks_{0};  // map jobs: tasks on this node that failed
   bool shutdown_ = false;
   std::atomic<bool> finishing_{false};
   std::atomic<int32_t> min_log_level_{SF_LOG_INFO};  // plugin logs below this stay on the node (debug: -v)
@@ -285,7 +287,8 @@ void Worker::setup_plugins(EnvMap& env) {
   }
 }
 
-void Worker::exit_hooks(bool ok) {
+std::vector<std::string> Worker::exit_hooks(bool ok) {
+  std::vector<std::string> errors;
   while (entered_ > 0) {
     auto& fw = frameworks_[--entered_];
     if (fw->plugin().kind != SF_KIND_FRAMEWORK) continue;
@@ -294,10 +297,11 @@ void Worker::exit_hooks(bool ok) {
       try {
         fw->check(h->around_app_exit(fw->self(), &info_, ok ? SF_OK : SF_ERR), "around_app_exit");
       } catch (const std::exception& e) {
-        send_log(3, std::string("error: ") + e.what() + "\n");
+        errors.emplace_back(e.what());  // every exit hook still runs
       }
     }
   }
+  return errors;
 }
 
 int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& env) {
@@ -407,6 +411,7 @@ void Worker::run_tasks() {
                           }};
           sf_status st = h->task(app_->self(), input.data(), input.size(), slot, sink);
           if (st != SF_OK) {
+            failed_tasks_.fetch_add(1, std::memory_order_relaxed);
             r.ok = false;
             const char* m = app_->plugin().descriptor->last_error(app_->self());
             r.value = (m && *m) ? m : "task failed with status " + std::to_string(st);
@@ -538,7 +543,19 @@ int Worker::run() {
     result.ok = false;
     result.error = e.what();
   }
-  if (have_job) exit_hooks(result.ok);
+  if (have_job) {
+    // around_app_exit hears whether this node's part failed: its app or command, or in a map job
+    // any of its tasks. A failing exit hook fails the node (after every exit hook has run).
+    std::vector<std::string> errors = exit_hooks(result.ok && failed_tasks_.load() == 0);
+    for (size_t i = 0; i < errors.size(); ++i) {
+      if (i == 0 && result.ok) {
+        result.ok = false;
+        result.error = errors[0];
+      } else {
+        send_log(3, "error: " + errors[i] + "\n");
+      }
+    }
+  }
   if (have_job) conn_->send_msg(msg::Type::RunResult, result);
 
   // Stay until the host says goodbye: it may still be gathering other nodes' results.

@@ -122,6 +122,15 @@ TEST_F(E2E, NonZeroExitFailsTheRunAndNamesTheNode) {
   EXPECT_NE(o.err.find("exit 3"), std::string::npos) << o.err;
 }
 
+TEST_F(E2E, NodesTheTeardownStoppedAreNotReportedAsFailed) {
+  auto m = write("onefails.toml", command_manifest(3, "if [ $SKYFORGE_NODE = 1 ]; then exit 3; fi; exec sleep 30"));
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.err.find("command failed on node 1 (exit 3)"), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("signal 15"), std::string::npos) << o.err;
+  EXPECT_LT(o.seconds, 20) << "the others were stopped, not waited for";
+}
+
 TEST_F(E2E, BadManifestIsRefusedBeforeAnythingStarts) {
   auto m = write("bad.toml", "[pool]\nnodes = 0\n[job]\napp = \"hello\"\n");
   Output o = run({"run", m.string()});
@@ -134,6 +143,18 @@ TEST_F(E2E, BadManifestIsRefusedBeforeAnythingStarts) {
   EXPECT_NE(o.err.find("missing.toml:4:"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("no_such_app"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("searched"), std::string::npos) << o.err;
+}
+
+TEST_F(E2E, APluginRefusingItsOptionsIsAManifestErrorAtThatOption) {
+  const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
+  auto m = write("refused.toml", "[pool]\nnodes = 1\n\n[[plugins]]\nname = \"trace_a\"\nconfig_keys = \"a b\"\n\n[job]\n" +
+                                     path + "command = [\"true\"]\n");
+  for (const std::string cmd : {"validate", "run"}) {
+    Output o = run({cmd, m.string()});
+    EXPECT_EQ(o.exit_code, 2) << cmd << ": " << o.err;
+    EXPECT_NE(o.err.find("refused.toml:6:15: [[plugins]] trace_a: "), std::string::npos) << cmd << ": " << o.err;
+    EXPECT_NE(o.err.find("separate keys with commas"), std::string::npos) << cmd << ": " << o.err;
+  }
 }
 
 TEST_F(E2E, ValidateAndPluginsAndHelp) {
@@ -183,6 +204,48 @@ TEST_F(E2E, FrameworkHooksEnterInManifestOrderAndExitInReverseEvenOnFailure) {
                        (code ? "failed" : "ok") + "\n";
     EXPECT_EQ(o.out, want);
   }
+}
+
+TEST_F(E2E, JobConfigIsTheSameOnTheClientAndOnEveryNode) {
+  // host().config(key): job.timeout was missing everywhere, and a framework plugin could not
+  // tell a command app from a native one before around_app_enter (job.kind).
+  const std::string keys = "job.kind,job.mode,job.timeout,pool.nodes,pool.provider,job.app";
+  const std::string plugins = "[[plugins]]\nname = \"trace_a\"\nconfig_keys = \"" + keys + "\"\n";
+  const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
+  auto m = write("config.toml", command_manifest(2, "true", path + "timeout = 30\n", plugins));
+  Output o = run({"run", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  for (const std::string where : {"client ", "[node 0] node ", "[node 1] node "}) {
+    for (const std::string kv : {"job.kind=command", "job.mode=broadcast", "job.timeout=30", "pool.nodes=2",
+                                 "pool.provider=local", "job.app=(none)"})
+      EXPECT_NE(o.out.find(where + kv + "\n"), std::string::npos) << where << kv << "\n" << o.out;
+  }
+  auto app = write("app.toml", "[pool]\nnodes = 1\n" + plugins + "[job]\n" + path + "app = \"hello\"\n");
+  o = run({"run", app.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("client job.kind=app\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("[node 0] node job.app=hello\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("client job.timeout=(none)\n"), std::string::npos) << o.out;
+}
+
+TEST_F(E2E, AFailedTaskOrAThrowingExitHookFailsTheNodesRun) {
+  const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
+  // A map task that fails: the node's around_app_exit hears it.
+  auto m = write("maptrace.toml", "[pool]\nnodes = 1\n[[plugins]]\nname = \"trace_a\"\n[job]\n" + path +
+                                      "app = \"hello\"\nmode = \"map\"\ninputs = [\"1\", \"boom\", \"3\"]\n");
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.out.find("[node 0] exit trace_a failed"), std::string::npos) << o.out;
+  // An exit hook that throws fails the run, names the plugin and the hook, and the other exit
+  // hooks still run.
+  auto e = write("exitthrow.toml", command_manifest(1, "true", path,
+                                                    "[[plugins]]\nname = \"trace_a\"\n[[plugins]]\nname = "
+                                                    "\"trace_b\"\nfail_exit = true\n"));
+  o = run({"run", e.string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("plugin 'trace_b' around_app_exit: trace_b refuses to exit cleanly"), std::string::npos)
+      << o.err;
+  EXPECT_NE(o.out.find("[node 0] exit trace_a ok"), std::string::npos) << o.out;
 }
 
 TEST_F(E2E, PoolSecretIsNeverVisibleToTheCommandOrInTheWorkersEnviron) {

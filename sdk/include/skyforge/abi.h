@@ -221,8 +221,9 @@ typedef struct sf_argv {
 
 /* Every hook is optional (NULL: nothing to do). Client hooks run on the client's main thread,
  * node hooks on the worker's main thread, one at a time; around_*_enter runs in manifest order
- * and around_*_exit in reverse, also after a failure (then job_status / app_status is not
- * SF_OK). */
+ * and around_*_exit in reverse, also after a failure: app_status is not SF_OK when the node's
+ * app or command failed or, in a map job, any of the node's tasks did; a failing
+ * around_app_exit fails the node's run. */
 typedef struct sf_framework_hooks {
   uint32_t struct_size;
   /* client */
