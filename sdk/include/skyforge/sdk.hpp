@@ -455,21 +455,29 @@ struct Instance {
   P plugin;
 };
 
-template <class P, class F>
-sf_status guard(void* self, F&& f) noexcept {
+// The one place a C++ exception becomes an sf_status: runs f(), and on an exception stores its
+// message in `error` and returns its status (skyforge::Error's, else SF_ERR). Every hook the SDK
+// publishes goes through it, so no exception ever reaches the host.
+template <class F>
+sf_status translate(std::string& error, F&& f) noexcept {
   try {
-    f(static_cast<Instance<P>*>(self)->plugin);
+    f();
     return SF_OK;
   } catch (const Error& e) {
-    t_last_error = e.what();
+    error = e.what();
     return e.status() == SF_OK ? SF_ERR : e.status();
   } catch (const std::exception& e) {
-    t_last_error = e.what();
+    error = e.what();
     return SF_ERR;
   } catch (...) {
-    t_last_error = "unknown exception";
+    error = "unknown exception";
     return SF_ERR;
   }
+}
+
+template <class P, class F>
+sf_status guard(void* self, F&& f) noexcept {
+  return translate(t_last_error, [&] { f(static_cast<Instance<P>*>(self)->plugin); });
 }
 
 inline void write(sf_sink s, std::string_view v) {
@@ -487,37 +495,15 @@ inline void fill(sf_step_result* out, const StepResult& r) {
 template <class F>
 sf_status engine_guard(void* engine, F&& f) noexcept {
   Engine& e = *static_cast<Engine*>(engine);
-  try {
-    f(e);
-    return SF_OK;
-  } catch (const Error& err) {
-    e.last_error = err.what();
-    return err.status() == SF_OK ? SF_ERR : err.status();
-  } catch (const std::exception& err) {
-    e.last_error = err.what();
-    return SF_ERR;
-  } catch (...) {
-    e.last_error = "unknown exception";
-    return SF_ERR;
-  }
+  return translate(e.last_error, [&] { f(e); });
 }
 
 template <class P>
 sf_status create(const sf_host_services* h, const sf_kv* opts, size_t n, void** self) noexcept {
-  try {
+  return translate(t_last_error, [&] {
     Context ctx{Host(h), Options(opts, n)};
     *self = new Instance<P>(ctx);
-    return SF_OK;
-  } catch (const Error& e) {
-    t_last_error = e.what();
-    return e.status() == SF_OK ? SF_ERR : e.status();
-  } catch (const std::exception& e) {
-    t_last_error = e.what();
-    return SF_ERR;
-  } catch (...) {
-    t_last_error = "unknown exception in plugin constructor";
-    return SF_ERR;
-  }
+  });
 }
 template <class P>
 void destroy(void* self) noexcept {
