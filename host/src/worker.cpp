@@ -65,20 +65,23 @@ std::vector<pid_t> group_members() {
   if (!g_own_group) return out;
   const pid_t self = ::getpid(), group = ::getpgrp();
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(name));
-    if (pid == self) continue;
-    std::ifstream in(entry.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so parse after the last ')'.
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 1));
-    std::string state;
-    long ppid = 0, pgrp = 0;
-    if (rest >> state >> ppid >> pgrp && pgrp == group && state != "Z") out.push_back(pid);
+  try {  // /proc changes under the walk: keep what was read
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const pid_t pid = static_cast<pid_t>(std::stol(name));
+      if (pid == self) continue;
+      std::ifstream in(entry.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so parse after the last ')'.
+      const auto close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(stat.substr(close + 1));
+      std::string state;
+      long ppid = 0, pgrp = 0;
+      if (rest >> state >> ppid >> pgrp && pgrp == group && state != "Z") out.push_back(pid);
+    }
+  } catch (const std::exception&) {
   }
   return out;
 }
@@ -210,13 +213,13 @@ void Worker::on_close(const std::string& reason) {
 // is collective: it waits up to the collective timeout for every node to call it too.
 std::shared_ptr<const sf_communicator> Worker::make_communicator() {
   const msg::Job& job = *job_;
-  if (job.mode == "single" && job.command.empty() && job.total_nodes > 1)
+  if (job.mode == JobMode::single && job.command.empty() && job.id.total_nodes > 1)
     throw std::runtime_error("communicator() needs the app running on every node, but with mode = \"single\" only "
                              "the head runs it (use mode = \"broadcast\")");
   GlooCommunicator::Options o;
-  o.rank = job.node;
-  o.size = job.total_nodes;
-  o.address = job.private_ip.empty() ? args_.address : job.private_ip;
+  o.rank = job.id.node;
+  o.size = job.id.total_nodes;
+  o.address = job.id.private_ip.empty() ? args_.address : job.id.private_ip;
   o.prefix = "gloo/0/";  // one communicator per pool (job); the store lives as long as the pool
   auto cfg = job.config.find("job.collective_timeout");
   auto env = job.env.find("SKYFORGE_COLLECTIVE_TIMEOUT");
@@ -378,7 +381,7 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
 }
 
 void Worker::run_tasks() {
-  const uint32_t slots = std::max<uint32_t>(1, job_->concurrency);
+  const uint32_t slots = std::max<uint32_t>(1, job_->id.concurrency);
   auto* h = app_->hooks<sf_app_hooks>();
   std::vector<std::thread> threads;
   for (uint32_t slot = 0; slot < slots; ++slot) {
@@ -439,11 +442,11 @@ msg::RunResult Worker::run_app(EnvMap& env) {
                                           : "command exited with status " + std::to_string(result.exit_code);
     return result;
   }
-  if (job.mode == "map") {
+  if (job.mode == JobMode::map) {
     run_tasks();
     return result;
   }
-  if (job.mode == "single" && job.node != 0) return result;  // only the head runs it
+  if (job.mode == JobMode::single && job.id.node != 0) return result;  // only the head runs it
   auto* h = app_->hooks<sf_app_hooks>();
   if (!h->run) throw std::runtime_error("app '" + app_->plugin().name + "' has no run() hook");
   sf_sink sink = {&result.value,
@@ -513,19 +516,19 @@ int Worker::run() {
   try {
     have_job = wait_job();
     if (have_job) {
-      services_.set_instance(*job_, args_.work_dir);
+      services_.set_instance(job_->id, args_.work_dir);
       services_.set_config(job_->config);
       if (auto it = job_->config.find("log.verbose"); it != job_->config.end() && it->second == "true")
         min_log_level_ = SF_LOG_DEBUG;
-      auto [store_host, store_port] = split_host_port(job_->store_addr);
+      auto [store_host, store_port] = split_host_port(job_->id.store_addr);
       services_.set_store(net::StoreClient::connect(store_host, store_port, args_.secret, args_.node, 15000));
       services_.set_communicator_factory([this] { return make_communicator(); });
       EnvMap env = EnvMap::from_environ(environ);
       for (const auto& [k, v] : job_->env) env.set(k, v);
-      env.set("SKYFORGE_NODE", std::to_string(job_->node));
-      env.set("SKYFORGE_TOTAL_NODES", std::to_string(job_->total_nodes));
-      env.set("SKYFORGE_HEAD_ADDR", job_->head_addr);
-      env.set("SKYFORGE_POOL_ID", job_->pool_id);
+      env.set("SKYFORGE_NODE", std::to_string(job_->id.node));
+      env.set("SKYFORGE_TOTAL_NODES", std::to_string(job_->id.total_nodes));
+      env.set("SKYFORGE_HEAD_ADDR", job_->id.head_addr);
+      env.set("SKYFORGE_POOL_ID", job_->id.pool_id);
       env.set("SKYFORGE_WORK_DIR", args_.work_dir);
       if (!env.get("PYTHONUNBUFFERED")) env.set("PYTHONUNBUFFERED", "1");  // live output from Python
       // [image] pip packages are installed by the bootstrap script into the node's work dir.
