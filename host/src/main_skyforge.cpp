@@ -168,7 +168,7 @@ int cmd_validate(int argc, char** argv) {
   Manifest m;
   std::unique_ptr<Catalog> catalog;
   if (!load_checked(manifest, m, catalog)) return kExitUsage;
-  std::string what = m.job.command.empty() ? "app " + m.job.app + ", mode " + m.job.mode : "command " + m.job.command[0];
+  std::string what = m.job.command.empty() ? "app " + m.job.app + ", mode " + mode_name(m.job.mode) : "command " + m.job.command[0];
   std::cout << m.path << ": valid (" << m.pool.nodes << " node" << (m.pool.nodes == 1 ? "" : "s") << " on '"
             << m.pool.provider << "', " << what << ", " << m.plugins.size() << " framework plugin"
             << (m.plugins.size() == 1 ? "" : "s") << ")\n";
@@ -211,7 +211,7 @@ int cmd_env(int argc, char** argv) {
     return kExitUsage;
   }
   m.job.app.clear();
-  m.job.mode = "broadcast";
+  m.job.mode = JobMode::broadcast;
   // NUL-separated (values may hold newlines). With nproc_per_node > 1 a launcher starts one
   // copy per process: only the node's first process (SKYFORGE_LOCAL_PROC 0) prints.
   m.job.command = {"sh", "-c", "[ \"${SKYFORGE_LOCAL_PROC:-0}\" != 0 ] || exec env -0"};

@@ -783,9 +783,8 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
     r.error(r.key_pos(*mode, "mode"), "[job] mode: not allowed with a [train] table (train runs once on every node)");
     mode = nullptr;
   } else if (mode) {
-    if (mode->is_string() && (mode->as_string().str == "broadcast" || mode->as_string().str == "single" ||
-                              mode->as_string().str == "map")) {
-      job.mode = mode->as_string().str;
+    if (auto parsed = mode->is_string() ? parse_mode(mode->as_string().str) : std::nullopt) {
+      job.mode = *parsed;
     } else {
       r.expected(*mode, "[job] mode", "one of \"broadcast\", \"single\", \"map\"");
       mode = nullptr;  // unknown mode: do not judge the map-only keys against it
@@ -795,7 +794,7 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
   const Value* tasks = Reader::find(t, "tasks");
   const Value* inputs = Reader::find(t, "inputs");
   const Value* batch = Reader::find(t, "batch");
-  if (job.mode == "map") {
+  if (job.mode == JobMode::map) {
     if (command && !app)
       r.error(r.pos(*mode), "[job] mode: \"map\" needs 'app' (a native app exporting a task function); a command cannot be mapped");
     if (tasks && inputs)
@@ -814,7 +813,7 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
     for (auto [key, v] : {std::pair{"tasks", tasks}, std::pair{"inputs", inputs}, std::pair{"batch", batch}}) {
       if (v)
         r.error(r.key_pos(*v, key), std::string("[job] ") + key + ": only allowed with mode = \"map\" (mode is \"" +
-                                        job.mode + "\")");
+                                        mode_name(job.mode) + "\")");
     }
   }
 
@@ -1069,7 +1068,7 @@ Manifest parse_manifest(const std::string& text, const std::string& display_name
     // The built-in `train` job is the `train` app (plugins/train), run once on every node.
     m.job.app = "train";
     m.job.app_pos = m.train.pos;
-    m.job.mode = "broadcast";
+    m.job.mode = JobMode::broadcast;
   }
 
   r.throw_if_failed();

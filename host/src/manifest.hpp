@@ -11,6 +11,8 @@
 // one per line, each as "file:line:col: message".
 #pragma once
 
+#include "job_mode.hpp"
+
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -87,7 +89,7 @@ struct JobSpec {
   std::string app;  // native app plugin; exactly one of app / command is set
   SourcePos app_pos;
   std::vector<std::string> command;
-  std::string mode = "broadcast";  // "broadcast" | "single" | "map"
+  JobMode mode = JobMode::broadcast;
   uint64_t tasks = 0;              // map: inputs are "0".."tasks-1" when has_tasks
   std::vector<std::string> inputs; // map: explicit inputs when !has_tasks
   bool has_tasks = false;

@@ -8,8 +8,11 @@
 #include <boost/serialization/utility.hpp>
 #include <boost/serialization/vector.hpp>
 
+#include "job_mode.hpp"
+
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -61,8 +64,9 @@ struct PluginSpec {
   }
 };
 
-struct Job {
-  // instance info
+// Who a node is in its pool: what the host tells each node in its Job, and — copied once, by
+// Services::set_instance — what its plugins read as sf_instance_info.
+struct NodeIdentity {
   uint32_t node = 0;
   uint32_t total_nodes = 1;
   std::string head_addr;
@@ -74,17 +78,28 @@ struct Job {
   uint32_t concurrency = 1;
   std::string pool_id;
   std::string store_addr;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & node & total_nodes & head_addr & private_ip & local_rank & local_world_size & accelerators & accelerator &
+        concurrency & pool_id & store_addr;
+  }
+};
+
+struct Job {
+  NodeIdentity id;
   // what to run
   std::vector<PluginSpec> frameworks;  // manifest order
   PluginSpec app;                      // empty name for a command app
-  std::string mode;                    // broadcast | single | map
+  JobMode mode = JobMode::broadcast;
   std::vector<std::string> command;
   std::map<std::string, std::string> env;  // image env
   std::map<std::string, std::string> config;
   template <class A>
   void serialize(A& a, unsigned) {
-    a & node & total_nodes & head_addr & private_ip & local_rank & local_world_size & accelerators & accelerator &
-        concurrency & pool_id & store_addr & frameworks & app & mode & command & env & config;
+    uint8_t m = static_cast<uint8_t>(mode);
+    a & id & frameworks & app & m & command & env & config;
+    if (m > static_cast<uint8_t>(JobMode::map)) throw std::runtime_error("job mode " + std::to_string(m) + " out of range");
+    mode = static_cast<JobMode>(m);
   }
 };
 

@@ -234,10 +234,10 @@ void PoolRun::load_plugins() {
     auto* h = static_cast<const sf_app_hooks*>(app_->hooks);
     bool has_task = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, task) && h->task;
     bool has_run = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, run) && h->run;
-    if (m_.job.mode == "map" && !has_task)
+    if (m_.job.mode == JobMode::map && !has_task)
       throw LoadError(app_->path + ": app '" + app_->name + "' has no task() hook, which mode = \"map\" needs");
-    if (m_.job.mode != "map" && !has_run)
-      throw LoadError(app_->path + ": app '" + app_->name + "' has no run() hook, which mode = \"" + m_.job.mode +
+    if (m_.job.mode != JobMode::map && !has_run)
+      throw LoadError(app_->path + ": app '" + app_->name + "' has no run() hook, which mode = \"" + std::string(mode_name(m_.job.mode)) +
                       "\" needs");
   }
 }
@@ -421,7 +421,7 @@ void PoolRun::on_frame(uint32_t node, msg::Type t, std::string&& payload) {
       }
       case msg::Type::Ready:
         n.ready = true;
-        if (m_.job.mode == "map") dispatch(node);
+        if (m_.job.mode == JobMode::map) dispatch(node);
         break;
       case msg::Type::Log: {
         auto l = net::deserialize<msg::Log>(payload);
@@ -437,10 +437,10 @@ void PoolRun::on_frame(uint32_t node, msg::Type t, std::string&& payload) {
         break;
       case msg::Type::RunResult: {
         auto r = net::deserialize<msg::RunResult>(payload);
-        if (!r.ok && failure_.empty() && m_.job.mode != "map") {
+        if (!r.ok && failure_.empty() && m_.job.mode != JobMode::map) {
           fail("node " + std::to_string(node) + " failed: " + r.error);
         }
-        if (!r.ok && m_.job.mode == "map" && failure_.empty()) fail("node " + std::to_string(node) + ": " + r.error);
+        if (!r.ok && m_.job.mode == JobMode::map && failure_.empty()) fail("node " + std::to_string(node) + ": " + r.error);
         n.result = std::move(r);
         break;
       }
@@ -523,7 +523,7 @@ void PoolRun::wait_joined() {
 std::map<std::string, std::string> PoolRun::job_config() const {
   std::map<std::string, std::string> c = {
       {"job.kind", !m_.job.command.empty() ? "command" : m_.train.present ? "train" : "app"},
-      {"job.mode", m_.job.mode},
+      {"job.mode", mode_name(m_.job.mode)},
       {"job.manifest", m_.path},
       {"pool.provider", m_.pool.provider},
       {"pool.nodes", std::to_string(m_.pool.nodes)},
@@ -584,17 +584,17 @@ void PoolRun::send_jobs() {
   }
   for (size_t i = 0; i < nodes_.size(); ++i) {
     msg::Job j;
-    j.node = static_cast<uint32_t>(i);
-    j.total_nodes = static_cast<uint32_t>(nodes_.size());
-    j.head_addr = head_addr;
-    j.private_ip = nodes_[i].address;
-    j.local_rank = seen[nodes_[i].address]++;
-    j.local_world_size = per_addr[nodes_[i].address];
-    j.accelerator = m_.pool.accelerator;
-    j.accelerators = m_.pool.accelerator.empty() ? 0 : 1;
-    j.concurrency = m_.pool.concurrency;
-    j.pool_id = pool_id_;
-    j.store_addr = store_addr;
+    j.id.node = static_cast<uint32_t>(i);
+    j.id.total_nodes = static_cast<uint32_t>(nodes_.size());
+    j.id.head_addr = head_addr;
+    j.id.private_ip = nodes_[i].address;
+    j.id.local_rank = seen[nodes_[i].address]++;
+    j.id.local_world_size = per_addr[nodes_[i].address];
+    j.id.accelerator = m_.pool.accelerator;
+    j.id.accelerators = m_.pool.accelerator.empty() ? 0 : 1;
+    j.id.concurrency = m_.pool.concurrency;
+    j.id.pool_id = pool_id_;
+    j.id.store_addr = store_addr;
     j.frameworks = fws;
     j.app = app;
     j.mode = m_.job.mode;
@@ -680,11 +680,11 @@ void PoolRun::on_results(uint32_t node, msg::TaskResults&& r) {
 void PoolRun::execute() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.empty()) return;
-  if (m_.job.mode == "map") {
+  if (m_.job.mode == JobMode::map) {
     wait_for(lock, [&] { return tasks_done_ == n_tasks_; }, std::nullopt);
     return;
   }
-  bool single = m_.job.mode == "single" && m_.job.command.empty();
+  bool single = m_.job.mode == JobMode::single && m_.job.command.empty();
   wait_for(lock, [&] {
     if (single) return nodes_[0].result.has_value();
     return std::all_of(nodes_.begin(), nodes_.end(), [&](const NodeState& n) { return node_done(n); });
@@ -728,7 +728,7 @@ void PoolRun::teardown() {
 
 int PoolRun::report() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (m_.job.mode == "map" && failure_.empty()) {
+  if (m_.job.mode == JobMode::map && failure_.empty()) {
     if (!opt_.quiet_results) {
       std::string out;
       for (uint64_t i = 0; i < n_tasks_; ++i) out += "[task " + std::to_string(i) + "] => " + task_results_[i].value + "\n";
@@ -736,7 +736,7 @@ int PoolRun::report() {
     }
   } else if (m_.job.command.empty() && failure_.empty()) {
     for (size_t i = 0; i < nodes_.size(); ++i)
-      if (nodes_[i].result && (m_.job.mode != "single" || i == 0))
+      if (nodes_[i].result && (m_.job.mode != JobMode::single || i == 0))
         printer_.out("[node " + std::to_string(i) + "] => " + nodes_[i].result->value);
   }
   if (!m_.job.command.empty()) {
@@ -776,7 +776,7 @@ int PoolRun::run() {
   auto guard = boost::asio::make_work_guard(io_);
   std::thread io_thread([this] { run_io_with_spin(io_, std::chrono::microseconds(50)); });
 
-  if (m_.job.mode == "map") {
+  if (m_.job.mode == JobMode::map) {
     n_tasks_ = m_.job.inputs.empty() ? m_.job.tasks : m_.job.inputs.size();
     task_results_.resize(n_tasks_);
     task_node_.resize(n_tasks_);

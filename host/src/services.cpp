@@ -165,30 +165,26 @@ sf_status Services::find_compute_backend(const char* name, const sf_compute_hook
 
 Services::~Services() = default;
 
-void Services::set_instance(const msg::Job& job, const std::string& work_dir) {
-  head_addr_ = job.head_addr;
-  private_ip_ = job.private_ip;
-  accelerator_ = job.accelerator;
-  pool_id_ = job.pool_id;
-  store_addr_ = job.store_addr;
+void Services::set_instance(const msg::NodeIdentity& id, const std::string& work_dir) {
+  id_ = id;  // info_'s strings point into this copy
   work_dir_ = work_dir;
   info_ = sf_instance_info{};
   info_.struct_size = sizeof(sf_instance_info);
-  info_.node = job.node;
-  info_.total_nodes = job.total_nodes;
-  info_.is_head = job.node == 0 ? 1 : 0;
-  info_.head_addr = head_addr_.c_str();
-  info_.private_ip = private_ip_.c_str();
-  info_.local_rank = job.local_rank;
-  info_.local_world_size = job.local_world_size;
-  info_.accelerators = job.accelerators;
-  info_.accelerator = accelerator_.c_str();
-  info_.concurrency = job.concurrency;
+  info_.node = id_.node;
+  info_.total_nodes = id_.total_nodes;
+  info_.is_head = id_.node == 0 ? 1 : 0;
+  info_.head_addr = id_.head_addr.c_str();
+  info_.private_ip = id_.private_ip.c_str();
+  info_.local_rank = id_.local_rank;
+  info_.local_world_size = id_.local_world_size;
+  info_.accelerators = id_.accelerators;
+  info_.accelerator = id_.accelerator.c_str();
+  info_.concurrency = id_.concurrency;
   info_.slot = 0;
-  info_.pool_id = pool_id_.c_str();
-  info_.store_addr = store_addr_.c_str();
+  info_.pool_id = id_.pool_id.c_str();
+  info_.store_addr = id_.store_addr.c_str();
   info_.work_dir = work_dir_.c_str();
-  slot_infos_.assign(std::max<uint32_t>(job.concurrency, 1), info_);
+  slot_infos_.assign(std::max<uint32_t>(id_.concurrency, 1), info_);
   for (uint32_t s = 0; s < slot_infos_.size(); ++s) slot_infos_[s].slot = s;
   has_instance_ = true;
 }

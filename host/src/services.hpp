@@ -38,7 +38,7 @@ class Services {
   const sf_host_services* table() const { return &table_; }
 
   // Node side: identity from the job, and the store every node shares.
-  void set_instance(const msg::Job& job, const std::string& work_dir);
+  void set_instance(const msg::NodeIdentity& id, const std::string& work_dir);
   void set_store(std::unique_ptr<net::StoreClient> store);
   void set_config(std::map<std::string, std::string> config) { config_ = std::move(config); }
   // This node's identity, as the calling thread sees it: on a task slot's thread (see
@@ -80,7 +80,8 @@ class Services {
   sf_instance_info info_{};
   std::vector<sf_instance_info> slot_infos_;  // one per task slot: info_ but for `slot`
   // storage behind info_'s strings
-  std::string head_addr_, private_ip_, accelerator_, pool_id_, store_addr_, work_dir_;
+  msg::NodeIdentity id_;
+  std::string work_dir_;
   std::unique_ptr<net::StoreClient> store_;
   std::map<std::string, std::string> config_;
 

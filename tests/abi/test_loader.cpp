@@ -176,10 +176,10 @@ TEST_F(LoaderTest, SdkAppRunsAndTaskErrorsComeBackAsStatusAndMessage) {
 
 TEST_F(LoaderTest, InstanceInfoOnATaskThreadNamesItsSlot) {
   msg::Job job;
-  job.node = 1;
-  job.total_nodes = 2;
-  job.concurrency = 4;
-  services.set_instance(job, "/tmp");
+  job.id.node = 1;
+  job.id.total_nodes = 2;
+  job.id.concurrency = 4;
+  services.set_instance(job.id, "/tmp");
   const LoadedPlugin& p = loader.load(fixture("sdk_app"), "sdk_app", SF_KIND_APP);
   auto inst = loader.create(p, {});
   auto* h = inst->hooks<sf_app_hooks>();

@@ -776,7 +776,7 @@ TEST(Services, CommunicatorIsBuiltOnceAndAFailureIsRepeated) {
 TEST(Services, ComputeBackendSelection) {
   Services s(nullptr);
   msg::Job job;
-  s.set_instance(job, "/tmp");
+  s.set_instance(job.id, "/tmp");
   const sf_host_services* t = s.table();
   const sf_compute_hooks* h = nullptr;
   void* self = nullptr;

@@ -73,7 +73,7 @@ TEST(Manifest, MinimalGetsDefaults) {
   EXPECT_TRUE(m.plugins.empty());
   EXPECT_EQ(m.job.command, (std::vector<std::string>{"python3", "train.py"}));
   EXPECT_EQ(m.job.app, "");
-  EXPECT_EQ(m.job.mode, "broadcast");
+  EXPECT_EQ(m.job.mode, JobMode::broadcast);
   EXPECT_FALSE(m.job.has_tasks);
   EXPECT_EQ(m.job.tasks, 0u);
   EXPECT_EQ(m.job.batch, 0u);
@@ -121,7 +121,7 @@ TEST(Manifest, FullManifestRoundTrip) {
   EXPECT_EQ(m.job.app, "hello");
   EXPECT_EQ(m.job.app_pos.str(), file + ":26:7");
   EXPECT_TRUE(m.job.command.empty());
-  EXPECT_EQ(m.job.mode, "map");
+  EXPECT_EQ(m.job.mode, JobMode::map);
   EXPECT_FALSE(m.job.has_tasks);
   EXPECT_EQ(m.job.inputs, (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(m.job.batch, 16u);
@@ -272,7 +272,7 @@ TEST(Manifest, JobNeedsAppOrCommand) {
 
 TEST(Manifest, Modes) {
   Manifest m = parse_manifest("[job]\ncommand = [\"x\"]\nmode = \"single\"\n", "job.toml");
-  EXPECT_EQ(m.job.mode, "single");
+  EXPECT_EQ(m.job.mode, JobMode::single);
 
   m = parse_manifest("[job]\napp = \"sq\"\nmode = \"map\"\ntasks = 1000\n", "job.toml");
   EXPECT_TRUE(m.job.has_tasks);

@@ -88,7 +88,7 @@ TEST(Train, MlpBecomesTheTrainAppWithFlatConfig) {
   Manifest m = parse_manifest(kMlp, "/tmp/proj/job.toml");
   EXPECT_TRUE(m.train.present);
   EXPECT_EQ(m.job.app, "train");
-  EXPECT_EQ(m.job.mode, "broadcast");
+  EXPECT_EQ(m.job.mode, JobMode::broadcast);
   auto c = config_of(m);
   EXPECT_EQ(c["train.epochs"], "5");
   EXPECT_EQ(c["train.batch_size"], "64");

@@ -142,7 +142,7 @@ TEST(Framing, LimitIsInclusiveAndConfigurable) {
 
 TEST(Framing, ErrorsAreSticky) {
   FrameDecoder d;
-  const std::string bad = header(kMagic, 2, 10, 0);
+  const std::string bad = header(kMagic, kProtocolVersion + 1, 10, 0);
   d.feed(bad.data(), bad.size());
   EXPECT_THROW(d.next(), ProtocolError);
   const std::string good = encode_frame(msg::Type::Hello, "x");

@@ -53,20 +53,22 @@ TEST(Payload, Hello) {
 
 TEST(Payload, Job) {
   msg::Job j;
-  j.node = 2;
-  j.total_nodes = 4;
-  j.head_addr = "10.0.0.1";
-  j.accelerators = 8;
-  j.accelerator = "H100";
-  j.pool_id = "abc123";
+  j.id.node = 2;
+  j.id.total_nodes = 4;
+  j.id.head_addr = "10.0.0.1";
+  j.id.accelerators = 8;
+  j.id.accelerator = "H100";
+  j.id.pool_id = "abc123";
   j.frameworks = {{"torch", "/p/torch.so", {{"backend", "nccl"}, {"x", ""}}}, {"jax", "/p/jax.so", {}}};
   j.app = {"hello", "/p/hello.so", {{"k", "v"}}};
-  j.mode = "map";
+  j.mode = JobMode::map;
   j.command = {"python3", "train.py", std::string("\0bin", 4)};
   j.env = {{"A", "1"}, {"B", "two"}};
   j.config = {{"lr", "0.1"}};
   auto b = round_trip(j);
-  EXPECT_EQ(b.total_nodes, 4u);
+  EXPECT_EQ(b.id.total_nodes, 4u);
+  EXPECT_EQ(b.id.accelerator, "H100");
+  EXPECT_EQ(b.mode, JobMode::map);
   ASSERT_EQ(b.frameworks.size(), 2u);
   EXPECT_EQ(b.frameworks[0].options[0].second, "nccl");
   EXPECT_EQ(b.command[2], std::string("\0bin", 4));
@@ -187,6 +189,24 @@ TEST(Payload, RandomGarbageIsRefusedOrIsACanonicalMessage) {
   }
   EXPECT_GT(job_refused, rounds / 2) << "corrupted Job payloads refused";
   EXPECT_GT(junk_refused, rounds * 9 / 10) << "random payloads refused";
+}
+
+TEST(Payload, JobModeOutOfRangeIsRefused) {
+  msg::Job a, b;
+  a.mode = JobMode::broadcast;
+  b.mode = JobMode::map;
+  const std::string sa = serialize(a), sb = serialize(b);
+  ASSERT_EQ(sa.size(), sb.size());
+  size_t at = sa.size(), diffs = 0;
+  for (size_t i = 0; i < sa.size(); ++i)
+    if (sa[i] != sb[i]) at = i, ++diffs;
+  ASSERT_EQ(diffs, 1u) << "the mode is one byte";
+  for (int v = 0; v < 256; ++v) {
+    std::string s = sa;
+    s[at] = static_cast<char>(v);
+    if (v <= 2) EXPECT_EQ(static_cast<int>(deserialize<msg::Job>(s).mode), v);
+    else EXPECT_THROW(deserialize<msg::Job>(s), ProtocolError) << v;
+  }
 }
 
 TEST(Crypto, HmacSha256MatchesRfc4231) {
