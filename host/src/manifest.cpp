@@ -415,8 +415,31 @@ class Reader {
       }
       case toml::value_t::floating: return Scalar{float_text(v.as_floating()), "float"};
       case toml::value_t::boolean: return Scalar{v.as_boolean() ? "true" : "false", "boolean"};
+      case toml::value_t::array: {
+        std::string joined;
+        bool ok = true;
+        for (size_t i = 0; i < v.as_array().size(); ++i) {
+          const Value& e = v.as_array()[i];
+          const std::string where = label + "[" + std::to_string(i) + "]";
+          if (!e.is_string()) {
+            expected(e, where, "a string (an array option holds strings)");
+            ok = false;
+            continue;
+          }
+          const std::string& s = e.as_string().str;
+          if (s.empty() || s.find(kListSeparator) != std::string::npos) {
+            error(pos(e), where + ": an element of an array option must be a non-empty string without a newline");
+            ok = false;
+            continue;
+          }
+          if (i > 0) joined += kListSeparator;
+          joined += s;
+        }
+        if (!ok) return std::nullopt;
+        return Scalar{joined, "string_array"};
+      }
       default:
-        expected(v, label, "a string, integer, float or boolean");
+        expected(v, label, "a string, integer, float, boolean or array of strings");
         return std::nullopt;
     }
   }
@@ -1101,6 +1124,17 @@ std::optional<std::string> typed_text(const Value& v, const std::string& type) {
     return std::nullopt;
   }
   if (type == "boolean" && v.is_boolean()) return std::string(v.as_boolean() ? "true" : "false");
+  if (type == "string_array" && v.is_array()) {
+    std::string joined;
+    for (size_t i = 0; i < v.as_array().size(); ++i) {
+      const Value& e = v.as_array()[i];
+      if (!e.is_string() || e.as_string().str.empty() || e.as_string().str.find(kListSeparator) != std::string::npos)
+        return std::nullopt;
+      if (i > 0) joined += kListSeparator;
+      joined += e.as_string().str;
+    }
+    return joined;
+  }
   return std::nullopt;
 }
 
@@ -1127,7 +1161,10 @@ std::optional<OptionSchema> read_option_schema(Reader& r, const std::string& nam
     return std::nullopt;
   }
   o.type = type->as_string().str;
-  if (const Value* v = Reader::find(t, "choices")) {
+  if (const Value* v = Reader::find(t, "choices"); v && o.type == "string_array") {
+    r.error(r.key_pos(*v, "choices"), where + " choices: a string_array option takes no choices");
+    ok = false;
+  } else if (v) {
     if (!v->is_array() || v->as_array().empty()) {
       r.expected(*v, where + " choices", "a non-empty array of " + o.type + " values");
       ok = false;

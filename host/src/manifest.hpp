@@ -49,7 +49,10 @@ class ManifestError : public std::runtime_error {
 using OptionList = std::vector<std::pair<std::string, std::string>>;
 
 // Plugin option types, as plugin.toml names them.
-inline constexpr std::string_view kOptionTypes[] = {"string", "integer", "float", "boolean"};
+inline constexpr std::string_view kOptionTypes[] = {"string", "integer", "float", "boolean", "string_array"};
+// A string_array option crosses the plugin ABI as text like every option: its elements joined by
+// '\n' (so an element may not hold one); the SDK's Options::get_list splits it again.
+inline constexpr char kListSeparator = '\n';
 
 struct PluginUse {
   std::string name;

@@ -1,5 +1,6 @@
 // The loader against one real fixture .so per failure mode (docs/plugins.md, "The ABI").
 #include <gtest/gtest.h>
+#include <skyforge/sdk.hpp>
 
 #include <string>
 #include <thread>
@@ -253,3 +254,13 @@ TEST_F(LoaderTest, LoadingTwiceReturnsTheSamePlugin) {
 }
 
 }  // namespace
+
+// A string_array option reaches the plugin as its elements joined by '\n' (docs/plugins.md).
+TEST(SdkOptions, GetListSplitsAStringArrayOption) {
+  const sf_kv kv[] = {{"hosts", "h1\nuser@h2:2222\nh3"}, {"one", "solo"}, {"none", ""}};
+  skyforge::Options o(kv, 3);
+  EXPECT_EQ(o.get_list("hosts"), (std::vector<std::string>{"h1", "user@h2:2222", "h3"}));
+  EXPECT_EQ(o.get_list("one"), (std::vector<std::string>{"solo"}));
+  EXPECT_TRUE(o.get_list("none").empty());
+  EXPECT_TRUE(o.get_list("absent").empty());
+}

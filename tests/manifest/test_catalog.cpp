@@ -124,7 +124,7 @@ TEST(PluginToml, ReportsEveryProblemWithPosition) {
     EXPECT_EQ(p[2], file + ":5:1: unknown key 'colour' in plugin.toml (known: name, kind, library, abi, version, "
                            "description, options, after)");
     EXPECT_EQ(p[3], file + ":9:11: [options.a] default: expected an integer (the option's type), got a string (\"ten\")");
-    EXPECT_EQ(p[4], file + ":12:8: [options.b] type: expected one of string, integer, float, boolean, got a string (\"text\")");
+    EXPECT_EQ(p[4], file + ":12:8: [options.b] type: expected one of string, integer, float, boolean, string_array, got a string (\"text\")");
   }
 }
 
@@ -370,4 +370,53 @@ TEST(Validate, CollectsAllProblemsInSourceOrder) {
   EXPECT_EQ(p[3].substr(0, 14), "job.toml:10:8:");
   EXPECT_EQ(p[4], "job.toml:12:21: [image] files source: " + fs::current_path().string() + "/missing.csv does not exist");
   EXPECT_EQ(p[5].substr(0, 14), "job.toml:14:7:");
+}
+
+// Array options (plugin.toml type = "string_array"): what a provider's `hosts = [...]` needs.
+// They cross the ABI joined by '\n'; the SDK's Options::get_list splits them (tests/sdk).
+TEST(Validate, StringArrayOptions) {
+  const fs::path dir = fs::temp_directory_path() / ("skyforge-arrays-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "lister");
+  std::ofstream(dir / "lister" / "plugin.toml")
+      << "name = \"lister\"\nkind = \"framework\"\nlibrary = \"liblister.so\"\nabi = \"1.0\"\n"
+         "[options.hosts]\ntype = \"string_array\"\nrequired = true\n"
+         "[options.tags]\ntype = \"string_array\"\ndefault = [\"a\", \"b c\"]\n";
+  Catalog c({dir.string(), kA});  // kA: the local provider
+  Manifest m = parse_manifest("[[plugins]]\nname = \"lister\"\nhosts = [\"h1\", \"user@h2:2222\"]\n[job]\ncommand = [\"x\"]\n",
+                              "job.toml");
+  validate_against(m, c);
+  EXPECT_EQ(m.plugins[0].options, (OptionList{{"hosts", "h1\nuser@h2:2222"}, {"tags", "a\nb c"}}));
+  EXPECT_EQ(m.plugins[0].option_types[0], "string_array");
+  auto parse_problem = [](const std::string& text) -> std::string {
+    try {
+      parse_manifest(text, "job.toml");
+    } catch (const ManifestError& e) {
+      return e.problems().empty() ? "" : e.problems().front();
+    }
+    return "(parsed)";
+  };
+  EXPECT_EQ(parse_problem("[[plugins]]\nname = \"lister\"\nhosts = [\"h1\", 2]\n[job]\ncommand = [\"x\"]\n"),
+            "job.toml:3:16: [[plugins]] lister hosts[1]: expected a string (an array option holds strings), got an "
+            "integer (2)");
+  EXPECT_EQ(parse_problem("[[plugins]]\nname = \"lister\"\nhosts = [\"\"]\n[job]\ncommand = [\"x\"]\n"),
+            "job.toml:3:10: [[plugins]] lister hosts[0]: an element of an array option must be a non-empty string "
+            "without a newline");
+  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"lister\"\nhosts = \"h1\"\n[job]\ncommand = [\"x\"]\n", c),
+            "job.toml:3:9: [[plugins]] lister hosts: expected a string_array, got a string (\"h1\")");
+  // An array given for a scalar option is refused, naming both.
+  std::ofstream(dir / "lister" / "plugin.toml", std::ios::app) << "[options.port]\ntype = \"integer\"\ndefault = 22\n";
+  Catalog c2({dir.string(), kA});
+  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"lister\"\nhosts = [\"h\"]\nport = [\"22\"]\n[job]\ncommand = [\"x\"]\n",
+                               c2),
+            "job.toml:4:8: [[plugins]] lister port: expected an integer, got a string_array ([\"22\"])");
+  // A string_array option takes no choices.
+  std::ofstream(dir / "lister" / "plugin.toml", std::ios::app) << "[options.z]\ntype = \"string_array\"\nchoices = [[\"a\"]]\n";
+  try {
+    parse_plugin_toml((dir / "lister" / "plugin.toml").string());
+    ADD_FAILURE() << "choices on a string_array were accepted";
+  } catch (const ManifestError& e) {
+    EXPECT_NE(std::string(e.what()).find("[options.z] choices: a string_array option takes no choices"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
 }

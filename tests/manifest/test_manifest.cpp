@@ -391,8 +391,10 @@ TEST(Manifest, PluginsErrors) {
             "(\"torch\")");
   EXPECT_EQ(problem_of("plugins = { name = \"torch\" }\n" + kJob),
             "job.toml:1:11: plugins: expected an array of tables ([[plugins]]), got a table");
-  EXPECT_EQ(problem_of("[[plugins]]\nname = \"torch\"\nhosts = [\"a\"]\n" + kJob),
-            "job.toml:3:9: [[plugins]] torch hosts: expected a string, integer, float or boolean, got an array");
+  // Arrays of strings are options too (plugin.toml type = "string_array"); of anything else, not.
+  EXPECT_EQ(problem_of("[[plugins]]\nname = \"torch\"\nhosts = [1]\n" + kJob),
+            "job.toml:3:10: [[plugins]] torch hosts[0]: expected a string (an array option holds strings), got an "
+            "integer (1)");
   EXPECT_EQ(problem_of("[[plugins]]\nname = \"../evil\"\n" + kJob),
             "job.toml:2:8: [[plugins]] name: \"../evil\" is not a valid plugin name (letters, digits, '_', '-', '.')");
 }
@@ -403,7 +405,7 @@ TEST(Manifest, ProviderOptions) {
   EXPECT_EQ(m.pool.provider_pos.str(), "job.toml:2:12");
   EXPECT_EQ(m.pool.provider_options, (OptionList{{"hosts", "a,b"}, {"port", "22"}}));
   EXPECT_EQ(problem_of("[provider]\nnet = { a = 1 }\n" + kJob),
-            "job.toml:2:7: [provider] net: expected a string, integer, float or boolean, got a table");
+            "job.toml:2:7: [provider] net: expected a string, integer, float, boolean or array of strings, got a table");
   // Without a `provider` key, the provider's position is the [pool] header.
   m = parse_manifest("\n[pool]\nnodes = 2\n" + kJob, "job.toml");
   EXPECT_EQ(m.pool.provider_pos.str(), "job.toml:2:1");

@@ -81,6 +81,18 @@ class Options {
     if (it->second == "false") return false;
     throw Error("option '" + key + "': expected true or false, got '" + it->second + "'", SF_ERR_INVALID);
   }
+  // A string_array option (plugin.toml type = "string_array"): its elements, in manifest order;
+  // empty when absent or given as [].
+  std::vector<std::string> get_list(const std::string& key) const {
+    std::vector<std::string> out;
+    auto it = values_.find(key);
+    if (it == values_.end() || it->second.empty()) return out;
+    size_t start = 0;
+    for (size_t nl; (nl = it->second.find('\n', start)) != std::string::npos; start = nl + 1)
+      out.push_back(it->second.substr(start, nl - start));
+    out.push_back(it->second.substr(start));
+    return out;
+  }
   const std::map<std::string, std::string>& all() const { return values_; }
 
  private:
