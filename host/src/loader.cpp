@@ -47,10 +47,19 @@ struct RequiredHook {
         [](const void* h) { return static_cast<const Table*>(h)->member != nullptr; }        \
   }
 
+// Checked once, at load, for every kind (abi.h marks them); an app's run/task is checked against
+// the job's mode when a job names it (run.cpp).
 std::vector<RequiredHook> required_hooks(sf_kind kind) {
   if (kind == SF_KIND_PROVIDER)
     return {SKYFORGE_REQUIRED(sf_provider_hooks, provision), SKYFORGE_REQUIRED(sf_provider_hooks, bootstrap),
             SKYFORGE_REQUIRED(sf_provider_hooks, start_worker), SKYFORGE_REQUIRED(sf_provider_hooks, terminate)};
+  if (kind == SF_KIND_COMPUTE_BACKEND)
+    return {SKYFORGE_REQUIRED(sf_compute_hooks, engine_create), SKYFORGE_REQUIRED(sf_compute_hooks, engine_destroy),
+            SKYFORGE_REQUIRED(sf_compute_hooks, engine_last_error), SKYFORGE_REQUIRED(sf_compute_hooks, train_step),
+            SKYFORGE_REQUIRED(sf_compute_hooks, eval_step), SKYFORGE_REQUIRED(sf_compute_hooks, predict),
+            SKYFORGE_REQUIRED(sf_compute_hooks, param_count), SKYFORGE_REQUIRED(sf_compute_hooks, get_params),
+            SKYFORGE_REQUIRED(sf_compute_hooks, set_params), SKYFORGE_REQUIRED(sf_compute_hooks, state_dict),
+            SKYFORGE_REQUIRED(sf_compute_hooks, load_state)};
   return {};
 }
 

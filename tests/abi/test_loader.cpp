@@ -106,6 +106,14 @@ TEST_F(LoaderTest, PluginTomlAbiMustBeTheOneTheLibraryDeclares) {
   EXPECT_NE(e.find("plugin.toml says abi \"1.1\" but the library declares ABI 1.0"), std::string::npos) << e;
 }
 
+TEST_F(LoaderTest, ComputeBackendMissingItsHooksIsRefusedAtLoad) {
+  std::string e = load_error(fixture("compute_without_hooks"));
+  EXPECT_NE(e.find(fixture("compute_without_hooks")), std::string::npos) << e;
+  EXPECT_NE(e.find("compute_backend plugin 'compute_without_hooks' lacks the required hook 'engine_create'"),
+            std::string::npos)
+      << e;
+}
+
 TEST_F(LoaderTest, InitFailureCarriesThePluginsMessage) {
   const LoadedPlugin& p = loader.load(fixture("init_fails"));
   try {

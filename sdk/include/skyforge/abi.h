@@ -320,8 +320,9 @@ typedef struct sf_step_result {
   uint64_t samples;  /* samples in the global batch */
 } sf_step_result;
 
-/* Every hook is required. One engine's hooks are called from one thread at a time; engines of
- * one backend may be used from different threads. */
+/* Every hook is required (the host refuses a compute backend without them at load). One
+ * engine's hooks are called from one thread at a time; engines of one backend may be used from
+ * different threads. */
 typedef struct sf_compute_hooks {
   uint32_t struct_size;
   /* comm may be NULL (one replica). With comm->size > 1 the engine is data-parallel: rank 0's
