@@ -200,10 +200,10 @@ void check_options(const Catalog& c, const PluginInfo& plugin, const std::string
       option_types[i] = "float";
     } else if (schema->type != given) {
       std::string shown = given == "string" ? "\"" + text + "\"" : text;
-      if (given == "string_array") {
-        shown = "[";
+      if (given == "string_array") {  // the elements as the manifest wrote them: ["a", "b"]
+        shown = "[\"";
         for (char ch : text) shown += ch == kListSeparator ? std::string("\", \"") : std::string(1, ch);
-        shown = "[\"" + shown.substr(1) + "\"]";
+        shown += "\"]";
       }
       out.add(option_pos[i], label + " " + name + ": expected " + article(schema->type) + ", got " + article(given) +
                                  " (" + shown + ")");

@@ -31,13 +31,10 @@ R lent(R fallback, F&& f) noexcept {
 
 template <class F>
 void lent(F&& f) noexcept {
-  try {
+  (void)lent<bool>(false, [&] {
     std::forward<F>(f)();
-  } catch (const std::exception& e) {
-    note_lent_failure(e.what());
-  } catch (...) {
-    note_lent_failure("an unknown exception");
-  }
+    return true;
+  });
 }
 
 }  // namespace skyforge

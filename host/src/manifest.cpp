@@ -122,6 +122,27 @@ std::string normalise_path(const std::string& path, const std::string& base) {
 namespace {
 
 using Value = toml::value;
+
+// A string_array option's canonical text: its elements joined by kListSeparator. Each element
+// must be a non-empty string without one; bad(i, element) is called for each that is not, and
+// then there is no text.
+template <class Bad>
+std::optional<std::string> join_string_array(const Value& v, Bad&& bad) {
+  std::string joined;
+  bool ok = true;
+  for (size_t i = 0; i < v.as_array().size(); ++i) {
+    const Value& e = v.as_array()[i];
+    if (!e.is_string() || e.as_string().str.empty() || e.as_string().str.find(kListSeparator) != std::string::npos) {
+      bad(i, e);
+      ok = false;
+      continue;
+    }
+    if (i > 0) joined += kListSeparator;
+    joined += e.as_string().str;
+  }
+  if (!ok) return std::nullopt;
+  return joined;
+}
 using detail::did_you_mean;
 using detail::join;
 
@@ -416,27 +437,13 @@ class Reader {
       case toml::value_t::floating: return Scalar{float_text(v.as_floating()), "float"};
       case toml::value_t::boolean: return Scalar{v.as_boolean() ? "true" : "false", "boolean"};
       case toml::value_t::array: {
-        std::string joined;
-        bool ok = true;
-        for (size_t i = 0; i < v.as_array().size(); ++i) {
-          const Value& e = v.as_array()[i];
+        auto joined = join_string_array(v, [&](size_t i, const Value& e) {
           const std::string where = label + "[" + std::to_string(i) + "]";
-          if (!e.is_string()) {
-            expected(e, where, "a string (an array option holds strings)");
-            ok = false;
-            continue;
-          }
-          const std::string& s = e.as_string().str;
-          if (s.empty() || s.find(kListSeparator) != std::string::npos) {
-            error(pos(e), where + ": an element of an array option must be a non-empty string without a newline");
-            ok = false;
-            continue;
-          }
-          if (i > 0) joined += kListSeparator;
-          joined += s;
-        }
-        if (!ok) return std::nullopt;
-        return Scalar{joined, "string_array"};
+          if (!e.is_string()) expected(e, where, "a string (an array option holds strings)");
+          else error(pos(e), where + ": an element of an array option must be a non-empty string without a newline");
+        });
+        if (!joined) return std::nullopt;
+        return Scalar{*joined, "string_array"};
       }
       default:
         expected(v, label, "a string, integer, float, boolean or array of strings");
@@ -1124,17 +1131,7 @@ std::optional<std::string> typed_text(const Value& v, const std::string& type) {
     return std::nullopt;
   }
   if (type == "boolean" && v.is_boolean()) return std::string(v.as_boolean() ? "true" : "false");
-  if (type == "string_array" && v.is_array()) {
-    std::string joined;
-    for (size_t i = 0; i < v.as_array().size(); ++i) {
-      const Value& e = v.as_array()[i];
-      if (!e.is_string() || e.as_string().str.empty() || e.as_string().str.find(kListSeparator) != std::string::npos)
-        return std::nullopt;
-      if (i > 0) joined += kListSeparator;
-      joined += e.as_string().str;
-    }
-    return joined;
-  }
+  if (type == "string_array" && v.is_array()) return join_string_array(v, [](size_t, const Value&) {});
   return std::nullopt;
 }
 
