@@ -1,12 +1,12 @@
 // The cpu backend's layers (Keras semantics, NHWC, float32) and the loss.
 #include "kernels.hpp"
 
-#include <cerrno>
+#include <skyforge/layer_schema.hpp>
+
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <set>
-#include <sstream>
+#include <utility>
 
 namespace skyforge::cpu {
 
@@ -47,119 +47,6 @@ std::string Layer::describe() const {
 }
 
 namespace {
-
-// ---- option parsing --------------------------------------------------------------------------
-class LayerOptions {
- public:
-  LayerOptions(const LayerSpec& spec, size_t index) : spec_(spec), index_(index) {}
-
-  [[noreturn]] void fail(const std::string& msg) const {
-    throw Error("layer " + std::to_string(index_) + " (" + spec_.type + "): " + msg, SF_ERR_INVALID);
-  }
-  bool has(const std::string& key) {
-    used_.insert(key);
-    return spec_.options.has(key);
-  }
-  std::string text(const std::string& key, const std::string& fallback) {
-    used_.insert(key);
-    return spec_.options.get(key, fallback);
-  }
-  uint32_t positive(const std::string& key, std::optional<uint32_t> fallback) {
-    if (!has(key)) {
-      if (!fallback) fail("option '" + key + "' is required");
-      return *fallback;
-    }
-    const std::string v = spec_.options.get(key);
-    const auto n = parse_uint(v);
-    if (!n || *n == 0) fail("option '" + key + "': expected a positive integer, got '" + v + "'");
-    return *n;
-  }
-  double real(const std::string& key, double fallback, double lo, double hi, bool hi_open) {
-    if (!has(key)) return fallback;
-    const std::string v = spec_.options.get(key);
-    char* end = nullptr;
-    errno = 0;
-    const double d = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d))
-      fail("option '" + key + "': expected a number, got '" + v + "'");
-    if (d < lo || d > hi || (hi_open && d == hi)) {
-      std::ostringstream os;
-      os << "option '" << key << "': " << v << " is outside [" << lo << ", " << hi << (hi_open ? ")" : "]");
-      fail(os.str());
-    }
-    return d;
-  }
-  bool boolean(const std::string& key, bool fallback) {
-    if (!has(key)) return fallback;
-    const std::string v = spec_.options.get(key);
-    if (v == "true" || v == "True" || v == "1") return true;
-    if (v == "false" || v == "False" || v == "0") return false;
-    fail("option '" + key + "': expected true or false, got '" + v + "'");
-  }
-  std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices) {
-    const std::string v = text(key, fallback);
-    for (const auto& c : choices)
-      if (v == c) return v;
-    std::string list;
-    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-    fail("option '" + key + "': expected one of " + list + ", got '" + v + "'");
-  }
-  // "3", "3,3", "(3, 3)" or "[3, 3]" -> {3, 3}
-  std::pair<uint32_t, uint32_t> pair(const std::string& key, std::optional<std::pair<uint32_t, uint32_t>> fallback) {
-    if (!has(key)) {
-      if (!fallback) fail("option '" + key + "' is required");
-      return *fallback;
-    }
-    const std::string v = spec_.options.get(key);
-    std::string s;
-    for (char c : v)
-      if (c != '(' && c != ')' && c != '[' && c != ']' && c != ' ') s += c;
-    std::vector<std::string> parts;
-    size_t start = 0;
-    for (size_t i = 0; i <= s.size(); ++i)
-      if (i == s.size() || s[i] == ',') {
-        parts.push_back(s.substr(start, i - start));
-        start = i + 1;
-      }
-    if (!parts.empty() && parts.back().empty() && parts.size() == 2) parts.pop_back();  // "(3,)"
-    std::vector<uint32_t> vals;
-    for (const auto& p : parts) {
-      const auto n = parse_uint(p);
-      if (!n || *n == 0) vals.clear(), parts.clear();
-      else vals.push_back(*n);
-    }
-    if (vals.size() == 1) return {vals[0], vals[0]};
-    if (vals.size() == 2) return {vals[0], vals[1]};
-    fail("option '" + key + "': expected a positive integer or a pair like 3,3, got '" + v + "'");
-  }
-  Activation activation() {
-    const std::string a = choice("activation", "linear", {"linear", "none", "relu", "softmax"});
-    return a == "relu" ? Activation::relu : a == "softmax" ? Activation::softmax : Activation::linear;
-  }
-  // Unknown options are errors (a typo like unit=128 must not pass silently); `name` is allowed.
-  void finish() {
-    for (const auto& [k, v] : spec_.options.all())
-      if (!used_.count(k) && k != "name") fail("unknown option '" + k + "'");
-  }
-  void need_rank(const Shape& in, size_t rank, const char* what) const {
-    if (in.size() != rank)
-      fail("expects " + std::string(what) + " input (rank " + std::to_string(rank) + " per sample), got shape " +
-           shape_str(in));
-  }
-
- private:
-  static std::optional<uint32_t> parse_uint(const std::string& v) {
-    if (v.empty() || v.size() > 10) return std::nullopt;
-    for (char c : v)
-      if (c < '0' || c > '9') return std::nullopt;
-    const unsigned long long n = std::stoull(v);
-    if (n > 0x7fffffffULL) return std::nullopt;
-    return static_cast<uint32_t>(n);
-  }
-  const LayerSpec& spec_;
-  size_t index_;
-  std::set<std::string> used_;
-};
 
 void glorot_uniform(float* w, size_t n, size_t fan_in, size_t fan_out, Rng& rng) {
   const float limit = static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
@@ -796,22 +683,6 @@ class MaxPool final : public Layer {
   std::vector<int32_t> arg_;  // flat input index (within the sample) of each output's maximum
 };
 
-// Output size and leading pad of one spatial axis, TensorFlow/Keras rules.
-void window(const LayerOptions& o, uint32_t in, uint32_t k, uint32_t s, bool same, const char* axis, uint32_t& out,
-            uint32_t& pad) {
-  if (same) {
-    out = (in + s - 1) / s;
-    const long total = std::max<long>(static_cast<long>(out - 1) * s + k - in, 0);
-    pad = static_cast<uint32_t>(total / 2);
-  } else {
-    if (k > in)
-      o.fail(std::string("window ") + std::to_string(k) + " is larger than the input's " + axis + " " +
-             std::to_string(in) + " with padding valid");
-    out = (in - k) / s + 1;
-    pad = 0;
-  }
-}
-
 uint64_t mix(uint64_t a, uint64_t b) {
   Rng r(a ^ (b * 0x9e3779b97f4a7c15ULL));
   return r.next();
@@ -819,90 +690,85 @@ uint64_t mix(uint64_t a, uint64_t b) {
 
 }  // namespace
 
+// The layer's options and shape come from the SDK's layer schema (skyforge/layer_schema.hpp,
+// docs/layers.md): this file only turns them into kernels.
 std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t index, uint64_t seed,
                                   uint32_t rank) {
-  LayerOptions o(spec, index);
-  if (in.empty() || numel(in) == 0) o.fail("input shape " + shape_str(in) + " is empty");
+  const std::vector<std::pair<std::string, std::string>> options(spec.options.all().begin(),
+                                                                  spec.options.all().end());
+  // The engine's errors are skyforge::Error with a status (SF_ERR_INVALID for bad input).
+  auto checked = [&]<class F>(F&& f) {
+    try {
+      return f();
+    } catch (const schema::LayerError& e) {
+      throw Error(e.what(), SF_ERR_INVALID);
+    }
+  };
+  const schema::LayerConfig c = checked([&] { return schema::parse(spec.type, options, index); });
+  const schema::LayerShape shape = checked([&] { return c.infer(in); });
+  auto activation = [&] {
+    const std::string& a = c.choice("activation");
+    return a == "relu" ? Activation::relu : a == "softmax" ? Activation::softmax : Activation::linear;
+  };
   std::unique_ptr<Layer> layer;
   const std::string& t = spec.type;
   if (t == "dense") {
     auto l = std::make_unique<Dense>();
-    l->units = o.positive("units", std::nullopt);
-    l->act = o.activation();
-    l->use_bias = o.boolean("use_bias", true);
+    l->units = c.count("units");
+    l->act = activation();
+    l->use_bias = c.flag("use_bias");
     l->fin = in.back();
-    l->out_shape = in;
-    l->out_shape.back() = l->units;
     layer = std::move(l);
   } else if (t == "conv2d") {
-    o.need_rank(in, 3, "an image (height, width, channels)");
     auto l = std::make_unique<Conv2D>();
-    l->filters = o.positive("filters", std::nullopt);
-    std::tie(l->kh, l->kw) = o.pair("kernel_size", std::nullopt);
-    std::tie(l->sh, l->sw) = o.pair("strides", std::make_pair(1u, 1u));
-    l->same = o.choice("padding", "valid", {"valid", "same"}) == "same";
-    l->use_bias = o.boolean("use_bias", true);
-    l->act = o.activation();
+    l->filters = c.count("filters");
+    const schema::Size2 k = c.size("kernel_size"), s = c.size("strides");
+    l->kh = k.h, l->kw = k.w, l->sh = s.h, l->sw = s.w;
+    l->same = c.choice("padding") == "same";
+    l->use_bias = c.flag("use_bias");
+    l->act = activation();
     l->H = in[0], l->W = in[1], l->C = in[2];
-    window(o, l->H, l->kh, l->sh, l->same, "height", l->Ho, l->pt);
-    window(o, l->W, l->kw, l->sw, l->same, "width", l->Wo, l->pl);
-    l->out_shape = {l->Ho, l->Wo, l->filters};
+    l->Ho = shape.rows.out, l->pt = shape.rows.pad;
+    l->Wo = shape.cols.out, l->pl = shape.cols.pad;
     layer = std::move(l);
   } else if (t == "batch_normalization") {
     auto l = std::make_unique<BatchNorm>();
-    l->momentum = static_cast<float>(o.real("momentum", 0.99, 0.0, 1.0, false));
-    l->epsilon = static_cast<float>(o.real("epsilon", 1e-3, 0.0, 1e300, false));
-    if (o.has("epsilon") && l->epsilon <= 0.f) o.fail("option 'epsilon' must be > 0");
-    if (o.has("axis") && o.text("axis", "-1") != "-1" && o.text("axis", "-1") != std::to_string(in.size()))
-      o.fail("only axis=-1 (channels last) is supported");
-    l->scale = o.boolean("scale", true);
-    l->center = o.boolean("center", true);
+    l->momentum = static_cast<float>(c.real("momentum"));
+    l->epsilon = static_cast<float>(c.real("epsilon"));
+    l->scale = c.flag("scale");
+    l->center = c.flag("center");
     l->C = in.back();
     l->moving_mean.assign(l->C, 0.f);
     l->moving_var.assign(l->C, 1.f);
-    l->out_shape = in;
     layer = std::move(l);
   } else if (t == "relu" || t == "softmax") {
     auto l = std::make_unique<ActivationLayer>();
     l->act = t == "relu" ? Activation::relu : Activation::softmax;
-    l->out_shape = in;
     layer = std::move(l);
   } else if (t == "dropout") {
     auto l = std::make_unique<Dropout>();
-    if (!o.has("rate")) o.fail("option 'rate' is required");
-    l->rate = static_cast<float>(o.real("rate", 0.0, 0.0, 1.0, true));
+    l->rate = static_cast<float>(c.real("rate"));
     l->rng = Rng(mix(mix(seed, 0x64726f706f7574ULL + index), rank));
-    l->out_shape = in;
     layer = std::move(l);
   } else if (t == "flatten") {
-    auto l = std::make_unique<Flatten>();
-    l->out_shape = {static_cast<uint32_t>(numel(in))};
-    layer = std::move(l);
+    layer = std::make_unique<Flatten>();
   } else if (t == "global_average_pooling2d") {
-    o.need_rank(in, 3, "an image (height, width, channels)");
-    auto l = std::make_unique<GlobalAvgPool>();
-    l->out_shape = {in[2]};
-    layer = std::move(l);
+    layer = std::make_unique<GlobalAvgPool>();
   } else if (t == "max_pooling2d") {
-    o.need_rank(in, 3, "an image (height, width, channels)");
     auto l = std::make_unique<MaxPool>();
-    std::tie(l->ph, l->pw) = o.pair("pool_size", std::make_pair(2u, 2u));
-    std::tie(l->sh, l->sw) = o.pair("strides", std::make_pair(l->ph, l->pw));
-    l->same = o.choice("padding", "valid", {"valid", "same"}) == "same";
-    uint32_t Ho = 0, Wo = 0;
-    window(o, in[0], l->ph, l->sh, l->same, "height", Ho, l->pt);
-    window(o, in[1], l->pw, l->sw, l->same, "width", Wo, l->pl);
-    l->out_shape = {Ho, Wo, in[2]};
+    const schema::Size2 p = c.size("pool_size"), s = c.size("strides");
+    l->ph = p.h, l->pw = p.w, l->sh = s.h, l->sw = s.w;
+    l->same = c.choice("padding") == "same";
+    l->pt = shape.rows.pad;
+    l->pl = shape.cols.pad;
     layer = std::move(l);
   } else {
-    o.fail("unknown layer type '" + t +
-           "' (known: dense, conv2d, batch_normalization, relu, softmax, dropout, flatten, "
-           "global_average_pooling2d, max_pooling2d)");
+    c.fail("the schema has this layer but the cpu backend has no kernels for it");
   }
-  o.finish();
   layer->type = t;
   layer->index = index;
   layer->in_shape = in;
+  layer->out_shape = shape.output;
   return layer;
 }
 

@@ -7,6 +7,7 @@
 
 #include "catalog.hpp"
 
+#include <skyforge/layer_schema.hpp>
 #include <toml.hpp>
 
 #include <algorithm>
@@ -873,41 +874,11 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
 
 
 // ---- [train] ---------------------------------------------------------------------------------
-// Layer catalogue of the compute-backend contract (abi.h, sf_layer_spec): each layer's options
-// and what each accepts. Checked before anything starts, so a typo never reaches a node.
-enum class Want { PosInt, Float, Rate, PosFloat, Bool, Activation, Padding };
+// Kinds of the [train] table's own numbers. Layers are checked against the SDK's layer schema
+// (skyforge/layer_schema.hpp), the one catalogue the train app and every backend read too.
+enum class Want { PosInt, Rate, PosFloat };
 
-struct LayerKind {
-  const char* type;
-  std::vector<std::pair<const char*, Want>> options;
-  std::vector<const char*> required;
-};
-
-const std::vector<LayerKind>& layer_kinds() {
-  static const std::vector<LayerKind> k = {
-      {"dense", {{"units", Want::PosInt}, {"activation", Want::Activation}, {"use_bias", Want::Bool}}, {"units"}},
-      {"conv2d",
-       {{"filters", Want::PosInt},
-        {"kernel_size", Want::PosInt},
-        {"strides", Want::PosInt},
-        {"padding", Want::Padding},
-        {"use_bias", Want::Bool},
-        {"activation", Want::Activation}},
-       {"filters", "kernel_size"}},
-      {"batch_normalization",
-       {{"momentum", Want::Rate}, {"epsilon", Want::PosFloat}, {"center", Want::Bool}, {"scale", Want::Bool}},
-       {}},
-      {"relu", {}, {}},
-      {"softmax", {}, {}},
-      {"dropout", {{"rate", Want::Rate}}, {"rate"}},
-      {"flatten", {}, {}},
-      {"global_average_pooling2d", {}, {}},
-      {"max_pooling2d", {{"pool_size", Want::PosInt}, {"strides", Want::PosInt}, {"padding", Want::Padding}}, {}},
-  };
-  return k;
-}
-
-// Canonical text of a layer or [train] value, or an error message.
+// Canonical text of a [train] number, or (nullopt) an error reported.
 std::optional<std::string> want_text(Reader& r, const Value& v, Want w, const std::string& label) {
   auto bad = [&](const char* what) {
     r.expected(v, label, what);
@@ -923,7 +894,6 @@ std::optional<std::string> want_text(Reader& r, const Value& v, Want w, const st
       if (!i) return bad("an integer >= 1");
       return std::to_string(*i);
     }
-    case Want::Float:
     case Want::Rate:
     case Want::PosFloat: {
       double d = v.is_floating() ? v.as_floating() : v.is_integer() ? static_cast<double>(v.as_integer()) : NAN;
@@ -932,18 +902,53 @@ std::optional<std::string> want_text(Reader& r, const Value& v, Want w, const st
       if (w == Want::PosFloat && d <= 0) return bad("a number > 0");
       return float_text(d);
     }
-    case Want::Bool:
-      if (!v.is_boolean()) return bad("a boolean");
-      return std::string(v.as_boolean() ? "true" : "false");
-    case Want::Activation:
-      if (!v.is_string() || (v.as_string().str != "linear" && v.as_string().str != "relu" && v.as_string().str != "softmax"))
-        return bad("one of \"linear\", \"relu\", \"softmax\"");
-      return v.as_string().str;
-    case Want::Padding:
-      if (!v.is_string() || (v.as_string().str != "valid" && v.as_string().str != "same"))
-        return bad("one of \"valid\", \"same\"");
-      return v.as_string().str;
   }
+  return std::nullopt;
+}
+
+// One layer option: the TOML value as the schema's text, checked by the schema; nullopt when
+// refused (reported at the value).
+std::optional<std::string> layer_option_text(Reader& r, const Value& v, const schema::OptionDef& o,
+                                             const std::string& label) {
+  std::optional<std::string> text;
+  switch (o.kind) {
+    case schema::OptionKind::count:
+      if (auto i = v.is_integer() ? checked_integer(v) : std::nullopt) text = std::to_string(*i);
+      break;
+    case schema::OptionKind::size2:
+      if (auto i = v.is_integer() ? checked_integer(v) : std::nullopt) {
+        text = std::to_string(*i);
+      } else if (v.is_array() && v.as_array().size() == 2 && v.as_array()[0].is_integer() &&
+                 v.as_array()[1].is_integer()) {  // kernel_size = [3, 5]
+        auto h = checked_integer(v.as_array()[0]), w = checked_integer(v.as_array()[1]);
+        if (h && w) text = std::to_string(*h) + "," + std::to_string(*w);
+      }
+      break;
+    case schema::OptionKind::real:
+      if (v.is_floating() || v.is_integer())
+        text = float_text(v.is_floating() ? v.as_floating() : static_cast<double>(v.as_integer()));
+      break;
+    case schema::OptionKind::boolean:
+      if (v.is_boolean()) text = v.as_boolean() ? "true" : "false";
+      break;
+    case schema::OptionKind::choice:
+      if (v.is_string()) text = v.as_string().str;
+      break;
+  }
+  if (!text) {
+    r.expected(v, label, schema::expectation(o));
+    return std::nullopt;
+  }
+  const schema::Checked c = schema::check(o, *text);
+  if (c.ok) return c.canonical;
+  std::string hint;
+  if (o.kind == schema::OptionKind::choice) {
+    std::vector<std::string> names;
+    schema::detail::each_choice(o.choices, [&](std::string_view n, std::string_view) { names.emplace_back(n); });
+    hint = did_you_mean(*text, names);
+  }
+  r.error(r.pos(v), label + ": expected " + schema::expectation(o) + ", got " +
+                        (o.kind == schema::OptionKind::choice ? quote(*text) : *text) + hint);
   return std::nullopt;
 }
 
@@ -1009,8 +1014,7 @@ void read_train(Reader& r, const Value& t, const std::string& dir, TrainSpec& tr
       r.error(r.pos(t), "[train]: missing 'layers' (one [[train.layers]] table per layer, each with 'type')");
     return;
   }
-  std::vector<std::string> types;
-  for (const auto& k : layer_kinds()) types.emplace_back(k.type);
+  const std::vector<std::string> types = schema::type_names();
   const auto& arr = layers->as_array();
   put("layers", std::to_string(arr.size()));
   for (size_t i = 0; i < arr.size(); ++i) {
@@ -1021,28 +1025,30 @@ void read_train(Reader& r, const Value& t, const std::string& dir, TrainSpec& tr
       continue;
     }
     const Value* type = Reader::find(l, "type");
-    const LayerKind* kind = nullptr;
     if (!type) {
       r.error(r.pos(l), where + ": missing 'type' (one of " + join(types, ", ") + ")");
       continue;
     }
-    for (const auto& k : layer_kinds())
-      if (type->is_string() && type->as_string().str == k.type) kind = &k;
-    if (!kind) {
+    const schema::LayerDef* def = type->is_string() ? schema::find(type->as_string().str) : nullptr;
+    if (!def) {
       r.expected(*type, where + " type",
                  "one of " + join(types, ", ") + (type->is_string() ? did_you_mean(type->as_string().str, types) : ""));
       continue;
     }
+    const std::string name(def->type);
     const std::string prefix = "layers." + std::to_string(i) + ".";
-    put(prefix + "type", kind->type);
+    put(prefix + "type", name);
     std::vector<std::string> known = {"type"};
-    for (const auto& [name, w] : kind->options) known.emplace_back(name);
-    r.check_keys(l, known, where + " (" + kind->type + ")");
-    for (const auto& [name, w] : kind->options)
-      if (const Value* v = Reader::find(l, name))
-        if (auto s = want_text(r, *v, w, where + " " + name)) put(prefix + name, *s);
-    for (const char* req : kind->required)
-      if (!Reader::find(l, req)) r.error(r.pos(*type), where + " (" + kind->type + "): missing '" + req + "'");
+    for (const auto& o : def->options) known.emplace_back(o.name);
+    r.check_keys(l, known, where + " (" + name + ")");
+    for (const auto& o : def->options) {
+      const std::string key(o.name);
+      if (const Value* v = Reader::find(l, key)) {
+        if (auto text = layer_option_text(r, *v, o, where + " " + key)) put(prefix + key, *text);
+      } else if (o.required()) {
+        r.error(r.pos(*type), where + " (" + name + "): missing '" + key + "'");
+      }
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 // an FNV-1a checksum of the final weights, so a caller can check that the replicas agree.
 #include <skyforge/datasets.hpp>
 #include <skyforge/keras.hpp>
+#include <skyforge/layer_schema.hpp>
 #include <skyforge/sdk.hpp>
 
 #include <chrono>
@@ -72,29 +73,16 @@ class TrainConfig {
   const skyforge::Host& host_;
 };
 
-// [[train.layers]] #i -> a layer builder call, with Keras' defaults for what the table leaves out.
+// [[train.layers]] #i as the host checked it against the layer schema (canonical text, no
+// defaults added); compile() fills in the schema's defaults. No number is parsed here.
 K::Layer layer_from(const TrainConfig& c, uint64_t i) {
   const std::string p = "layers." + std::to_string(i) + ".";
-  const std::string type = c.require(p + "type");
-  auto u32 = [&](const char* key, uint64_t fallback) { return static_cast<uint32_t>(c.uint(p + key, fallback)); };
-  if (type == "dense")
-    return K::Dense(u32("units", 0), c.get(p + "activation", "linear"), c.boolean(p + "use_bias", true));
-  if (type == "conv2d")
-    return K::Conv2D(u32("filters", 0), u32("kernel_size", 0), u32("strides", 1), c.get(p + "padding", "valid"),
-                     c.boolean(p + "use_bias", true), c.get(p + "activation", "linear"));
-  if (type == "batch_normalization")
-    return K::BatchNormalization(c.real(p + "momentum", 0.99), c.real(p + "epsilon", 1e-3),
-                                 c.boolean(p + "center", true), c.boolean(p + "scale", true));
-  if (type == "relu") return K::ReLU();
-  if (type == "softmax") return K::Softmax();
-  if (type == "dropout") return K::Dropout(c.real(p + "rate", 0.0));
-  if (type == "flatten") return K::Flatten();
-  if (type == "global_average_pooling2d") return K::GlobalAveragePooling2D();
-  if (type == "max_pooling2d") {
-    const uint32_t pool = u32("pool_size", 2);
-    return K::MaxPooling2D(pool, K::Size2(u32("strides", pool)), c.get(p + "padding", "valid"));
-  }
-  throw Error("train: layer " + std::to_string(i) + " has unknown type '" + type + "'", SF_ERR_INVALID);
+  K::Layer layer{c.require(p + "type"), {}, {}};
+  const skyforge::schema::LayerDef* def = skyforge::schema::find(layer.type);
+  if (!def) throw Error("train: layer " + std::to_string(i) + " has unknown type '" + layer.type + "'", SF_ERR_INVALID);
+  for (const auto& option : def->options)
+    if (auto v = c.find(p + std::string(option.name))) layer.options.emplace_back(option.name, *v);
+  return layer;
 }
 
 K::Optimizer optimizer_from(const TrainConfig& c) {

@@ -3,6 +3,8 @@
 #include "helpers.hpp"
 #include "simd.hpp"
 
+#include <skyforge/layer_schema.hpp>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -136,11 +138,11 @@ TEST(Validation, ClearErrorsNameTheLayer) {
 
   m = mlp();
   m.layers.insert(m.layers.begin() + 1, layer("conv2d", {{"filters", "4"}, {"kernel_size", "3"}}));
-  fails_with(m, "layer 1 (conv2d): expects an image");
+  fails_with(m, "layer 1 (conv2d): expects an input of rank 3 (height, width, channels)");
 
   m = mlp();
   m.layers[1] = layer("dense", {{"units", "abc"}});
-  fails_with(m, "layer 1 (dense): option 'units': expected a positive integer, got 'abc'");
+  fails_with(m, "layer 1 (dense): option 'units': expected an integer between 1 and 2147483647, got 'abc'");
 
   m = mlp();
   m.layers[1] = layer("dense", {{"unit", "12"}});
@@ -217,6 +219,26 @@ TEST(Engine, ParamCountsAndKerasInit) {
   EXPECT_EQ(c.layer(3).out_shape, (Shape{12, 12, 24}));
   EXPECT_EQ(c.layer(6).out_shape, (Shape{6, 6, 32}));
   EXPECT_EQ(c.classes(), 10u);
+}
+
+// Adding a layer to the schema (skyforge/layer_schema.hpp) without kernels here must fail this
+// test: every layer type the schema lists builds, with the parameter count its shape rule gives.
+TEST(Engine, EveryLayerOfTheSchemaIsBuiltWithTheSchemasParameterCount) {
+  namespace schema = skyforge::schema;
+  const Shape in = {8, 8, 3};
+  for (const schema::LayerDef& def : schema::catalogue()) {
+    std::vector<std::pair<std::string, std::string>> given;
+    for (const schema::OptionDef& o : def.options)
+      if (o.required()) given.emplace_back(o.name, o.kind == schema::OptionKind::real ? "0.5" : "2");
+    std::vector<sf_kv> kv;
+    for (const auto& [k, v] : given) kv.push_back(sf_kv{k.c_str(), v.c_str()});
+    const skyforge::LayerSpec spec{std::string(def.type), skyforge::Options(kv.data(), kv.size())};
+    std::unique_ptr<Layer> layer;
+    ASSERT_NO_THROW(layer = make_layer(spec, in, 0, 1, 0)) << def.type;
+    const schema::LayerShape shape = schema::parse(def.type, given, 0).infer(in);
+    EXPECT_EQ(layer->param_size(), shape.trainable) << def.type;
+    EXPECT_EQ(layer->out_shape, shape.output) << def.type;
+  }
 }
 
 // ---- training ------------------------------------------------------------------------------

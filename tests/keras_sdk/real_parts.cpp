@@ -84,7 +84,9 @@ const sf_compute_hooks* spy_hooks() {
     t.engine_create = [](void* self, const sf_model_spec* spec, const sf_communicator* comm, void** engine) {
       BackendSpy& s = spy_of(self);
       s.seen = copy_spec(*spec);
-      const sf_status st = real_hooks(self).engine_create(real_self(self), spec, comm, engine);
+      sf_model_spec handed = *spec;
+      if (!s.loss_override.empty()) handed.loss = s.loss_override.c_str();
+      const sf_status st = real_hooks(self).engine_create(real_self(self), &handed, comm, engine);
       if (st == SF_OK) {
         ++s.engines_created;
         s.last_engine = *engine;

@@ -62,6 +62,9 @@ class BackendSpy {
 
   uint64_t engines_created = 0;
   uint64_t train_calls = 0, eval_calls = 0, predict_calls = 0;
+  // Non-empty: engine_create hands the real backend this loss instead of the SDK's (a spec the
+  // SDK would refuse, to see the backend's own refusal reach the caller).
+  std::string loss_override;
   std::vector<uint32_t> train_batches;  // per train_step, this rank's batch
   std::vector<uint32_t> eval_batches;
   SeenSpec seen;

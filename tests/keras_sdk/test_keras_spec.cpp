@@ -19,24 +19,45 @@ using model_util::small_model;
 using model_util::Synthetic;
 
 // ---- layers and specs --------------------------------------------------------------------------
-TEST(KerasLayers, BuildersEmitKerasOptionNames) {
-  EXPECT_EQ(K::Dense(128, "relu").options, (Opts{{"units", "128"}, {"activation", "relu"}, {"use_bias", "true"}}));
-  EXPECT_EQ(K::layers::Dense(10).options, (Opts{{"units", "10"}, {"activation", "linear"}, {"use_bias", "true"}}));
+TEST(KerasLayers, BuildersRecordTheArgumentsGiven) {
+  EXPECT_EQ(K::Dense(128, "relu").options, (Opts{{"units", "128"}, {"activation", "relu"}}));
+  EXPECT_EQ(K::layers::Dense(10).options, (Opts{{"units", "10"}}));
   EXPECT_EQ(K::Conv2D(32, 3, 1, "same", false).options,
             (Opts{{"filters", "32"}, {"kernel_size", "3"}, {"strides", "1"}, {"padding", "same"},
-                  {"use_bias", "false"}, {"activation", "linear"}}));
+                  {"use_bias", "false"}}));
   EXPECT_EQ(K::Conv2D(8, {3, 5}, {2, 1}).option("kernel_size"), "3,5");
   EXPECT_EQ(K::Conv2D(8, {3, 5}, {2, 1}).option("strides"), "2,1");
-  EXPECT_EQ(K::MaxPooling2D(2).options, (Opts{{"pool_size", "2"}, {"strides", "2"}, {"padding", "valid"}}));
+  EXPECT_EQ(K::MaxPooling2D(2).options, (Opts{{"pool_size", "2"}}));
   EXPECT_EQ(K::MaxPooling2D(3, K::Size2(1)).option("strides"), "1");
-  EXPECT_EQ(K::BatchNormalization().options, (Opts{{"momentum", "0.99"}, {"epsilon", "0.001"}}));
+  EXPECT_TRUE(K::BatchNormalization().options.empty());
   EXPECT_EQ(K::BatchNormalization(0.9, 1e-5, true, false).options,
-            (Opts{{"momentum", "0.9"}, {"epsilon", "1e-05"}, {"scale", "false"}}));
+            (Opts{{"momentum", "0.9"}, {"epsilon", "1e-05"}, {"center", "true"}, {"scale", "false"}}));
   EXPECT_EQ(K::Dropout(0.5).options, (Opts{{"rate", "0.5"}}));
   EXPECT_EQ(K::ReLU().type, "relu");
   EXPECT_EQ(K::Softmax().type, "softmax");
   EXPECT_EQ(K::Flatten().type, "flatten");
   EXPECT_EQ(K::GlobalAveragePooling2D().type, "global_average_pooling2d");
+}
+
+// What the backend receives: every option of the layer, the schema's defaults (Keras') filled in.
+TEST(KerasLayers, CompileHandsTheBackendEveryOptionWithTheSchemasDefaults) {
+  K::Sequential m({K::Input({8, 8, 1}), K::Conv2D(4, 3), K::BatchNormalization(), K::MaxPooling2D(),
+                   K::Flatten(), K::Dense(3, "none")});
+  m.compile(K::Adam{});
+  const sf_model_spec& spec = m.spec();
+  ASSERT_EQ(spec.n_layers, 5u);
+  auto options = [&](size_t i) {
+    Opts out;
+    for (size_t k = 0; k < spec.layers[i].n_options; ++k)
+      out.emplace_back(spec.layers[i].options[k].key, spec.layers[i].options[k].value);
+    return out;
+  };
+  EXPECT_EQ(options(0), (Opts{{"filters", "4"}, {"kernel_size", "3"}, {"strides", "1"}, {"padding", "valid"},
+                              {"use_bias", "true"}, {"activation", "linear"}}));
+  EXPECT_EQ(options(1), (Opts{{"momentum", "0.99"}, {"epsilon", "0.001"}, {"center", "true"}, {"scale", "true"}}));
+  EXPECT_EQ(options(2), (Opts{{"pool_size", "2"}, {"strides", "2"}, {"padding", "valid"}}));
+  EXPECT_TRUE(options(3).empty());
+  EXPECT_EQ(options(4), (Opts{{"units", "3"}, {"activation", "linear"}, {"use_bias", "true"}}));  // none = linear
 }
 
 // The Keras multi-device guide's convnet: shapes and parameter counts as Keras computes them.
@@ -79,7 +100,11 @@ TEST(KerasModel, CompileErrorsAreClear) {
   EXPECT_NE(compile_error(small_model(), "mse").find("loss 'mse' is not supported"), std::string::npos);
   EXPECT_NE(compile_error(small_model(), "sparse_categorical_crossentropy", {"auc"}).find("metric 'auc'"),
             std::string::npos);
-  EXPECT_NE(compile_error(K::Sequential({K::Input({4}), K::Dropout(1.5), K::Dense(2)})).find("rate must be in"),
+  EXPECT_NE(compile_error(K::Sequential({K::Input({4}), K::Dropout(1.5), K::Dense(2)}))
+                .find("layer 0 (dropout): option 'rate': expected a number in [0, 1), got '1.5'"),
+            std::string::npos);
+  EXPECT_NE(compile_error(K::Sequential({K::Input({4}), K::Dense(2, "tanh")}))
+                .find("layer 0 (dense): option 'activation': expected one of linear, relu, softmax, got 'tanh'"),
             std::string::npos);
   EXPECT_NE(error_of([] { K::Sequential({K::Dense(2), K::Input({4})}); }).find("Input must come first"),
             std::string::npos);

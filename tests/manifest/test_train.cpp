@@ -135,6 +135,41 @@ TEST(Train, LayerOptionsAreChecked) {
   EXPECT_NE(p[3].find("#3 (conv2d): missing 'kernel_size'"), std::string::npos) << p[3];
 }
 
+// Layer options are the layer schema's (skyforge/layer_schema.hpp): sizes as an integer or a
+// [height, width] pair, numbers in the schema's ranges, canonical text in the config keys.
+TEST(Train, LayerOptionsFollowTheLayerSchema) {
+  Manifest m = parse_manifest(
+      "[train]\n[[train.layers]]\ntype = \"conv2d\"\nfilters = 8\nkernel_size = [3, 5]\nstrides = 2\n"
+      "activation = \"none\"\n[[train.layers]]\ntype = \"batch_normalization\"\nmomentum = 1\nepsilon = 1e-5\n"
+      "[[train.layers]]\ntype = \"flatten\"\n[[train.layers]]\ntype = \"dense\"\nunits = 10\n",
+      "job.toml");
+  auto c = config_of(m);
+  EXPECT_EQ(c["train.layers.0.kernel_size"], "3,5");
+  EXPECT_EQ(c["train.layers.0.strides"], "2");
+  EXPECT_EQ(c["train.layers.0.activation"], "linear");  // none = linear
+  EXPECT_EQ(c["train.layers.1.momentum"], "1");
+  EXPECT_EQ(c["train.layers.1.epsilon"], "1e-05");
+  EXPECT_EQ(c.count("train.layers.1.center"), 0u);  // defaults are the schema's, filled in by compile()
+
+  auto p = problems_of(
+      "[train]\n[[train.layers]]\ntype = \"conv2d\"\nfilters = 8\nkernel_size = [3, 0]\npadding = \"sam\"\n"
+      "[[train.layers]]\ntype = \"batch_normalization\"\nepsilon = 0\ncenter = \"yes\"\n");
+  ASSERT_EQ(p.size(), 4u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("job.toml:5:15: [[train.layers]] #1 kernel_size: expected an integer between 1 and 2147483647, "
+                      "or a pair like 3,5, got 3,0"),
+            std::string::npos)
+      << p[0];
+  EXPECT_NE(p[1].find("job.toml:6:11: [[train.layers]] #1 padding: expected one of valid, same, got \"sam\" "
+                      "(did you mean 'same'?)"),
+            std::string::npos)
+      << p[1];
+  EXPECT_NE(p[2].find("job.toml:9:11: [[train.layers]] #2 epsilon: expected a number > 0, got 0"), std::string::npos)
+      << p[2];
+  EXPECT_NE(p[3].find("job.toml:10:10: [[train.layers]] #2 center: expected true or false, got a string"),
+            std::string::npos)
+      << p[3];
+}
+
 TEST(Train, TableKeysAreChecked) {
   auto p = problems_of(
       "[train]\nepochs = \"5\"\noptimizer = \"adamw\"\nresume = true\nbatchsize = 3\n[[train.layers]]\ntype = \"flatten\"\n");

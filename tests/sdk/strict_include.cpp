@@ -2,6 +2,7 @@
 // translation unit instantiates each template of the header under -Wpedantic -Wconversion
 // -Wsign-conversion -Wshadow -Werror (see CMakeLists.txt), so a warning in the header fails the build.
 #include <skyforge/data.hpp>
+#include <skyforge/layer_schema.hpp>  // read by every compute backend and the Keras-style API
 
 #include <cstdint>
 #include <string>

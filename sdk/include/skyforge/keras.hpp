@@ -42,6 +42,7 @@
 
 #include <skyforge/abi.h>
 #include <skyforge/keras_callbacks.hpp>
+#include <skyforge/layer_schema.hpp>
 #include <skyforge/sdk.hpp>
 #include <skyforge/tfevents.hpp>
 
@@ -71,17 +72,22 @@
 namespace skyforge::keras {
 
 // ---- layers ---------------------------------------------------------------------------------
-// A square size from one integer, or (height, width).
-struct Size2 {
-  uint32_t h = 1, w = 1;
-  Size2(uint32_t s) : h(s), w(s) {}  // NOLINT: implicit on purpose, Conv2D(32, 3)
-  Size2(uint32_t height, uint32_t width) : h(height), w(width) {}
-  // "3" when square, else "3,5": the text a backend parses.
-  std::string text() const { return h == w ? std::to_string(h) : std::to_string(h) + "," + std::to_string(w); }
-  bool operator==(const Size2&) const = default;
+// A square size from one integer, or (height, width); the layer schema's (layer_schema.hpp).
+using Size2 = schema::Size2;
+
+// A builder's optional size argument: 3, {3, 5}, Size2(3), or left out ({} / std::nullopt).
+struct OptionalSize2 : std::optional<Size2> {
+  OptionalSize2() = default;
+  OptionalSize2(std::nullopt_t) {}                                                   // NOLINT
+  OptionalSize2(uint32_t s) : std::optional<Size2>(Size2(s)) {}                      // NOLINT
+  OptionalSize2(uint32_t h, uint32_t w) : std::optional<Size2>(Size2(h, w)) {}      // NOLINT
+  OptionalSize2(Size2 s) : std::optional<Size2>(s) {}                                // NOLINT
 };
 
-// One sf_layer_spec: a type and text options, in a fixed order. type "input" is Input().
+// One layer as the user wrote it: a type and the options given (text, the schema's canonical
+// forms). The schema (skyforge/layer_schema.hpp, docs/layers.md) holds the defaults, ranges and
+// shape rules; compile() hands the backend every option with the defaults filled in.
+// type "input" is Input().
 struct Layer {
   std::string type;
   std::vector<std::pair<std::string, std::string>> options;
@@ -97,51 +103,92 @@ struct Layer {
 namespace detail {
 inline std::string num(double v) { return format_double(v); }
 inline std::string boolean(bool b) { return b ? "true" : "false"; }
-inline std::string activation_name(const std::string& a) { return a.empty() || a == "none" ? "linear" : a; }
+
+// Builds a Layer from the arguments a builder was given; arguments left out stay out (the
+// schema's default applies).
+class LayerArgs {
+ public:
+  explicit LayerArgs(const char* type) : layer_{type, {}, {}} {}
+  LayerArgs& set(const char* key, uint32_t v) { return put(key, std::to_string(v)); }
+  LayerArgs& set(const char* key, const Size2& v) { return put(key, v.text()); }
+  LayerArgs& set(const char* key, double v) { return put(key, num(v)); }
+  LayerArgs& set(const char* key, bool v) { return put(key, boolean(v)); }
+  LayerArgs& set(const char* key, const std::string& v) { return v.empty() ? *this : put(key, v); }
+  template <class T>
+  LayerArgs& set(const char* key, const std::optional<T>& v) {
+    return v ? set(key, *v) : *this;
+  }
+  Layer done() { return std::move(layer_); }
+
+ private:
+  LayerArgs& put(const char* key, std::string text) {
+    layer_.options.emplace_back(key, std::move(text));
+    return *this;
+  }
+  Layer layer_;
+};
+
+// The schema's LayerError as the Keras API's Error (SF_ERR_INVALID).
+template <class F>
+auto schema_call(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const schema::LayerError& e) {
+    throw Error(e.what(), SF_ERR_INVALID);
+  }
+}
+// The layer checked against the schema, defaults filled in; `index` names it in messages.
+inline schema::LayerConfig config(const Layer& l, size_t index) {
+  return schema_call([&] { return schema::parse(l.type, l.options, index); });
+}
+// The schema's shape rule: output shape and parameter counts.
+inline schema::LayerShape infer(const schema::LayerConfig& c, const std::vector<uint32_t>& in) {
+  return schema_call([&] { return c.infer(in); });
+}
 }  // namespace detail
 
-// Builders, named after Keras' layers; option keys are Keras' argument names. Each is also
-// reachable as skyforge::keras::layers::X.
+// Builders, named after Keras' layers; option keys are Keras' argument names, and an argument
+// left out takes the schema's default (Keras' own). Each is also reachable as
+// skyforge::keras::layers::X.
 inline namespace layers {
 inline Layer Input(std::vector<uint32_t> shape) { return Layer{"input", {}, std::move(shape)}; }
-inline Layer Dense(uint32_t units, const std::string& activation = "linear", bool use_bias = true) {
-  return Layer{"dense",
-               {{"units", std::to_string(units)},
-                {"activation", detail::activation_name(activation)},
-                {"use_bias", detail::boolean(use_bias)}},
-               {}};
+inline Layer Dense(uint32_t units, std::optional<std::string> activation = {}, std::optional<bool> use_bias = {}) {
+  return detail::LayerArgs("dense").set("units", units).set("activation", activation).set("use_bias", use_bias).done();
 }
-inline Layer Conv2D(uint32_t filters, Size2 kernel_size, Size2 strides = 1, const std::string& padding = "valid",
-                    bool use_bias = true, const std::string& activation = "linear") {
-  return Layer{"conv2d",
-               {{"filters", std::to_string(filters)},
-                {"kernel_size", kernel_size.text()},
-                {"strides", strides.text()},
-                {"padding", padding},
-                {"use_bias", detail::boolean(use_bias)},
-                {"activation", detail::activation_name(activation)}},
-               {}};
+inline Layer Conv2D(uint32_t filters, Size2 kernel_size, OptionalSize2 strides = {},
+                    std::optional<std::string> padding = {}, std::optional<bool> use_bias = {},
+                    std::optional<std::string> activation = {}) {
+  return detail::LayerArgs("conv2d")
+      .set("filters", filters)
+      .set("kernel_size", kernel_size)
+      .set("strides", strides)
+      .set("padding", padding)
+      .set("use_bias", use_bias)
+      .set("activation", activation)
+      .done();
 }
-// center/scale are only emitted when false (the Keras guide's BatchNormalization(scale=False)).
-inline Layer BatchNormalization(double momentum = 0.99, double epsilon = 1e-3, bool center = true,
-                                bool scale = true) {
-  Layer l{"batch_normalization", {{"momentum", detail::num(momentum)}, {"epsilon", detail::num(epsilon)}}, {}};
-  if (!center) l.options.emplace_back("center", "false");
-  if (!scale) l.options.emplace_back("scale", "false");
-  return l;
+inline Layer BatchNormalization(std::optional<double> momentum = {}, std::optional<double> epsilon = {},
+                                std::optional<bool> center = {}, std::optional<bool> scale = {}) {
+  return detail::LayerArgs("batch_normalization")
+      .set("momentum", momentum)
+      .set("epsilon", epsilon)
+      .set("center", center)
+      .set("scale", scale)
+      .done();
 }
 inline Layer ReLU() { return Layer{"relu", {}, {}}; }
 inline Layer Softmax() { return Layer{"softmax", {}, {}}; }
-inline Layer Dropout(double rate) { return Layer{"dropout", {{"rate", detail::num(rate)}}, {}}; }
+inline Layer Dropout(double rate) { return detail::LayerArgs("dropout").set("rate", rate).done(); }
 inline Layer Flatten() { return Layer{"flatten", {}, {}}; }
 inline Layer GlobalAveragePooling2D() { return Layer{"global_average_pooling2d", {}, {}}; }
 // strides default to pool_size, as in Keras.
-inline Layer MaxPooling2D(Size2 pool_size = 2, std::optional<Size2> strides = std::nullopt,
-                          const std::string& padding = "valid") {
-  return Layer{"max_pooling2d",
-               {{"pool_size", pool_size.text()}, {"strides", (strides ? *strides : pool_size).text()},
-                {"padding", padding}},
-               {}};
+inline Layer MaxPooling2D(OptionalSize2 pool_size = {}, OptionalSize2 strides = {},
+                          std::optional<std::string> padding = {}) {
+  return detail::LayerArgs("max_pooling2d")
+      .set("pool_size", pool_size)
+      .set("strides", strides)
+      .set("padding", padding)
+      .done();
 }
 }  // namespace layers
 
@@ -240,129 +287,12 @@ struct EvalResult {
 // ---- internals --------------------------------------------------------------------------------
 namespace detail {
 
-inline std::string shape_text(const std::vector<uint32_t>& s) {
-  std::string out = "(None";
-  for (uint32_t d : s) out += ", " + std::to_string(d);
-  return out + ")";
-}
+using schema::detail::shape_text;
 
 inline uint64_t product(const std::vector<uint32_t>& s) {
   uint64_t n = 1;
   for (uint32_t d : s) n *= d;
   return n;
-}
-
-inline Size2 parse_size2(const std::string& text, const std::string& what) {
-  try {
-    const size_t comma = text.find(',');
-    if (comma == std::string::npos) return Size2(static_cast<uint32_t>(std::stoul(text)));
-    return Size2(static_cast<uint32_t>(std::stoul(text.substr(0, comma))),
-                 static_cast<uint32_t>(std::stoul(text.substr(comma + 1))));
-  } catch (const std::exception&) {
-    throw Error(what + ": expected a size like '3' or '3,5', got '" + text + "'", SF_ERR_INVALID);
-  }
-}
-
-struct LayerInfo {
-  std::vector<uint32_t> output;
-  uint64_t trainable = 0;
-  uint64_t non_trainable = 0;
-};
-
-// Output shape and parameter counts of one layer, Keras' rules (Dense acts on the last axis).
-inline LayerInfo infer(const Layer& l, const std::vector<uint32_t>& in, size_t index) {
-  const std::string where = "layer " + std::to_string(index) + " (" + l.type + ")";
-  auto need_rank = [&](size_t r, const char* form) {
-    if (in.size() != r)
-      throw Error(where + ": expects an input of rank " + std::to_string(r) + " " + form + ", got " + shape_text(in),
-                  SF_ERR_INVALID);
-  };
-  auto uint_opt = [&](const std::string& key) -> uint32_t {
-    const std::string v = l.option(key);
-    try {
-      const unsigned long n = std::stoul(v);
-      if (n == 0) throw std::invalid_argument("zero");
-      return static_cast<uint32_t>(n);
-    } catch (const std::exception&) {
-      throw Error(where + ": option " + key + " must be a positive integer, got '" + v + "'", SF_ERR_INVALID);
-    }
-  };
-  auto window = [&](uint32_t size, uint32_t k, uint32_t s, bool same) -> uint32_t {
-    if (same) return (size + s - 1) / s;
-    if (size < k)
-      throw Error(where + ": window " + std::to_string(k) + " is larger than the input " + shape_text(in) +
-                      " with padding 'valid'",
-                  SF_ERR_INVALID);
-    return (size - k) / s + 1;
-  };
-  auto padding_same = [&]() {
-    const std::string p = l.option("padding", "valid");
-    if (p != "valid" && p != "same")
-      throw Error(where + ": padding must be 'valid' or 'same', got '" + p + "'", SF_ERR_INVALID);
-    return p == "same";
-  };
-  LayerInfo r;
-  if (l.type == "dense") {
-    if (in.empty()) throw Error(where + ": needs an input", SF_ERR_INVALID);
-    const uint32_t units = uint_opt("units");
-    r.output = in;
-    r.output.back() = units;
-    r.trainable = uint64_t{in.back()} * units + (l.option("use_bias", "true") == "true" ? units : 0);
-  } else if (l.type == "conv2d") {
-    need_rank(3, "(height, width, channels)");
-    const uint32_t filters = uint_opt("filters");
-    const Size2 k = parse_size2(l.option("kernel_size"), where + " kernel_size");
-    const Size2 s = parse_size2(l.option("strides", "1"), where + " strides");
-    const bool same = padding_same();
-    r.output = {window(in[0], k.h, s.h, same), window(in[1], k.w, s.w, same), filters};
-    r.trainable = uint64_t{k.h} * k.w * in[2] * filters + (l.option("use_bias", "true") == "true" ? filters : 0);
-  } else if (l.type == "max_pooling2d") {
-    need_rank(3, "(height, width, channels)");
-    const Size2 p = parse_size2(l.option("pool_size", "2"), where + " pool_size");
-    const Size2 s = parse_size2(l.option("strides", l.option("pool_size", "2")), where + " strides");
-    const bool same = padding_same();
-    r.output = {window(in[0], p.h, s.h, same), window(in[1], p.w, s.w, same), in[2]};
-  } else if (l.type == "global_average_pooling2d") {
-    need_rank(3, "(height, width, channels)");
-    r.output = {in[2]};
-  } else if (l.type == "flatten") {
-    r.output = {static_cast<uint32_t>(product(in))};
-  } else if (l.type == "batch_normalization") {
-    if (in.empty()) throw Error(where + ": needs an input", SF_ERR_INVALID);
-    const uint64_t c = in.back();
-    r.output = in;
-    r.trainable = (l.option("center", "true") == "true" ? c : 0) + (l.option("scale", "true") == "true" ? c : 0);
-    r.non_trainable = 2 * c;  // moving mean and variance
-  } else if (l.type == "relu" || l.type == "softmax" || l.type == "dropout") {
-    if (l.type == "dropout") {
-      double rate = -1;
-      try {
-        rate = std::stod(l.option("rate"));
-      } catch (const std::exception&) {
-      }
-      if (!(rate >= 0 && rate < 1))
-        throw Error(where + ": rate must be in [0, 1), got '" + l.option("rate") + "'", SF_ERR_INVALID);
-    }
-    r.output = in;
-  } else {
-    throw Error(where + ": unknown layer type (dense, conv2d, batch_normalization, relu, softmax, dropout, "
-                        "flatten, global_average_pooling2d, max_pooling2d)",
-                SF_ERR_INVALID);
-  }
-  for (uint32_t d : r.output)
-    if (d == 0) throw Error(where + ": output shape " + shape_text(r.output) + " is empty", SF_ERR_INVALID);
-  return r;
-}
-
-inline std::string keras_class_name(const std::string& type) {
-  static const std::pair<const char*, const char*> names[] = {
-      {"dense", "Dense"},   {"conv2d", "Conv2D"},   {"batch_normalization", "BatchNormalization"},
-      {"relu", "ReLU"},     {"softmax", "Softmax"}, {"dropout", "Dropout"},
-      {"flatten", "Flatten"}, {"global_average_pooling2d", "GlobalAveragePooling2D"},
-      {"max_pooling2d", "MaxPooling2D"}};
-  for (const auto& [t, n] : names)
-    if (type == t) return n;
-  return type;
 }
 
 // Text form of an optimizer and its options (the keys abi.h lists).
@@ -562,7 +492,7 @@ class Sequential {
   // Output shape of one sample (Keras' shape rules); throws naming the first bad layer.
   std::vector<uint32_t> output_shape() const {
     std::vector<uint32_t> s = require_input();
-    for (size_t i = 0; i < layers_.size(); ++i) s = detail::infer(layers_[i], s, i).output;
+    for (size_t i = 0; i < layers_.size(); ++i) s = detail::infer(detail::config(layers_[i], i), s).output;
     return s;
   }
   uint64_t num_classes() const { return detail::product(output_shape()); }
@@ -578,10 +508,11 @@ class Sequential {
     uint64_t trainable = 0, non_trainable = 0;
     std::map<std::string, int> seen;
     for (size_t i = 0; i < layers_.size(); ++i) {
-      const detail::LayerInfo li = detail::infer(layers_[i], s, i);
+      const schema::LayerConfig config = detail::config(layers_[i], i);
+      const schema::LayerShape li = detail::infer(config, s);
       const int n = seen[layers_[i].type]++;
-      const std::string lname =
-          layers_[i].type + (n ? "_" + std::to_string(n) : "") + " (" + detail::keras_class_name(layers_[i].type) + ")";
+      const std::string lname = layers_[i].type + (n ? "_" + std::to_string(n) : "") + " (" +
+                                std::string(config.def().keras_name) + ")";
       std::snprintf(buf, sizeof buf, " %-27s%-26s%llu\n", lname.c_str(), detail::shape_text(li.output).c_str(),
                     static_cast<unsigned long long>(li.trainable + li.non_trainable));
       out += buf;
@@ -617,6 +548,7 @@ class Sequential {
                   SF_ERR_INVALID);
     auto c = std::make_unique<detail::CompiledSpec>();
     c->layers = layers_;
+    for (size_t i = 0; i < c->layers.size(); ++i) c->layers[i].options = detail::config(layers_[i], i).options();
     c->input_shape = input_shape_;
     std::tie(c->optimizer, c->optimizer_options) = detail::optimizer_spec(optimizer);
     c->loss = loss;
@@ -971,12 +903,14 @@ class Sequential {
   static std::string spec_text(const detail::CompiledSpec& c) {
     std::string s = "input=";
     for (size_t i = 0; i < c.input_shape.size(); ++i) s += (i ? "x" : "") + std::to_string(c.input_shape[i]);
+    // Appends only: GCC 12 at -O3 misreads `";" + str` chains as overlapping copies (-Wrestrict).
     for (const Layer& l : c.layers) {
-      s += ";" + l.type + "(";
-      for (size_t i = 0; i < l.options.size(); ++i) s += (i ? "," : "") + l.options[i].first + "=" + l.options[i].second;
-      s += ")";
+      s.append(";").append(l.type).append("(");
+      for (size_t i = 0; i < l.options.size(); ++i)
+        s.append(i ? "," : "").append(l.options[i].first).append("=").append(l.options[i].second);
+      s.append(")");
     }
-    s += ";optimizer=" + c.optimizer + ";loss=" + c.loss;
+    s.append(";optimizer=").append(c.optimizer).append(";loss=").append(c.loss);
     return s;
   }
 

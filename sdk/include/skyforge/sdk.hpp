@@ -478,6 +478,9 @@ sf_status translate(std::string& error, F&& f) noexcept {
   } catch (const Error& e) {
     error = e.what();
     return e.status() == SF_OK ? SF_ERR : e.status();
+  } catch (const std::invalid_argument& e) {  // bad input, e.g. the layer schema's LayerError
+    error = e.what();
+    return SF_ERR_INVALID;
   } catch (const std::exception& e) {
     error = e.what();
     return SF_ERR;

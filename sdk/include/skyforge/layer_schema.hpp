@@ -1,0 +1,502 @@
+// skyforge/layer_schema.hpp — THE layer schema: every layer type, its options (kind, default,
+// range, choices) and its shape rule, in one table (docs/layers.md is its prose).
+//
+// Everything that handles layers reads it: the manifest check (host, `skyforge validate`), the
+// built-in train app, the Keras-style API (keras.hpp) and every compute backend (cpu, cuda, a
+// third party's). Adding a layer is one LayerDef here (its options and shape rule) plus each
+// backend's kernels; nothing else.
+//
+// Options cross the plugin ABI as text (abi.h, sf_layer_spec). parse() turns a layer's text
+// options into a LayerConfig: every option of the type present, defaults filled in, each as
+// canonical text and as a typed value. Canonical text: integers in decimal, sizes "3" (square)
+// or "3,5", numbers in the shortest form that reads back as the same double (std::to_chars),
+// booleans "true"/"false", choices by their canonical name.
+//
+// Header-only, C++20, no dependency beyond the standard library, so that the host and any plugin
+// can include it. Errors are LayerError (a std::invalid_argument), messages like
+// "layer 3 (conv2d): option 'kernel_size': expected an integer >= 1 or a pair like 3,5, got 'x'".
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace skyforge::schema {
+
+class LayerError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// ---- option kinds -------------------------------------------------------------------------------
+enum class OptionKind {
+  count,    // an integer in [1, 2^31-1]
+  size2,    // a count, or a pair "height,width" of counts (Keras' kernel_size=(3, 5))
+  real,     // a finite number within OptionDef's range
+  boolean,  // true / false
+  choice,   // one of OptionDef::choices
+};
+
+// A square size from one integer, or (height, width).
+struct Size2 {
+  uint32_t h = 1, w = 1;
+  constexpr Size2() = default;
+  constexpr Size2(uint32_t s) : h(s), w(s) {}  // NOLINT: implicit on purpose, Conv2D(32, 3)
+  constexpr Size2(uint32_t height, uint32_t width) : h(height), w(width) {}
+  std::string text() const { return h == w ? std::to_string(h) : std::to_string(h) + "," + std::to_string(w); }
+  bool operator==(const Size2&) const = default;
+};
+
+struct OptionDef {
+  std::string_view name;
+  OptionKind kind;
+  std::string_view fallback;      // the default's canonical text; empty: required or default_from
+  std::string_view default_from;  // the default is this other option's value (pool strides)
+  double lo = 0, hi = 0;          // real: the range; lo_open/hi_open exclude the bound
+  bool lo_open = false, hi_open = false;
+  std::string_view choices;  // choice: "linear|relu|softmax"; an entry "none=linear" is an alias
+  std::string_view doc;
+
+  bool required() const { return fallback.empty() && default_from.empty(); }
+};
+
+// The shape rule's answer for one layer.
+struct Window {
+  uint32_t out = 0;  // output size along one spatial axis
+  uint32_t pad = 0;  // leading padding (TensorFlow's 'same': the extra one goes at the end)
+};
+struct LayerShape {
+  std::vector<uint32_t> output;  // one sample's output shape
+  uint64_t trainable = 0;        // parameters, as Keras counts them
+  uint64_t non_trainable = 0;    // BatchNormalization's moving statistics
+  Window rows{}, cols{};         // conv2d / max_pooling2d: the window geometry
+};
+
+class LayerConfig;
+struct LayerDef {
+  std::string_view type;        // "conv2d": the text in sf_layer_spec and [[train.layers]]
+  std::string_view keras_name;  // "Conv2D": the summary's class name
+  std::span<const OptionDef> options;
+  LayerShape (*shape)(const LayerConfig&, const std::vector<uint32_t>& in);  // throws LayerError
+  std::string_view doc;
+};
+
+// ---- text helpers -------------------------------------------------------------------------------
+namespace detail {
+
+inline std::string number_text(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+inline std::string shape_text(const std::vector<uint32_t>& s) {
+  std::string out = "(None";
+  for (uint32_t d : s) out += ", " + std::to_string(d);
+  return out + ")";
+}
+
+inline bool parse_count(std::string_view v, uint32_t& out) {
+  uint64_t n = 0;
+  if (v.empty() || v.size() > 10) return false;
+  for (char c : v) {
+    if (c < '0' || c > '9') return false;
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (n == 0 || n > 0x7fffffffULL) return false;
+  out = static_cast<uint32_t>(n);
+  return true;
+}
+
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  return s;
+}
+
+// Calls f(name, canonical) for each entry of "a|b|c=a".
+template <class F>
+void each_choice(std::string_view choices, F&& f) {
+  while (!choices.empty()) {
+    const size_t bar = choices.find('|');
+    const std::string_view entry = choices.substr(0, bar);
+    const size_t eq = entry.find('=');
+    f(entry.substr(0, eq), eq == std::string_view::npos ? entry : entry.substr(eq + 1));
+    choices = bar == std::string_view::npos ? std::string_view{} : choices.substr(bar + 1);
+  }
+}
+
+inline std::string bound_text(const OptionDef& o) {
+  if (std::isinf(o.hi)) return (o.lo_open ? "> " : ">= ") + number_text(o.lo);
+  return "in " + std::string(o.lo_open ? "(" : "[") + number_text(o.lo) + ", " + number_text(o.hi) +
+         (o.hi_open ? ")" : "]");
+}
+
+}  // namespace detail
+
+// What an option accepts, in words: "an integer >= 1", "a number in [0, 1)", "one of ...".
+inline std::string expectation(const OptionDef& o) {
+  switch (o.kind) {
+    case OptionKind::count: return "an integer between 1 and 2147483647";
+    case OptionKind::size2: return "an integer between 1 and 2147483647, or a pair like 3,5";
+    case OptionKind::real: return "a number " + detail::bound_text(o);
+    case OptionKind::boolean: return "true or false";
+    case OptionKind::choice: {
+      std::string list;
+      detail::each_choice(o.choices, [&](std::string_view name, std::string_view canonical) {
+        if (name == canonical) list += (list.empty() ? "" : ", ") + std::string(name);
+      });
+      return "one of " + list;
+    }
+  }
+  return "a value";
+}
+
+// One option's text checked: its canonical text, or (ok == false) why it is refused.
+struct Checked {
+  bool ok = false;
+  std::string canonical;  // when ok
+  std::string error;      // when !ok: "expected ..., got '...'"
+  double real = 0;        // real
+  Size2 size{};           // count, size2
+  bool flag = false;      // boolean
+};
+
+inline Checked check(const OptionDef& o, std::string_view text) {
+  Checked c;
+  auto refuse = [&] {
+    c.error = "expected " + expectation(o) + ", got '" + std::string(text) + "'";
+    return c;
+  };
+  switch (o.kind) {
+    case OptionKind::count: {
+      uint32_t n = 0;
+      if (!detail::parse_count(text, n)) return refuse();
+      c.size = Size2(n);
+      break;
+    }
+    case OptionKind::size2: {
+      // "3", "3,5", and Python's spellings "(3, 5)", "[3, 5]", "(3,)".
+      std::string_view s = detail::trim(text);
+      if (s.size() >= 2 && ((s.front() == '(' && s.back() == ')') || (s.front() == '[' && s.back() == ']')))
+        s = s.substr(1, s.size() - 2);
+      const size_t comma = s.find(',');
+      uint32_t h = 0, w = 0;
+      if (comma == std::string_view::npos) {
+        if (!detail::parse_count(detail::trim(s), h)) return refuse();
+        w = h;
+      } else {
+        const std::string_view second = detail::trim(s.substr(comma + 1));
+        if (!detail::parse_count(detail::trim(s.substr(0, comma)), h)) return refuse();
+        if (second.empty())
+          w = h;
+        else if (!detail::parse_count(second, w))
+          return refuse();
+      }
+      c.size = Size2(h, w);
+      break;
+    }
+    case OptionKind::real: {
+      const std::string s(text);
+      char* end = nullptr;
+      const double d = std::strtod(s.c_str(), &end);
+      if (s.empty() || *end != '\0' || !std::isfinite(d)) return refuse();
+      if (d < o.lo || (o.lo_open && d == o.lo) || d > o.hi || (o.hi_open && d == o.hi)) return refuse();
+      c.real = d;
+      break;
+    }
+    case OptionKind::boolean:
+      if (text == "true" || text == "True" || text == "1")
+        c.flag = true;
+      else if (text == "false" || text == "False" || text == "0")
+        c.flag = false;
+      else
+        return refuse();
+      break;
+    case OptionKind::choice: {
+      bool found = false;
+      detail::each_choice(o.choices, [&](std::string_view name, std::string_view canonical) {
+        if (!found && name == text) c.canonical = std::string(canonical), found = true;
+      });
+      if (!found) return refuse();
+      c.ok = true;
+      return c;
+    }
+  }
+  c.ok = true;
+  c.canonical = o.kind == OptionKind::real      ? detail::number_text(c.real)
+                : o.kind == OptionKind::boolean ? (c.flag ? "true" : "false")
+                                                : c.size.text();
+  return c;
+}
+
+// ---- a parsed layer -------------------------------------------------------------------------------
+class LayerConfig {
+ public:
+  LayerConfig(const LayerDef& def, size_t index) : def_(&def), index_(index), values_(def.options.size()) {}
+
+  const LayerDef& def() const { return *def_; }
+  std::string_view type() const { return def_->type; }
+  size_t index() const { return index_; }
+  const std::string& name() const { return name_; }  // the optional `name` option; "" when absent
+
+  uint32_t count(std::string_view option) const { return at(option, OptionKind::count).size.h; }
+  Size2 size(std::string_view option) const { return at(option, OptionKind::size2).size; }
+  double real(std::string_view option) const { return at(option, OptionKind::real).real; }
+  bool flag(std::string_view option) const { return at(option, OptionKind::boolean).flag; }
+  const std::string& choice(std::string_view option) const { return at(option, OptionKind::choice).canonical; }
+
+  // Every option, canonical text, in the schema's order (what a backend receives).
+  std::vector<std::pair<std::string, std::string>> options() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (size_t i = 0; i < values_.size(); ++i) out.emplace_back(def_->options[i].name, values_[i].canonical);
+    if (!name_.empty()) out.emplace_back("name", name_);
+    return out;
+  }
+
+  // "layer 3 (conv2d)": how every message names the layer.
+  std::string where() const { return "layer " + std::to_string(index_) + " (" + std::string(def_->type) + ")"; }
+  [[noreturn]] void fail(const std::string& message) const { throw LayerError(where() + ": " + message); }
+
+  // The shape rule: output shape, parameter counts, window geometry; refuses a shape the layer
+  // cannot take ("expects an input of rank 3 ...", "window 5 is larger than ...").
+  LayerShape infer(const std::vector<uint32_t>& in) const {
+    for (uint32_t d : in)
+      if (d == 0) fail("input shape " + detail::shape_text(in) + " is empty");
+    if (in.empty()) fail("needs an input");
+    LayerShape s = def_->shape(*this, in);
+    for (uint32_t d : s.output)
+      if (d == 0) fail("output shape " + detail::shape_text(s.output) + " is empty");
+    return s;
+  }
+
+ private:
+  friend LayerConfig parse(std::string_view, const std::vector<std::pair<std::string, std::string>>&, size_t);
+  const Checked& at(std::string_view option, OptionKind kind) const {
+    for (size_t i = 0; i < values_.size(); ++i)
+      if (def_->options[i].name == option && def_->options[i].kind == kind) return values_[i];
+    // A backend asked for an option its layer does not have: a bug in the backend, not in input.
+    throw std::logic_error(where() + ": the schema has no option '" + std::string(option) + "' of that kind");
+  }
+  const LayerDef* def_;
+  size_t index_;
+  std::vector<Checked> values_;  // parallel to def().options
+  std::string name_;
+};
+
+// ---- shape rules ------------------------------------------------------------------------------------
+namespace detail {
+
+inline void need_rank(const LayerConfig& c, const std::vector<uint32_t>& in, size_t rank, const char* form) {
+  if (in.size() != rank)
+    c.fail("expects an input of rank " + std::to_string(rank) + " " + form + ", got " + shape_text(in));
+}
+
+// One spatial axis of a window (convolution or pooling), TensorFlow's rules.
+inline Window window(const LayerConfig& c, uint32_t in, uint32_t k, uint32_t stride, bool same, const char* axis) {
+  Window w;
+  if (same) {
+    w.out = (in + stride - 1) / stride;
+    const int64_t total = int64_t{w.out - 1} * stride + k - in;
+    w.pad = static_cast<uint32_t>(std::max<int64_t>(total, 0) / 2);
+  } else {
+    if (k > in)
+      c.fail("window " + std::to_string(k) + " is larger than the input's " + axis + " " + std::to_string(in) +
+             " with padding 'valid'");
+    w.out = (in - k) / stride + 1;
+  }
+  return w;
+}
+
+inline uint64_t bias(const LayerConfig& c, uint64_t units) { return c.flag("use_bias") ? units : 0; }
+
+inline LayerShape same_shape(const LayerConfig&, const std::vector<uint32_t>& in) { return LayerShape{in}; }
+
+inline LayerShape dense_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
+  LayerShape s{in};
+  const uint32_t units = c.count("units");
+  s.output.back() = units;
+  s.trainable = uint64_t{in.back()} * units + bias(c, units);
+  return s;
+}
+
+inline LayerShape conv2d_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
+  need_rank(c, in, 3, "(height, width, channels)");
+  const Size2 k = c.size("kernel_size"), st = c.size("strides");
+  const bool same = c.choice("padding") == "same";
+  LayerShape s;
+  s.rows = window(c, in[0], k.h, st.h, same, "height");
+  s.cols = window(c, in[1], k.w, st.w, same, "width");
+  const uint32_t filters = c.count("filters");
+  s.output = {s.rows.out, s.cols.out, filters};
+  s.trainable = uint64_t{k.h} * k.w * in[2] * filters + bias(c, filters);
+  return s;
+}
+
+inline LayerShape max_pooling2d_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
+  need_rank(c, in, 3, "(height, width, channels)");
+  const Size2 p = c.size("pool_size"), st = c.size("strides");
+  const bool same = c.choice("padding") == "same";
+  LayerShape s;
+  s.rows = window(c, in[0], p.h, st.h, same, "height");
+  s.cols = window(c, in[1], p.w, st.w, same, "width");
+  s.output = {s.rows.out, s.cols.out, in[2]};
+  return s;
+}
+
+inline LayerShape global_average_pooling2d_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
+  need_rank(c, in, 3, "(height, width, channels)");
+  return LayerShape{{in[2]}};
+}
+
+inline LayerShape flatten_shape(const LayerConfig&, const std::vector<uint32_t>& in) {
+  uint64_t n = 1;
+  for (uint32_t d : in) n *= d;
+  return LayerShape{{static_cast<uint32_t>(n)}};
+}
+
+inline LayerShape batch_normalization_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
+  LayerShape s{in};
+  const uint64_t channels = in.back();
+  s.trainable = (c.flag("center") ? channels : 0) + (c.flag("scale") ? channels : 0);
+  s.non_trainable = 2 * channels;  // moving mean and variance
+  return s;
+}
+
+// ---- the options -------------------------------------------------------------------------------------
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr std::string_view kActivations = "linear|relu|softmax|none=linear";
+constexpr std::string_view kPaddings = "valid|same";
+
+constexpr OptionDef use_bias{"use_bias", OptionKind::boolean, "true", {}, 0, 0, false, false, {}, "add a bias vector"};
+constexpr OptionDef activation{"activation", OptionKind::choice, "linear", {}, 0, 0, false, false, kActivations,
+                               "applied to the output (none = linear)"};
+constexpr OptionDef padding{"padding", OptionKind::choice, "valid", {}, 0, 0, false, false, kPaddings,
+                            "'same' pads like TensorFlow (the extra row/column at the bottom/right)"};
+
+inline constexpr OptionDef kDense[] = {
+    {"units", OptionKind::count, {}, {}, 0, 0, false, false, {}, "output features (last axis)"},
+    activation,
+    use_bias,
+};
+inline constexpr OptionDef kConv2D[] = {
+    {"filters", OptionKind::count, {}, {}, 0, 0, false, false, {}, "output channels"},
+    {"kernel_size", OptionKind::size2, {}, {}, 0, 0, false, false, {}, "window, 3 or 3,5"},
+    {"strides", OptionKind::size2, "1", {}, 0, 0, false, false, {}, "step of the window"},
+    padding,
+    use_bias,
+    activation,
+};
+inline constexpr OptionDef kBatchNormalization[] = {
+    {"momentum", OptionKind::real, "0.99", {}, 0, 1, false, false, {}, "moving = moving*momentum + batch*(1-momentum)"},
+    {"epsilon", OptionKind::real, "0.001", {}, 0, kInf, true, false, {}, "added to the variance"},
+    {"center", OptionKind::boolean, "true", {}, 0, 0, false, false, {}, "learn an offset (beta)"},
+    {"scale", OptionKind::boolean, "true", {}, 0, 0, false, false, {}, "learn a scale (gamma)"},
+};
+inline constexpr OptionDef kDropout[] = {
+    {"rate", OptionKind::real, {}, {}, 0, 1, false, true, {}, "fraction of inputs zeroed in training"},
+};
+inline constexpr OptionDef kMaxPooling2D[] = {
+    {"pool_size", OptionKind::size2, "2", {}, 0, 0, false, false, {}, "window, 2 or 2,3"},
+    {"strides", OptionKind::size2, {}, "pool_size", 0, 0, false, false, {}, "step of the window (default: pool_size)"},
+    padding,
+};
+
+}  // namespace detail
+
+// ---- the catalogue --------------------------------------------------------------------------------------
+inline std::span<const LayerDef> catalogue() {
+  using namespace detail;
+  static constexpr LayerDef defs[] = {
+      {"dense", "Dense", kDense, dense_shape, "fully connected on the last axis (a rank-3 input is a batch of rows)"},
+      {"conv2d", "Conv2D", kConv2D, conv2d_shape, "2-D convolution over (height, width, channels)"},
+      {"batch_normalization", "BatchNormalization", kBatchNormalization, batch_normalization_shape,
+       "normalises the last axis"},
+      {"relu", "ReLU", {}, same_shape, "max(x, 0)"},
+      {"softmax", "Softmax", {}, same_shape, "softmax over the last axis"},
+      {"dropout", "Dropout", kDropout, same_shape, "inverted dropout, training only"},
+      {"flatten", "Flatten", {}, flatten_shape, "one axis"},
+      {"global_average_pooling2d", "GlobalAveragePooling2D", {}, global_average_pooling2d_shape,
+       "(height, width, channels) -> (channels)"},
+      {"max_pooling2d", "MaxPooling2D", kMaxPooling2D, max_pooling2d_shape, "maximum over each window"},
+  };
+  return defs;
+}
+
+inline const LayerDef* find(std::string_view type) {
+  for (const LayerDef& d : catalogue())
+    if (d.type == type) return &d;
+  return nullptr;
+}
+
+inline std::vector<std::string> type_names() {
+  std::vector<std::string> out;
+  for (const LayerDef& d : catalogue()) out.emplace_back(d.type);
+  return out;
+}
+
+inline const OptionDef* find_option(const LayerDef& def, std::string_view name) {
+  for (const OptionDef& o : def.options)
+    if (o.name == name) return &o;
+  return nullptr;
+}
+
+// Checks a layer's text options against the schema and fills in the defaults. `index` names the
+// layer in messages. Unknown options are errors (a typo like unit=128 must not pass silently);
+// `name` is accepted on every layer.
+inline LayerConfig parse(std::string_view type, const std::vector<std::pair<std::string, std::string>>& options,
+                         size_t index) {
+  const LayerDef* def = find(type);
+  if (!def) {
+    std::string known;
+    for (const auto& n : type_names()) known += (known.empty() ? "" : ", ") + n;
+    throw LayerError("layer " + std::to_string(index) + " (" + std::string(type) + "): unknown layer type '" +
+                     std::string(type) + "' (known: " + known + ")");
+  }
+  LayerConfig c(*def, index);
+  std::vector<bool> given(def->options.size(), false);
+  const std::string* unknown = nullptr;  // reported after the required ones
+  for (const auto& [key, text] : options) {
+    if (key == "name") {
+      c.name_ = text;
+      continue;
+    }
+    const OptionDef* o = find_option(*def, key);
+    if (!o) {
+      if (!unknown) unknown = &key;
+      continue;
+    }
+    const size_t i = static_cast<size_t>(o - def->options.data());
+    Checked v = check(*o, text);
+    if (!v.ok) c.fail("option '" + key + "': " + v.error);
+    c.values_[i] = std::move(v);
+    given[i] = true;
+  }
+  for (size_t i = 0; i < def->options.size(); ++i) {
+    if (given[i]) continue;
+    const OptionDef& o = def->options[i];
+    if (o.required()) c.fail("option '" + std::string(o.name) + "' is required");
+    if (o.default_from.empty()) {
+      c.values_[i] = check(o, o.fallback);
+    } else {
+      const OptionDef* from = find_option(*def, o.default_from);
+      const size_t j = static_cast<size_t>(from - def->options.data());
+      if (j > i) throw std::logic_error("layer schema: " + std::string(o.name) + " defaults to a later option");
+      c.values_[i] = check(o, c.values_[j].canonical);
+    }
+  }
+  if (unknown) c.fail("unknown option '" + *unknown + "'");
+  return c;
+}
+
+}  // namespace skyforge::schema
