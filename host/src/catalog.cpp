@@ -1,5 +1,5 @@
 // Plugin catalogue: search-path scanning and manifest-vs-catalogue validation. plugin.toml itself
-// is read by parse_plugin_toml in manifest.cpp, which shares the TOML front end.
+// is read by parse_plugin_toml in plugin_toml.cpp, through the TOML front end (toml_reader.hpp).
 #include "catalog.hpp"
 
 #include <algorithm>

@@ -1,0 +1,198 @@
+// The [train] table (train_table.hpp).
+#include "train_table.hpp"
+
+#include <skyforge/layer_schema.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace skyforge {
+
+namespace {
+
+using namespace toml_in;
+
+// Kinds of the [train] table's own numbers. Layers are checked against the SDK's layer schema
+// (skyforge/layer_schema.hpp), the one catalogue the train app and every backend read too.
+enum class Want { PosInt, Rate, PosFloat };
+
+// Canonical text of a [train] number, or (nullopt) an error reported.
+std::optional<std::string> want_text(Reader& r, const Value& v, Want w, const std::string& label) {
+  auto bad = [&](const char* what) {
+    r.expected(v, label, what);
+    return std::nullopt;
+  };
+  switch (w) {
+    case Want::PosInt: {
+      auto i = v.is_integer() ? checked_integer(v) : std::nullopt;
+      if (i && (*i < 1 || *i > std::numeric_limits<int32_t>::max())) {
+        r.error(r.pos(v), label + ": expected an integer between 1 and 2147483647, got " + std::to_string(*i));
+        return std::nullopt;
+      }
+      if (!i) return bad("an integer >= 1");
+      return std::to_string(*i);
+    }
+    case Want::Rate:
+    case Want::PosFloat: {
+      double d = v.is_floating() ? v.as_floating() : v.is_integer() ? static_cast<double>(v.as_integer()) : NAN;
+      if (!std::isfinite(d)) return bad("a number");
+      if (w == Want::Rate && (d < 0 || d >= 1)) return bad("a number in [0, 1)");
+      if (w == Want::PosFloat && d <= 0) return bad("a number > 0");
+      return float_text(d);
+    }
+  }
+  return std::nullopt;
+}
+
+// One layer option: the TOML value as the schema's text, checked by the schema; nullopt when
+// refused (reported at the value).
+std::optional<std::string> layer_option_text(Reader& r, const Value& v, const schema::OptionDef& o,
+                                             const std::string& label) {
+  std::optional<std::string> text;
+  switch (o.kind) {
+    case schema::OptionKind::count:
+      if (auto i = v.is_integer() ? checked_integer(v) : std::nullopt) text = std::to_string(*i);
+      break;
+    case schema::OptionKind::size2:
+      if (auto i = v.is_integer() ? checked_integer(v) : std::nullopt) {
+        text = std::to_string(*i);
+      } else if (v.is_array() && v.as_array().size() == 2 && v.as_array()[0].is_integer() &&
+                 v.as_array()[1].is_integer()) {  // kernel_size = [3, 5]
+        auto h = checked_integer(v.as_array()[0]), w = checked_integer(v.as_array()[1]);
+        if (h && w) text = std::to_string(*h) + "," + std::to_string(*w);
+      }
+      break;
+    case schema::OptionKind::real:
+      if (v.is_floating() || v.is_integer())
+        text = float_text(v.is_floating() ? v.as_floating() : static_cast<double>(v.as_integer()));
+      break;
+    case schema::OptionKind::boolean:
+      if (v.is_boolean()) text = v.as_boolean() ? "true" : "false";
+      break;
+    case schema::OptionKind::choice:
+      if (v.is_string()) text = v.as_string().str;
+      break;
+  }
+  if (!text) {
+    r.expected(v, label, schema::expectation(o));
+    return std::nullopt;
+  }
+  const schema::Checked c = schema::check(o, *text);
+  if (c.ok) return c.canonical;
+  std::string hint;
+  if (o.kind == schema::OptionKind::choice) {
+    std::vector<std::string> names;
+    schema::detail::each_choice(o.choices, [&](std::string_view n, std::string_view) { names.emplace_back(n); });
+    hint = did_you_mean(*text, names);
+  }
+  r.error(r.pos(v), label + ": expected " + schema::expectation(o) + ", got " +
+                        (o.kind == schema::OptionKind::choice ? quote(*text) : *text) + hint);
+  return std::nullopt;
+}
+
+const std::vector<std::string> kTrainKeys = {"dataset", "data_dir", "layers", "optimizer", "learning_rate", "momentum",
+                                             "loss", "metrics", "epochs", "batch_size", "steps_per_epoch", "shuffle", "seed",
+                                             "history", "tensorboard", "checkpoint", "resume", "threads", "evaluate"};
+
+}  // namespace
+
+void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& dir, TrainSpec& train) {
+  r.check_keys(t, kTrainKeys, "[train]");
+  train.present = true;
+  train.pos = r.pos(t);
+  auto put = [&](const std::string& key, std::string value) { train.config.emplace_back("train." + key, std::move(value)); };
+  auto choice = [&](const char* key, std::vector<std::string> allowed, const char* fallback) {
+    std::string value = fallback;
+    if (const Value* v = Reader::find(t, key)) {
+      if (v->is_string() && std::find(allowed.begin(), allowed.end(), v->as_string().str) != allowed.end())
+        value = v->as_string().str;
+      else
+        r.expected(*v, std::string("[train] ") + key, "one of " + join(allowed, ", ") +
+                                                          (v->is_string() ? did_you_mean(v->as_string().str, allowed) : ""));
+    }
+    put(key, value);
+  };
+  auto number = [&](const char* key, Want w, const char* fallback) {
+    const Value* v = Reader::find(t, key);
+    if (!v) return put(key, fallback);
+    if (auto s = want_text(r, *v, w, std::string("[train] ") + key)) put(key, *s);
+  };
+  auto path = [&](const char* key) {
+    if (auto s = r.string(t, key, "[train]", true)) put(key, detail::normalise_path(*s, dir));
+  };
+
+  choice("dataset", {"fashion-mnist", "mnist"}, "fashion-mnist");
+  if (auto s = r.string(t, "data_dir", "[train]", true)) put("data_dir", detail::normalise_path(*s, dir));
+  choice("optimizer", {"adam", "sgd"}, "adam");
+  number("learning_rate", Want::PosFloat, "0.001");
+  number("momentum", Want::Rate, "0");
+  choice("loss", {"sparse_categorical_crossentropy"}, "sparse_categorical_crossentropy");
+  if (auto m = r.string_array(t, "metrics", "[train]", false, [](const std::string& s, size_t) {
+        return s == "accuracy" ? std::string() : "expected \"accuracy\", got " + quote(s);
+      }))
+    put("metrics", join(*m, ","));
+  number("epochs", Want::PosInt, "1");
+  number("batch_size", Want::PosInt, "32");
+  if (const Value* v = Reader::find(t, "steps_per_epoch"))
+    if (auto n = want_text(r, *v, Want::PosInt, "[train] steps_per_epoch")) put("steps_per_epoch", *n);
+  if (auto n = r.integer(t, "seed", "[train]", 0, std::numeric_limits<int64_t>::max())) put("seed", std::to_string(*n));
+  if (auto b = r.boolean(t, "shuffle", "[train]")) put("shuffle", *b ? "true" : "false");
+  if (auto b = r.boolean(t, "resume", "[train]")) put("resume", *b ? "true" : "false");
+  if (auto b = r.boolean(t, "evaluate", "[train]")) put("evaluate", *b ? "true" : "false");
+  if (auto n = r.integer(t, "threads", "[train]", 0, 4096)) put("threads", std::to_string(*n));
+  path("history");
+  path("tensorboard");
+  path("checkpoint");
+  if (const Value* v = Reader::find(t, "resume"); v && v->is_boolean() && v->as_boolean() && !Reader::find(t, "checkpoint"))
+    r.error(r.key_pos(*v, "resume"), "[train] resume: needs 'checkpoint' (the directory to resume from)");
+
+  const Value* layers = Reader::find(t, "layers");
+  if (!layers || !layers->is_array() || layers->as_array().empty()) {
+    if (layers)
+      r.expected(*layers, "[train] layers", "a non-empty array of tables ([[train.layers]] with 'type')");
+    else
+      r.error(r.pos(t), "[train]: missing 'layers' (one [[train.layers]] table per layer, each with 'type')");
+    return;
+  }
+  const std::vector<std::string> types = schema::type_names();
+  const auto& arr = layers->as_array();
+  put("layers", std::to_string(arr.size()));
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const Value& l = arr[i];
+    const std::string where = "[[train.layers]] #" + std::to_string(i + 1);
+    if (!l.is_table()) {
+      r.expected(l, where, "a table with 'type' and the layer's options");
+      continue;
+    }
+    const Value* type = Reader::find(l, "type");
+    if (!type) {
+      r.error(r.pos(l), where + ": missing 'type' (one of " + join(types, ", ") + ")");
+      continue;
+    }
+    const schema::LayerDef* def = type->is_string() ? schema::find(type->as_string().str) : nullptr;
+    if (!def) {
+      r.expected(*type, where + " type",
+                 "one of " + join(types, ", ") + (type->is_string() ? did_you_mean(type->as_string().str, types) : ""));
+      continue;
+    }
+    const std::string name(def->type);
+    const std::string prefix = "layers." + std::to_string(i) + ".";
+    put(prefix + "type", name);
+    std::vector<std::string> known = {"type"};
+    for (const auto& o : def->options) known.emplace_back(o.name);
+    r.check_keys(l, known, where + " (" + name + ")");
+    for (const auto& o : def->options) {
+      const std::string key(o.name);
+      if (const Value* v = Reader::find(l, key)) {
+        if (auto text = layer_option_text(r, *v, o, where + " " + key)) put(prefix + key, *text);
+      } else if (o.required()) {
+        r.error(r.pos(*type), where + " (" + name + "): missing '" + key + "'");
+      }
+    }
+  }
+}
+
+}  // namespace skyforge
