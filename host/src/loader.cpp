@@ -4,7 +4,9 @@
 
 #include <boost/dll/shared_library.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <sstream>
@@ -34,21 +36,39 @@ std::string version_str(unsigned major, unsigned minor) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
-// Hooks a plugin of each kind must provide (abi.h says which).
+// A plugin's hook table as this host's struct: see LoadedPlugin::table.
+template <class Table>
+Table adapt(const void* hooks) {
+  Table t{};
+  if (hooks) {
+    const uint32_t declared = *static_cast<const uint32_t*>(hooks);
+    std::memcpy(&t, hooks, std::min<size_t>(declared, sizeof t));
+  }
+  t.struct_size = sizeof t;
+  return t;
+}
+
+void adapt_table(LoadedPlugin& p) {
+  switch (p.kind) {
+    case SF_KIND_FRAMEWORK: p.table = adapt<sf_framework_hooks>(p.descriptor->hooks); break;
+    case SF_KIND_PROVIDER: p.table = adapt<sf_provider_hooks>(p.descriptor->hooks); break;
+    case SF_KIND_APP: p.table = adapt<sf_app_hooks>(p.descriptor->hooks); break;
+    case SF_KIND_COMPUTE_BACKEND: p.table = adapt<sf_compute_hooks>(p.descriptor->hooks); break;
+    default: p.hooks = p.descriptor->hooks; return;  // a kind with no table yet
+  }
+  std::visit([&](const auto& t) { p.hooks = &t; }, p.table);
+}
+
+// Hooks a plugin of each kind must provide (abi.h marks them), checked once, at load, on the
+// adapted table; an app's run/task is checked against the job's mode when a job names it.
 struct RequiredHook {
   const char* name;
-  size_t end;
-  bool (*present)(const void* hooks);
+  bool (*present)(const LoadedPlugin& p);
 };
 
-#define SKYFORGE_REQUIRED(Table, member)                                                     \
-  RequiredHook {                                                                             \
-    #member, SKYFORGE_HOOK_END(Table, member),                                               \
-        [](const void* h) { return static_cast<const Table*>(h)->member != nullptr; }        \
-  }
+#define SKYFORGE_REQUIRED(Table, member) \
+  RequiredHook { #member, [](const LoadedPlugin& p) { return std::get<Table>(p.table).member != nullptr; } }
 
-// Checked once, at load, for every kind (abi.h marks them); an app's run/task is checked against
-// the job's mode when a job names it (run.cpp).
 std::vector<RequiredHook> required_hooks(sf_kind kind) {
   if (kind == SF_KIND_PROVIDER)
     return {SKYFORGE_REQUIRED(sf_provider_hooks, provision), SKYFORGE_REQUIRED(sf_provider_hooks, bootstrap),
@@ -139,7 +159,6 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
   p->abi_major = d->abi_major;
   p->abi_minor = d->abi_minor;
   p->descriptor = d;
-  p->hooks = d->hooks;
   p->hooks_size = d->hooks ? *static_cast<const uint32_t*>(d->hooks) : 0;
 
   if (p->name.empty()) throw LoadError(path + ": plugin descriptor has no name");
@@ -158,8 +177,11 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
   for (const auto& other : plugins_)
     if (other->name == p->name)
       throw LoadError("two plugins are named '" + p->name + "': " + other->path + " and " + path);
+  if (!d->hooks && p->kind != SF_KIND_TASK_BACKEND)
+    throw LoadError(path + ": " + kind_name(p->kind) + " plugin '" + p->name + "' has no hook table");
+  adapt_table(*p);
   for (const auto& req : required_hooks(p->kind))
-    if (!p->hooks || p->hooks_size < req.end || !req.present(p->hooks))
+    if (!req.present(*p))
       throw LoadError(path + ": " + kind_name(p->kind) + " plugin '" + p->name + "' lacks the required hook '" +
                       req.name + "'");
 

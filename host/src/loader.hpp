@@ -10,7 +10,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace skyforge {
@@ -42,8 +44,13 @@ struct LoadedPlugin {
   uint16_t abi_major = 0;
   uint16_t abi_minor = 0;
   const sf_plugin_descriptor* descriptor = nullptr;
-  const void* hooks = nullptr;  // per-kind table; check struct_size before reading a field
-  uint32_t hooks_size = 0;      // hooks' struct_size
+  // The kind's hook table adapted to this host's struct at load (NCCL's way with its
+  // ncclNet_vN tables): the bytes the plugin's struct_size covers, copied into a zeroed table of
+  // the current size, so a hook past an older plugin's table reads as NULL and no caller checks
+  // struct_size again. `hooks` points into `table` (the plugin's own table for a kind with none).
+  std::variant<std::monostate, sf_framework_hooks, sf_provider_hooks, sf_app_hooks, sf_compute_hooks> table;
+  const void* hooks = nullptr;
+  uint32_t hooks_size = 0;  // the struct_size the plugin declared (what it was built against)
 };
 
 // One created plugin instance; destroys it on destruction.
@@ -59,18 +66,43 @@ class PluginInstance {
   // Throws PluginError("<plugin> <hook>: <message>") unless st == SF_OK.
   void check(sf_status st, const char* hook) const;
 
+  // The plugin's hook table, adapted to this host's struct (every member readable; an absent
+  // hook is NULL); NULL when the plugin is not of the table's kind.
   template <class Hooks>
-  const Hooks* hooks() const { return static_cast<const Hooks*>(plugin_->hooks); }
-  // True when the plugin's table is large enough to hold the member at `offset` and it is set.
-  bool has_hook(size_t offset_end) const { return plugin_->hooks_size >= offset_end; }
+  const Hooks* hooks() const {
+    return std::get_if<Hooks>(&plugin_->table);
+  }
+
+  // Calls a required hook of this plugin's table with its instance: call(&sf_provider_hooks::
+  // provision, "provision", spec, sink). Throws PluginError naming the plugin and the hook
+  // unless it returns SF_OK.
+  template <class Hooks, class R, class... P, class... A>
+  void call(R (*Hooks::*member)(void*, P...), const char* name, A&&... args) const {
+    check((table<Hooks>().*member)(self_, std::forward<A>(args)...), name);
+  }
+  // TRANSITION (removed once run.cpp calls through call()/call_optional()).
+  bool has_hook(size_t) const { return true; }
+
+  // The same for an optional hook: false (and nothing called) when the plugin has none.
+  template <class Hooks, class R, class... P, class... A>
+  bool call_optional(R (*Hooks::*member)(void*, P...), const char* name, A&&... args) const {
+    if (!(table<Hooks>().*member)) return false;
+    call(member, name, std::forward<A>(args)...);
+    return true;
+  }
 
  private:
+  template <class Hooks>
+  const Hooks& table() const {
+    if (const Hooks* t = hooks<Hooks>()) return *t;
+    throw std::logic_error("plugin '" + plugin_->name + "' is a " + kind_name(plugin_->kind) +
+                           " plugin: it has no " + typeid(Hooks).name());
+  }
   const LoadedPlugin* plugin_;
   void* self_;
 };
 
-// Offset of the end of a hook member: pass to PluginInstance::has_hook.
-#define SKYFORGE_HOOK_END(Table, member) (offsetof(Table, member) + sizeof(((Table*)nullptr)->member))
+#define SKYFORGE_HOOK_END(Table, member) 0  // TRANSITION, see has_hook
 
 class Loader {
  public:

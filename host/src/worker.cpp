@@ -261,8 +261,7 @@ void Worker::setup_plugins(EnvMap& env) {
     if (p.kind == SF_KIND_COMPUTE_BACKEND) {
       // No around_app hooks: created with its options, lent to the app through the
       // compute_backend service, destroyed after the app.
-      if (!p.hooks || p.hooks_size < SKYFORGE_HOOK_END(sf_compute_hooks, engine_create))
-        throw LoadError(p.path + ": compute backend '" + p.name + "' has no compute hooks table");
+      // (The loader refused it at load unless its compute hooks are all there.)
       compute_backends_.push_back(loader_->create(p, f.options));
       auto& b = compute_backends_.back();
       services_.add_compute_backend(p.name, b->hooks<sf_compute_hooks>(), b->self());
@@ -281,12 +280,9 @@ void Worker::setup_plugins(EnvMap& env) {
       ++entered_;
       continue;
     }
-    auto* h = fw->hooks<sf_framework_hooks>();
     ++entered_;
-    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_app_enter)) && h->around_app_enter) {
-      sf_env e = env.c_view();
-      fw->check(h->around_app_enter(fw->self(), &info_, &e), "around_app_enter");
-    }
+    sf_env e = env.c_view();
+    fw->call_optional(&sf_framework_hooks::around_app_enter, "around_app_enter", &info_, &e);
   }
 }
 
@@ -295,13 +291,10 @@ std::vector<std::string> Worker::exit_hooks(bool ok) {
   while (entered_ > 0) {
     auto& fw = frameworks_[--entered_];
     if (fw->plugin().kind != SF_KIND_FRAMEWORK) continue;
-    auto* h = fw->hooks<sf_framework_hooks>();
-    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_app_exit)) && h->around_app_exit) {
-      try {
-        fw->check(h->around_app_exit(fw->self(), &info_, ok ? SF_OK : SF_ERR), "around_app_exit");
-      } catch (const std::exception& e) {
-        errors.emplace_back(e.what());  // every exit hook still runs
-      }
+    try {
+      fw->call_optional(&sf_framework_hooks::around_app_exit, "around_app_exit", &info_, ok ? SF_OK : SF_ERR);
+    } catch (const std::exception& e) {
+      errors.emplace_back(e.what());  // every exit hook still runs
     }
   }
   return errors;
@@ -311,8 +304,7 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
   std::vector<std::string> argv = argv_in;
   for (auto& fw : frameworks_) {  // launcher hooks, manifest order
     if (fw->plugin().kind != SF_KIND_FRAMEWORK) continue;
-    auto* h = fw->hooks<sf_framework_hooks>();
-    if (!fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, launcher)) || !h->launcher) continue;
+    if (!fw->hooks<sf_framework_hooks>()->launcher) continue;
     std::vector<const char*> in;
     for (auto& a : argv) in.push_back(a.c_str());
     sf_argv cin{in.size(), in.data()};
@@ -320,7 +312,7 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
     sf_sink sink{&out, [](void* ctx, const char* d, size_t n) {
                    lent([&] { static_cast<std::vector<std::string>*>(ctx)->emplace_back(d, n); });
                  }};
-    fw->check(h->launcher(fw->self(), &info_, &cin, sink), "launcher");
+    fw->call(&sf_framework_hooks::launcher, "launcher", &info_, &cin, sink);
     if (out.empty()) throw std::runtime_error("plugin '" + fw->plugin().name + "' launcher returned no command");
     argv = std::move(out);
   }
@@ -447,11 +439,10 @@ msg::RunResult Worker::run_app(EnvMap& env) {
     return result;
   }
   if (job.mode == JobMode::single && job.id.node != 0) return result;  // only the head runs it
-  auto* h = app_->hooks<sf_app_hooks>();
-  if (!h->run) throw std::runtime_error("app '" + app_->plugin().name + "' has no run() hook");
+  if (!app_->hooks<sf_app_hooks>()->run) throw std::runtime_error("app '" + app_->plugin().name + "' has no run() hook");
   sf_sink sink = {&result.value,
                   [](void* ctx, const char* d, size_t n) { lent([&] { static_cast<std::string*>(ctx)->append(d, n); }); }};
-  app_->check(h->run(app_->self(), sink), "run");
+  app_->call(&sf_app_hooks::run, "run", sink);
   return result;
 }
 

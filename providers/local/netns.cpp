@@ -113,17 +113,17 @@ void NetnsPool::check_supported() {
 }
 
 NetnsPool::NetnsPool(std::string pool_id)
-    : pool_id_(std::move(pool_id)), ip_path_(find_program("ip")), tag_(hex(fnv1a(pool_id_) & 0xffff, 4)) {}
+    : pool_id_(std::move(pool_id)), ip_path_(find_program("ip")), tag_(link_prefix(pool_id_)) {}
+
+std::string NetnsPool::link_prefix(const std::string& pool_id) { return "sf" + hex(fnv1a(pool_id) & 0xffff, 4); }
 
 std::string NetnsPool::gateway() const { return "10.200." + std::to_string(octet_) + ".1"; }
 std::string NetnsPool::subnet() const { return "10.200." + std::to_string(octet_) + ".0/24"; }
 std::string NetnsPool::node_address(uint32_t i) const {
   return "10.200." + std::to_string(octet_) + "." + std::to_string(2 + i);
 }
-std::string NetnsPool::bridge_name() const { return "sf" + tag_ + hex(uint32_t(octet_), 2) + "-br"; }
-std::string NetnsPool::veth_name(uint32_t i) const {
-  return "sf" + tag_ + hex(uint32_t(octet_), 2) + "-" + std::to_string(i);
-}
+std::string NetnsPool::bridge_name() const { return tag_ + hex(uint32_t(octet_), 2) + "-br"; }
+std::string NetnsPool::veth_name(uint32_t i) const { return tag_ + hex(uint32_t(octet_), 2) + "-" + std::to_string(i); }
 std::string NetnsPool::netns_name(uint32_t i) const { return "skyforge-" + pool_id_ + "-node-" + std::to_string(i); }
 
 CommandResult NetnsPool::ip(const std::vector<std::string>& args) const {

@@ -52,6 +52,8 @@ class NetnsPool {
   std::string gateway() const;                 // "10.200.S.1"
   std::string subnet() const;                  // "10.200.S.0/24"
   std::string node_address(uint32_t i) const;  // "10.200.S.(2+i)"
+  // Every link of the pool (bridge, veths) starts with this: "sf" and 4 hex digits of the pool id.
+  static std::string link_prefix(const std::string& pool_id);
   std::string bridge_name() const;
   std::string veth_name(uint32_t i) const;
   std::string netns_name(uint32_t i) const;
@@ -66,7 +68,7 @@ class NetnsPool {
 
   std::string pool_id_;
   std::string ip_path_;
-  std::string tag_;  // 4 hex digits from the pool id
+  std::string tag_;  // link_prefix(pool_id)
   int octet_ = -1;   // third octet of the leased /24
   bool bridge_made_ = false;
   std::vector<NodeNet> nodes_;

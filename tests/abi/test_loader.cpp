@@ -1,5 +1,7 @@
 // The loader against one real fixture .so per failure mode (docs/plugins.md, "The ABI").
 #include <gtest/gtest.h>
+
+#include <cstddef>
 #include <skyforge/sdk.hpp>
 
 #include <string>
@@ -43,16 +45,35 @@ TEST_F(LoaderTest, FrozenV1_0PluginLoadsAndItsHookRuns) {
   EXPECT_EQ(p.abi_major, 1);
   EXPECT_EQ(p.abi_minor, 0);
   auto inst = loader.create(p, {});
-  auto* h = inst->hooks<sf_framework_hooks>();
-  ASSERT_TRUE(inst->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_app_enter)));
-  ASSERT_NE(h->around_app_enter, nullptr);
+  ASSERT_NE(inst->hooks<sf_framework_hooks>()->around_app_enter, nullptr);
   EnvMap env;
   sf_env e = env.c_view();
   sf_instance_info info{};
   info.struct_size = sizeof info;
-  EXPECT_EQ(h->around_app_enter(inst->self(), &info, &e), SF_OK);
+  EXPECT_TRUE(inst->call_optional(&sf_framework_hooks::around_app_enter, "around_app_enter", &info, &e));
   ASSERT_NE(env.get("FIXTURE"), nullptr);
   EXPECT_STREQ(env.get("FIXTURE"), "ok_v1_0");
+}
+
+// An older plugin's shorter table is adapted to this host's struct at load: a hook past the
+// plugin's struct_size reads as NULL even when the bytes there hold a live pointer, and the host
+// never calls it (NCCL's ncclNet_vN -> ncclNet_t).
+TEST_F(LoaderTest, AShorterHookTableIsAdaptedAndItsMissingHooksAreNull) {
+  const LoadedPlugin& p = loader.load(fixture("short_table"), "short_table", SF_KIND_FRAMEWORK);
+  EXPECT_EQ(p.hooks_size, offsetof(sf_framework_hooks, around_app_enter));
+  auto inst = loader.create(p, {});
+  const sf_framework_hooks* h = inst->hooks<sf_framework_hooks>();
+  EXPECT_EQ(h->struct_size, sizeof(sf_framework_hooks));
+  EXPECT_EQ(h->around_app_enter, nullptr);
+  EXPECT_EQ(h->launcher, nullptr);
+  EnvMap env;
+  sf_env e = env.c_view();
+  sf_instance_info info{};
+  info.struct_size = sizeof info;
+  EXPECT_FALSE(inst->call_optional(&sf_framework_hooks::around_app_enter, "around_app_enter", &info, &e));
+  EXPECT_EQ(env.get("FIXTURE"), nullptr);
+  EXPECT_EQ(inst->hooks<sf_provider_hooks>(), nullptr);  // not its kind
+  EXPECT_THROW(inst->call(&sf_provider_hooks::terminate, "terminate", nullptr, size_t{0}), std::logic_error);
 }
 
 TEST_F(LoaderTest, MajorMismatchQuotesBothVersionsAndTheFile) {

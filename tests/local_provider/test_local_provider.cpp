@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "local_provider.hpp"
+#include "netns.hpp"
 #include "process.hpp"
 
 namespace fs = std::filesystem;
@@ -564,11 +565,26 @@ TEST_F(LocalProviderTest, NetnsConcurrentPoolsGetDifferentSubnetsAndNames) {
 
 TEST_F(LocalProviderTest, NetnsFailureHalfWayUndoesEverything) {
   REQUIRE_NETNS();
-  auto before_links = link_names();
-  std::string before_ns = run_out({"ip", "netns", "list"});
   skyforge::PoolSpec spec;
   spec.nodes = 3;
   spec.pool_id = unique_pool_id();
+  // Only this pool's links and namespaces: other tests may make their own meanwhile (ctest -j).
+  const std::string prefix = skyforge::local::NetnsPool::link_prefix(spec.pool_id);
+  auto pool_links = [&] {
+    std::set<std::string> mine;
+    for (const auto& l : link_names())
+      if (l.rfind(prefix, 0) == 0) mine.insert(l);
+    return mine;
+  };
+  auto pool_namespaces = [&] {
+    std::set<std::string> mine;
+    std::istringstream in(run_out({"ip", "netns", "list"}));
+    for (std::string line; std::getline(in, line);)
+      if (line.find(spec.pool_id) != std::string::npos) mine.insert(line.substr(0, line.find(' ')));
+    return mine;
+  };
+  ASSERT_TRUE(pool_links().empty());
+  ASSERT_TRUE(pool_namespaces().empty());
   // Node 1's namespace name is already taken: provision gets as far as node 0, then fails.
   std::string squatter = "skyforge-" + spec.pool_id + "-node-1";
   ASSERT_EQ(skyforge::local::run_command({"ip", "netns", "add", squatter}).status, 0);
@@ -580,8 +596,8 @@ TEST_F(LocalProviderTest, NetnsFailureHalfWayUndoesEverything) {
     EXPECT_NE(std::string(e.what()).find(squatter + " already exists"), std::string::npos) << e.what();
   }
   skyforge::local::run_command({"ip", "netns", "del", squatter});
-  EXPECT_EQ(link_names(), before_links);
-  EXPECT_EQ(run_out({"ip", "netns", "list"}), before_ns);
+  EXPECT_EQ(pool_links(), std::set<std::string>{});
+  EXPECT_EQ(pool_namespaces(), std::set<std::string>{});
   EXPECT_TRUE(fs::is_empty(root_));
   EXPECT_NO_THROW(p->terminate({}));
 }
