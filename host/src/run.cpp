@@ -26,6 +26,7 @@
 #include "io_loop.hpp"
 #include "loader.hpp"
 #include "protocol.hpp"
+#include "run_output.hpp"
 #include "services.hpp"
 
 namespace skyforge {
@@ -43,49 +44,6 @@ std::string self_dir() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
   return ec ? std::string(".") : p.parent_path().string();
-}
-
-// Serialises terminal output from many nodes: whole lines, never interleaved mid-line.
-class Printer {
- public:
-  void node_lines(uint32_t node, int stream, const std::string& text) {
-    std::lock_guard<std::mutex> lock(mu_);
-    FILE* f = stream == 1 ? stdout : stderr;
-    std::string prefix = "[node " + std::to_string(node) + "] ";
-    size_t start = 0;
-    while (start < text.size()) {
-      size_t nl = text.find('\n', start);
-      if (nl == std::string::npos) nl = text.size();
-      std::string line = prefix;
-      line.append(text, start, nl - start);
-      line.push_back('\n');
-      std::fwrite(line.data(), 1, line.size(), f);
-      start = nl + 1;
-    }
-    std::fflush(f);
-  }
-  void out(const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::fwrite(line.data(), 1, line.size(), stdout);
-    std::fputc('\n', stdout);
-  }
-  void err(const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string l = "skyforge: " + line + "\n";
-    std::fwrite(l.data(), 1, l.size(), stderr);
-    std::fflush(stderr);
-  }
-  void flush() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::fflush(stdout);
-  }
-
- private:
-  std::mutex mu_;
-};
-
-bool policy_allows(OutputPolicy p, uint32_t node) {
-  return p == OutputPolicy::All || (p == OutputPolicy::Head && node == 0);
 }
 
 struct NodeState {
@@ -189,7 +147,6 @@ class PoolRun {
   void mark(const std::string& phase) {
     phases_.emplace_back(phase, std::chrono::duration<double, std::milli>(Clock::now() - t0_).count());
   }
-  void print_timings();
 };
 
 template <class Pred>
@@ -814,7 +771,7 @@ int PoolRun::run() {
   mark("ran");
   teardown();
   mark("torn_down");
-  if (opt_.timings) print_timings();
+  if (opt_.timings) printer_.err(timings_line(phases_, batch_rtt_us_));
   bool ok;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -827,25 +784,6 @@ int PoolRun::run() {
   io_.stop();
   io_thread.join();
   return code;
-}
-
-void PoolRun::print_timings() {
-  // One machine-readable line (bench/ parses it): phase=ms since `skyforge run` started.
-  std::string line = "timings:";
-  char buf[64];
-  for (const auto& [name, ms] : phases_) {
-    std::snprintf(buf, sizeof buf, " %s=%.3f", name.c_str(), ms);
-    line += buf;
-  }
-  if (!batch_rtt_us_.empty()) {
-    std::sort(batch_rtt_us_.begin(), batch_rtt_us_.end());
-    auto pct = [&](double q) { return batch_rtt_us_[std::min(batch_rtt_us_.size() - 1, size_t(q * batch_rtt_us_.size()))]; };
-    std::snprintf(buf, sizeof buf, " batches=%zu", batch_rtt_us_.size());
-    line += buf;
-    std::snprintf(buf, sizeof buf, " batch_rtt_p50_us=%.1f batch_rtt_p99_us=%.1f", pct(0.50), pct(0.99));
-    line += buf;
-  }
-  printer_.err(line);
 }
 
 }  // namespace
