@@ -14,7 +14,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <filesystem>
 #include <future>
 #include <iostream>
 #include <mutex>
@@ -28,18 +27,13 @@
 #include "loader.hpp"
 #include "protocol.hpp"
 #include "run_output.hpp"
+#include "self_exe.hpp"
 #include "services.hpp"
 
 namespace skyforge {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string self_dir() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : p.parent_path().string();
-}
 
 struct NodeState {
   std::string id;       // provider's handle
@@ -331,7 +325,11 @@ void PoolRun::start_workers() {
       [this](const std::string& peer, const std::string& why) {
         printer_.err("rejected a connection from " + peer + ": " + why);
       });
-  std::string worker = opt_.worker_path.empty() ? self_dir() + "/skyforge-worker" : opt_.worker_path;
+  std::string worker = opt_.worker_path;
+  if (worker.empty()) {
+    const std::string dir = self_exe_dir();
+    worker = (dir.empty() ? "." : dir) + "/skyforge-worker";
+  }
   std::string connect = control_address_ + ":" + std::to_string(server_->port());
   std::string secret_key = "SKYFORGE_POOL_SECRET";
   auto* h = provider_->hooks<sf_provider_hooks>();
