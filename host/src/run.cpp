@@ -25,6 +25,7 @@
 #include "bootstrap_script.hpp"
 #include "io_loop.hpp"
 #include "loader.hpp"
+#include "map_scheduler.hpp"
 #include "protocol.hpp"
 #include "run_output.hpp"
 #include "self_exe.hpp"
@@ -45,7 +46,6 @@ struct NodeState {
   std::string lost;  // why the connection ended before the node was done
   std::optional<msg::RunResult> result;
   bool cancelled = false;  // told to shut down while its part was still running
-  uint32_t inflight = 0;  // map: batches sent, not yet answered
 };
 
 class PoolRun {
@@ -79,7 +79,6 @@ class PoolRun {
   void on_signal(int sig);
 
   // map scheduling (under mu_)
-  std::string input(uint64_t i) const;
   void dispatch(uint32_t node);
   void on_results(uint32_t node, msg::TaskResults&& r);
 
@@ -119,16 +118,7 @@ class PoolRun {
   Clock::time_point deadline_;
   bool has_deadline_ = false;
 
-  // map
-  uint64_t n_tasks_ = 0;
-  uint64_t next_task_ = 0;
-  uint64_t tasks_done_ = 0;
-  std::vector<msg::TaskResult> task_results_;
-  std::vector<uint32_t> task_node_;
-  double ns_per_task_ = 0;  // moving estimate, for auto batching
-  std::optional<uint64_t> failed_task_;
-  std::map<uint64_t, Clock::time_point> batch_sent_;  // first index -> send time (for --timings)
-  std::vector<double> batch_rtt_us_;
+  MapScheduler map_{m_.job, m_.pool.nodes, m_.pool.concurrency, opt_.pipeline, opt_.timings};
 
   // --timings
   Clock::time_point t0_ = Clock::now();
@@ -564,64 +554,15 @@ void PoolRun::wait_ready() {
   if (!ok && failure_.empty()) fail("not every node became ready within " + std::to_string(opt_.join_timeout_ms) + " ms");
 }
 
-std::string PoolRun::input(uint64_t i) const {
-  return m_.job.inputs.empty() ? std::to_string(i) : m_.job.inputs[i];
-}
-
 void PoolRun::dispatch(uint32_t node) {
   NodeState& n = nodes_[node];
-  if (!n.ready || n.closed || failed_task_ || !failure_.empty()) return;
-  const uint32_t slots_here = std::max<uint32_t>(1, m_.pool.concurrency);
-  const uint64_t total_slots = uint64_t(slots_here) * nodes_.size();
-  while (n.inflight < uint32_t(opt_.pipeline) * slots_here && next_task_ < n_tasks_) {
-    uint64_t remaining = n_tasks_ - next_task_;
-    uint64_t size = m_.job.batch;
-    if (size == 0) {
-      // Auto batching: ~20 ms of work per batch once the cost of a task is known, but never so
-      // large that the tail leaves slots idle (at least 4 batches per slot remain available).
-      uint64_t cap = std::max<uint64_t>(1, remaining / (4 * total_slots));
-      uint64_t want = ns_per_task_ > 0 ? static_cast<uint64_t>(20e6 / ns_per_task_) : 1;
-      size = std::clamp<uint64_t>(want, 1, cap);
-    }
-    size = std::min(size, remaining);
-    msg::TaskBatch b;
-    b.first = next_task_;
-    b.inputs.reserve(size);
-    for (uint64_t i = 0; i < size; ++i) b.inputs.push_back(input(next_task_ + i));
-    next_task_ += size;
-    ++n.inflight;
-    if (opt_.timings) batch_sent_[b.first] = Clock::now();
-    n.conn->send_msg(msg::Type::TaskBatch, b);
-  }
+  if (!n.ready || n.closed || !failure_.empty()) return;
+  while (auto batch = map_.next_batch(node)) n.conn->send_msg(msg::Type::TaskBatch, *batch);
 }
 
 void PoolRun::on_results(uint32_t node, msg::TaskResults&& r) {
-  NodeState& n = nodes_[node];
-  if (n.inflight > 0) --n.inflight;
-  if (opt_.timings) {
-    auto it = batch_sent_.find(r.first);
-    if (it != batch_sent_.end()) {
-      batch_rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - it->second).count());
-      batch_sent_.erase(it);
-    }
-  }
-  if (r.first + r.results.size() > n_tasks_) throw std::runtime_error("task results out of range");
-  if (!r.results.empty()) {
-    double per = double(r.elapsed_ns) / double(r.results.size());
-    ns_per_task_ = ns_per_task_ == 0 ? per : 0.7 * ns_per_task_ + 0.3 * per;
-  }
-  for (size_t k = 0; k < r.results.size(); ++k) {
-    uint64_t idx = r.first + k;
-    if (!r.results[k].ok && (!failed_task_ || idx < *failed_task_)) failed_task_ = idx;
-    task_node_[idx] = node;
-    task_results_[idx] = std::move(r.results[k]);
-  }
-  tasks_done_ += r.results.size();
-  if (failed_task_) {
-    const auto& tr = task_results_[*failed_task_];
-    if (failure_.empty())
-      fail("task " + std::to_string(*failed_task_) + " failed on node " + std::to_string(task_node_[*failed_task_]) +
-           " slot " + std::to_string(tr.slot) + ": " + tr.value);
+  if (auto failed = map_.take_results(node, std::move(r))) {
+    if (failure_.empty()) fail(*failed);
     return;
   }
   dispatch(node);
@@ -631,7 +572,7 @@ void PoolRun::execute() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.empty()) return;
   if (m_.job.mode == JobMode::map) {
-    wait_for(lock, [&] { return tasks_done_ == n_tasks_; }, std::nullopt);
+    wait_for(lock, [&] { return map_.done(); }, std::nullopt);
     return;
   }
   bool single = m_.job.mode == JobMode::single && m_.job.command.empty();
@@ -681,7 +622,8 @@ int PoolRun::report() {
   if (m_.job.mode == JobMode::map && failure_.empty()) {
     if (!opt_.quiet_results) {
       std::string out;
-      for (uint64_t i = 0; i < n_tasks_; ++i) out += "[task " + std::to_string(i) + "] => " + task_results_[i].value + "\n";
+      const auto& results = map_.results();
+      for (uint64_t i = 0; i < results.size(); ++i) out += "[task " + std::to_string(i) + "] => " + results[i].value + "\n";
       printer_.out(out.empty() ? "" : out.substr(0, out.size() - 1));
     }
   } else if (m_.job.command.empty() && failure_.empty()) {
@@ -726,11 +668,6 @@ int PoolRun::run() {
   auto guard = boost::asio::make_work_guard(io_);
   std::thread io_thread([this] { run_io_with_spin(io_, std::chrono::microseconds(50)); });
 
-  if (m_.job.mode == JobMode::map) {
-    n_tasks_ = m_.job.inputs.empty() ? m_.job.tasks : m_.job.inputs.size();
-    task_results_.resize(n_tasks_);
-    task_node_.resize(n_tasks_);
-  }
   if (m_.job.timeout_s > 0) {
     has_deadline_ = true;
     deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(m_.job.timeout_s * 1000));
@@ -764,7 +701,7 @@ int PoolRun::run() {
   mark("ran");
   teardown();
   mark("torn_down");
-  if (opt_.timings) printer_.err(timings_line(phases_, batch_rtt_us_));
+  if (opt_.timings) printer_.err(timings_line(phases_, map_.batch_rtt_us()));
   bool ok;
   {
     std::lock_guard<std::mutex> lock(mu_);
