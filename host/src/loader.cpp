@@ -48,7 +48,7 @@ struct RequiredHook {
   }
 
 // Checked once, at load, for every kind (abi.h marks them); an app's run/task is checked against
-// the job's mode when a job names it (run.cpp).
+// the job's mode when a job names it (load_app, plugin_resolution.cpp).
 std::vector<RequiredHook> required_hooks(sf_kind kind) {
   if (kind == SF_KIND_PROVIDER)
     return {SKYFORGE_REQUIRED(sf_provider_hooks, provision), SKYFORGE_REQUIRED(sf_provider_hooks, bootstrap),

@@ -19,13 +19,13 @@
 #include <mutex>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "bootstrap_script.hpp"
 #include "io_loop.hpp"
 #include "loader.hpp"
 #include "map_scheduler.hpp"
+#include "plugin_resolution.hpp"
 #include "protocol.hpp"
 #include "run_output.hpp"
 #include "self_exe.hpp"
@@ -59,7 +59,6 @@ class PoolRun {
  private:
   // phases
   void load_plugins();
-  std::map<std::string, std::string> job_config() const;
   void client_enter();
   void client_exit(bool ok);
   void provision();
@@ -155,27 +154,10 @@ bool PoolRun::node_done(const NodeState& n) const { return n.result.has_value();
 
 
 void PoolRun::load_plugins() {
-  const PluginInfo* prov = catalog_.find(m_.pool.provider);
-  auto abi = [](const PluginInfo* info) { return std::make_optional(std::make_pair(info->abi_major, info->abi_minor)); };
-  provider_ = loader_.create(loader_.load(prov->library, prov->name, SF_KIND_PROVIDER, abi(prov)),
-                             m_.pool.provider_options);
-  for (const auto& use : m_.plugins) {
-    const PluginInfo* info = catalog_.find(use.name);
-    frameworks_.push_back(loader_.create(loader_.load(info->library, info->name, std::nullopt, abi(info)), use.options));
-  }
-  if (!m_.job.app.empty()) {
-    // Loaded here too, so that a broken or unsuitable app fails before any node exists.
-    const PluginInfo* info = catalog_.find(m_.job.app);
-    app_ = &loader_.load(info->library, info->name, SF_KIND_APP, abi(info));
-    auto* h = static_cast<const sf_app_hooks*>(app_->hooks);
-    bool has_task = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, task) && h->task;
-    bool has_run = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, run) && h->run;
-    if (m_.job.mode == JobMode::map && !has_task)
-      throw LoadError(app_->path + ": app '" + app_->name + "' has no task() hook, which mode = \"map\" needs");
-    if (m_.job.mode != JobMode::map && !has_run)
-      throw LoadError(app_->path + ": app '" + app_->name + "' has no run() hook, which mode = \"" + std::string(mode_name(m_.job.mode)) +
-                      "\" needs");
-  }
+  provider_ = create_plugin(loader_, catalog_, m_.pool.provider, SF_KIND_PROVIDER, m_.pool.provider_options);
+  for (const auto& use : m_.plugins)
+    frameworks_.push_back(create_plugin(loader_, catalog_, use.name, std::nullopt, use.options));
+  if (!m_.job.app.empty()) app_ = &load_app(loader_, catalog_, m_.job);
 }
 
 void PoolRun::client_enter() {
@@ -458,27 +440,6 @@ void PoolRun::wait_joined() {
   }
 }
 
-// The job-level configuration plugins read with host().config(key), on the client and on every
-// node alike (docs/plugins.md lists the keys); nodes also get compute.backend (send_jobs).
-std::map<std::string, std::string> PoolRun::job_config() const {
-  std::map<std::string, std::string> c = {
-      {"job.kind", !m_.job.command.empty() ? "command" : m_.train.present ? "train" : "app"},
-      {"job.mode", mode_name(m_.job.mode)},
-      {"job.manifest", m_.path},
-      {"pool.provider", m_.pool.provider},
-      {"pool.nodes", std::to_string(m_.pool.nodes)},
-      {"pool.concurrency", std::to_string(m_.pool.concurrency)},
-      {"log.verbose", opt_.verbose ? "true" : "false"}};
-  if (!m_.job.app.empty()) c["job.app"] = m_.job.app;
-  if (m_.job.timeout_s > 0) {
-    std::ostringstream t;
-    t << m_.job.timeout_s;
-    c["job.timeout"] = t.str();
-  }
-  for (const auto& [key, value] : m_.train.config) c[key] = value;
-  return c;
-}
-
 void PoolRun::send_jobs() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) return;
@@ -488,40 +449,8 @@ void PoolRun::send_jobs() {
   std::map<std::string, uint32_t> per_addr;
   for (auto& n : nodes_) per_addr[n.address]++;
   std::map<std::string, uint32_t> seen;
-  std::vector<msg::PluginSpec> fws;
-  std::map<std::string, std::string> config = job_config();
-  for (size_t i = 0; i < m_.plugins.size(); ++i)
-    fws.push_back(msg::PluginSpec{frameworks_[i]->plugin().name, frameworks_[i]->plugin().path, m_.plugins[i].options});
-  // Plugins named through an option (keras' backend = "cpu"): loaded on every node as well, with
-  // their plugin.toml defaults unless the manifest lists them itself.
-  for (const auto& use : m_.plugins) {
-    for (const PluginInfo* ref : referenced_plugins(use, catalog_)) {
-      if (ref->kind == "compute_backend") config["compute.backend"] = ref->name;
-      if (std::any_of(fws.begin(), fws.end(), [&](const msg::PluginSpec& f) { return f.name == ref->name; })) continue;
-      msg::PluginSpec spec{ref->name, ref->library, {}};
-      for (const auto& o : ref->options)
-        if (o.default_value) spec.options.emplace_back(o.name, *o.default_value);
-      fws.push_back(std::move(spec));
-    }
-  }
-  // [train] with no plugin naming a backend runs on the `cpu` backend (validate_against checked
-  // that it is installed).
-  if (m_.train.present && !config.count("compute.backend"))
-    if (const PluginInfo* cpu = catalog_.find("cpu"); cpu && cpu->kind == "compute_backend") {
-      config["compute.backend"] = cpu->name;
-      if (std::none_of(fws.begin(), fws.end(), [&](const msg::PluginSpec& f) { return f.name == cpu->name; })) {
-        msg::PluginSpec spec{cpu->name, cpu->library, {}};
-        for (const auto& o : cpu->options)
-          if (o.default_value) spec.options.emplace_back(o.name, *o.default_value);
-        fws.push_back(std::move(spec));
-      }
-    }
-  msg::PluginSpec app;
-  if (app_) {
-    app.name = app_->name;
-    app.library = app_->path;
-    app.options = m_.job.app_options;  // [job.options], defaults added by validate_against
-  }
+  std::map<std::string, std::string> config = job_config(m_, opt_.verbose);
+  const NodePlugins plugins = node_plugins(m_, catalog_, frameworks_, app_, config);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     msg::Job j;
     j.id.node = static_cast<uint32_t>(i);
@@ -535,8 +464,8 @@ void PoolRun::send_jobs() {
     j.id.concurrency = m_.pool.concurrency;
     j.id.pool_id = pool_id_;
     j.id.store_addr = store_addr;
-    j.frameworks = fws;
-    j.app = app;
+    j.frameworks = plugins.plugins;
+    j.app = plugins.app;
     j.mode = m_.job.mode;
     j.command = m_.job.command;
     j.env = image_.env;
@@ -684,7 +613,7 @@ int PoolRun::run() {
       fail(e.what());
     }
   };
-  services_.set_config(job_config());  // before any plugin exists: constructors may read it
+  services_.set_config(job_config(m_, opt_.verbose));  // before any plugin exists: constructors may read it
   step([&] { load_plugins(); });
   step([&] { client_enter(); });
   step([&] { provision(); });
