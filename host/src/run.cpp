@@ -1,3 +1,8 @@
+// The pool run behind `skyforge run` (run.hpp): the phases from loading the plugins to the
+// verdict, one after the other, the control connections' callbacks and the teardown that every
+// exit path goes through (docs/architecture.md). What it leans on has rooms of its own: the
+// terminal (run_output), the plugins and their configuration (plugin_resolution), the nodes'
+// bootstrap script (bootstrap_script) and the handing out of map tasks (map_scheduler).
 #include "run.hpp"
 #include "lent.hpp"
 
@@ -15,7 +20,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <future>
-#include <iostream>
 #include <mutex>
 #include <map>
 #include <optional>
