@@ -1,6 +1,7 @@
 // Plugin catalogue: search-path scanning and manifest-vs-catalogue validation. plugin.toml itself
 // is read by parse_plugin_toml in plugin_toml.cpp, through the TOML front end (toml_reader.hpp).
 #include "catalog.hpp"
+#include "self_exe.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -56,13 +57,6 @@ std::vector<std::string> plugin_files(const std::string& dir, std::vector<std::s
   std::sort(subdirs.begin(), subdirs.end());
   out.insert(out.end(), subdirs.begin(), subdirs.end());
   return out;
-}
-
-std::string self_exe_dir() {
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return "";
-  return exe.parent_path().string();
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ namespace skyforge {
 namespace net {
 class StoreClient;
 }
-class ShmGroup;  // communicator.cpp: the shared-memory transport
+class ShmGroup;  // communicator_internal.hpp: the shared-memory transport
 
 class GlooCommunicator {
  public:
@@ -110,9 +110,16 @@ class GlooCommunicator {
  private:
   template <class F>
   sf_status guarded(const char* what, F&& f);
-  // The shared-memory setup; false (and shm_fallback_ set) when every rank falls back to Gloo.
+  // Shared memory (communicator_shm.cpp): whether every rank is on this host and may use it,
+  // then the segment's setup; false (and shm_fallback_ set) when every rank falls back to Gloo.
+  bool try_shm(net::StoreClient& store);
   bool setup_shm(net::StoreClient& store, const std::string& name, bool same_pidns);
+  // Gloo/TCP (communicator_gloo.cpp): the full mesh, then the collectives on it.
   void setup_gloo(net::StoreClient& store);
+  void gloo_allreduce(void* data, size_t count, sf_dtype dtype, sf_reduce_op op);
+  void gloo_broadcast(uint8_t* data, size_t bytes, uint32_t root);
+  void gloo_allgather(uint8_t* in, size_t bytes, uint8_t* out);
+  void gloo_barrier();
 
   Options opt_;
   sf_communicator table_{};

@@ -60,7 +60,8 @@ void adapt_table(LoadedPlugin& p) {
 }
 
 // Hooks a plugin of each kind must provide (abi.h marks them), checked once, at load, on the
-// adapted table; an app's run/task is checked against the job's mode when a job names it.
+// adapted table; an app's run/task is checked against the job's mode when a job names it
+// (load_app, plugin_resolution.cpp).
 struct RequiredHook {
   const char* name;
   bool (*present)(const LoadedPlugin& p);

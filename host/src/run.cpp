@@ -1,3 +1,8 @@
+// The pool run behind `skyforge run` (run.hpp): the phases from loading the plugins to the
+// verdict, one after the other, the control connections' callbacks and the teardown that every
+// exit path goes through (docs/architecture.md). What it leans on has rooms of its own: the
+// terminal (run_output), the plugins and their configuration (plugin_resolution), the nodes'
+// bootstrap script (bootstrap_script) and the handing out of map tasks (map_scheduler).
 #include "run.hpp"
 #include "lent.hpp"
 
@@ -14,79 +19,26 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <filesystem>
 #include <future>
-#include <iostream>
 #include <mutex>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <thread>
 
+#include "bootstrap_script.hpp"
 #include "io_loop.hpp"
 #include "loader.hpp"
+#include "map_scheduler.hpp"
+#include "plugin_resolution.hpp"
 #include "protocol.hpp"
+#include "run_output.hpp"
+#include "self_exe.hpp"
 #include "services.hpp"
 
 namespace skyforge {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-std::string self_dir() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : p.parent_path().string();
-}
-
-// Serialises terminal output from many nodes: whole lines, never interleaved mid-line.
-class Printer {
- public:
-  void node_lines(uint32_t node, int stream, const std::string& text) {
-    std::lock_guard<std::mutex> lock(mu_);
-    FILE* f = stream == 1 ? stdout : stderr;
-    std::string prefix = "[node " + std::to_string(node) + "] ";
-    size_t start = 0;
-    while (start < text.size()) {
-      size_t nl = text.find('\n', start);
-      if (nl == std::string::npos) nl = text.size();
-      std::string line = prefix;
-      line.append(text, start, nl - start);
-      line.push_back('\n');
-      std::fwrite(line.data(), 1, line.size(), f);
-      start = nl + 1;
-    }
-    std::fflush(f);
-  }
-  void out(const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::fwrite(line.data(), 1, line.size(), stdout);
-    std::fputc('\n', stdout);
-  }
-  void err(const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string l = "skyforge: " + line + "\n";
-    std::fwrite(l.data(), 1, l.size(), stderr);
-    std::fflush(stderr);
-  }
-  void flush() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::fflush(stdout);
-  }
-
- private:
-  std::mutex mu_;
-};
-
-bool policy_allows(OutputPolicy p, uint32_t node) {
-  return p == OutputPolicy::All || (p == OutputPolicy::Head && node == 0);
-}
 
 struct NodeState {
   std::string id;       // provider's handle
@@ -98,7 +50,6 @@ struct NodeState {
   std::string lost;  // why the connection ended before the node was done
   std::optional<msg::RunResult> result;
   bool cancelled = false;  // told to shut down while its part was still running
-  uint32_t inflight = 0;  // map: batches sent, not yet answered
 };
 
 class PoolRun {
@@ -112,7 +63,6 @@ class PoolRun {
  private:
   // phases
   void load_plugins();
-  std::map<std::string, std::string> job_config() const;
   void client_enter();
   void client_exit(bool ok);
   void provision();
@@ -132,7 +82,6 @@ class PoolRun {
   void on_signal(int sig);
 
   // map scheduling (under mu_)
-  std::string input(uint64_t i) const;
   void dispatch(uint32_t node);
   void on_results(uint32_t node, msg::TaskResults&& r);
 
@@ -172,16 +121,7 @@ class PoolRun {
   Clock::time_point deadline_;
   bool has_deadline_ = false;
 
-  // map
-  uint64_t n_tasks_ = 0;
-  uint64_t next_task_ = 0;
-  uint64_t tasks_done_ = 0;
-  std::vector<msg::TaskResult> task_results_;
-  std::vector<uint32_t> task_node_;
-  double ns_per_task_ = 0;  // moving estimate, for auto batching
-  std::optional<uint64_t> failed_task_;
-  std::map<uint64_t, Clock::time_point> batch_sent_;  // first index -> send time (for --timings)
-  std::vector<double> batch_rtt_us_;
+  MapScheduler map_{m_.job, m_.pool.nodes, m_.pool.concurrency, opt_.pipeline, opt_.timings};
 
   // --timings
   Clock::time_point t0_ = Clock::now();
@@ -189,7 +129,6 @@ class PoolRun {
   void mark(const std::string& phase) {
     phases_.emplace_back(phase, std::chrono::duration<double, std::milli>(Clock::now() - t0_).count());
   }
-  void print_timings();
 };
 
 template <class Pred>
@@ -219,27 +158,10 @@ bool PoolRun::node_done(const NodeState& n) const { return n.result.has_value();
 
 
 void PoolRun::load_plugins() {
-  const PluginInfo* prov = catalog_.find(m_.pool.provider);
-  auto abi = [](const PluginInfo* info) { return std::make_optional(std::make_pair(info->abi_major, info->abi_minor)); };
-  provider_ = loader_.create(loader_.load(prov->library, prov->name, SF_KIND_PROVIDER, abi(prov)),
-                             m_.pool.provider_options);
-  for (const auto& use : m_.plugins) {
-    const PluginInfo* info = catalog_.find(use.name);
-    frameworks_.push_back(loader_.create(loader_.load(info->library, info->name, std::nullopt, abi(info)), use.options));
-  }
-  if (!m_.job.app.empty()) {
-    // Loaded here too, so that a broken or unsuitable app fails before any node exists.
-    const PluginInfo* info = catalog_.find(m_.job.app);
-    app_ = &loader_.load(info->library, info->name, SF_KIND_APP, abi(info));
-    auto* h = static_cast<const sf_app_hooks*>(app_->hooks);
-    bool has_task = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, task) && h->task;
-    bool has_run = h && app_->hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, run) && h->run;
-    if (m_.job.mode == JobMode::map && !has_task)
-      throw LoadError(app_->path + ": app '" + app_->name + "' has no task() hook, which mode = \"map\" needs");
-    if (m_.job.mode != JobMode::map && !has_run)
-      throw LoadError(app_->path + ": app '" + app_->name + "' has no run() hook, which mode = \"" + std::string(mode_name(m_.job.mode)) +
-                      "\" needs");
-  }
+  provider_ = create_plugin(loader_, catalog_, m_.pool.provider, SF_KIND_PROVIDER, m_.pool.provider_options);
+  for (const auto& use : m_.plugins)
+    frameworks_.push_back(create_plugin(loader_, catalog_, use.name, std::nullopt, use.options));
+  if (!m_.job.app.empty()) app_ = &load_app(loader_, catalog_, m_.job);
 }
 
 void PoolRun::client_enter() {
@@ -379,7 +301,11 @@ void PoolRun::start_workers() {
       [this](const std::string& peer, const std::string& why) {
         printer_.err("rejected a connection from " + peer + ": " + why);
       });
-  std::string worker = opt_.worker_path.empty() ? self_dir() + "/skyforge-worker" : opt_.worker_path;
+  std::string worker = opt_.worker_path;
+  if (worker.empty()) {
+    const std::string dir = self_exe_dir();
+    worker = (dir.empty() ? "." : dir) + "/skyforge-worker";
+  }
   std::string connect = control_address_ + ":" + std::to_string(server_->port());
   std::string secret_key = "SKYFORGE_POOL_SECRET";
   auto* h = provider_->hooks<sf_provider_hooks>();
@@ -518,27 +444,6 @@ void PoolRun::wait_joined() {
   }
 }
 
-// The job-level configuration plugins read with host().config(key), on the client and on every
-// node alike (docs/plugins.md lists the keys); nodes also get compute.backend (send_jobs).
-std::map<std::string, std::string> PoolRun::job_config() const {
-  std::map<std::string, std::string> c = {
-      {"job.kind", !m_.job.command.empty() ? "command" : m_.train.present ? "train" : "app"},
-      {"job.mode", mode_name(m_.job.mode)},
-      {"job.manifest", m_.path},
-      {"pool.provider", m_.pool.provider},
-      {"pool.nodes", std::to_string(m_.pool.nodes)},
-      {"pool.concurrency", std::to_string(m_.pool.concurrency)},
-      {"log.verbose", opt_.verbose ? "true" : "false"}};
-  if (!m_.job.app.empty()) c["job.app"] = m_.job.app;
-  if (m_.job.timeout_s > 0) {
-    std::ostringstream t;
-    t << m_.job.timeout_s;
-    c["job.timeout"] = t.str();
-  }
-  for (const auto& [key, value] : m_.train.config) c[key] = value;
-  return c;
-}
-
 void PoolRun::send_jobs() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) return;
@@ -548,40 +453,8 @@ void PoolRun::send_jobs() {
   std::map<std::string, uint32_t> per_addr;
   for (auto& n : nodes_) per_addr[n.address]++;
   std::map<std::string, uint32_t> seen;
-  std::vector<msg::PluginSpec> fws;
-  std::map<std::string, std::string> config = job_config();
-  for (size_t i = 0; i < m_.plugins.size(); ++i)
-    fws.push_back(msg::PluginSpec{frameworks_[i]->plugin().name, frameworks_[i]->plugin().path, m_.plugins[i].options});
-  // Plugins named through an option (keras' backend = "cpu"): loaded on every node as well, with
-  // their plugin.toml defaults unless the manifest lists them itself.
-  for (const auto& use : m_.plugins) {
-    for (const PluginInfo* ref : referenced_plugins(use, catalog_)) {
-      if (ref->kind == "compute_backend") config["compute.backend"] = ref->name;
-      if (std::any_of(fws.begin(), fws.end(), [&](const msg::PluginSpec& f) { return f.name == ref->name; })) continue;
-      msg::PluginSpec spec{ref->name, ref->library, {}};
-      for (const auto& o : ref->options)
-        if (o.default_value) spec.options.emplace_back(o.name, *o.default_value);
-      fws.push_back(std::move(spec));
-    }
-  }
-  // [train] with no plugin naming a backend runs on the `cpu` backend (validate_against checked
-  // that it is installed).
-  if (m_.train.present && !config.count("compute.backend"))
-    if (const PluginInfo* cpu = catalog_.find("cpu"); cpu && cpu->kind == "compute_backend") {
-      config["compute.backend"] = cpu->name;
-      if (std::none_of(fws.begin(), fws.end(), [&](const msg::PluginSpec& f) { return f.name == cpu->name; })) {
-        msg::PluginSpec spec{cpu->name, cpu->library, {}};
-        for (const auto& o : cpu->options)
-          if (o.default_value) spec.options.emplace_back(o.name, *o.default_value);
-        fws.push_back(std::move(spec));
-      }
-    }
-  msg::PluginSpec app;
-  if (app_) {
-    app.name = app_->name;
-    app.library = app_->path;
-    app.options = m_.job.app_options;  // [job.options], defaults added by validate_against
-  }
+  std::map<std::string, std::string> config = job_config(m_, opt_.verbose);
+  const NodePlugins plugins = node_plugins(m_, catalog_, frameworks_, app_, config);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     msg::Job j;
     j.id.node = static_cast<uint32_t>(i);
@@ -595,8 +468,8 @@ void PoolRun::send_jobs() {
     j.id.concurrency = m_.pool.concurrency;
     j.id.pool_id = pool_id_;
     j.id.store_addr = store_addr;
-    j.frameworks = fws;
-    j.app = app;
+    j.frameworks = plugins.plugins;
+    j.app = plugins.app;
     j.mode = m_.job.mode;
     j.command = m_.job.command;
     j.env = image_.env;
@@ -614,64 +487,15 @@ void PoolRun::wait_ready() {
   if (!ok && failure_.empty()) fail("not every node became ready within " + std::to_string(opt_.join_timeout_ms) + " ms");
 }
 
-std::string PoolRun::input(uint64_t i) const {
-  return m_.job.inputs.empty() ? std::to_string(i) : m_.job.inputs[i];
-}
-
 void PoolRun::dispatch(uint32_t node) {
   NodeState& n = nodes_[node];
-  if (!n.ready || n.closed || failed_task_ || !failure_.empty()) return;
-  const uint32_t slots_here = std::max<uint32_t>(1, m_.pool.concurrency);
-  const uint64_t total_slots = uint64_t(slots_here) * nodes_.size();
-  while (n.inflight < uint32_t(opt_.pipeline) * slots_here && next_task_ < n_tasks_) {
-    uint64_t remaining = n_tasks_ - next_task_;
-    uint64_t size = m_.job.batch;
-    if (size == 0) {
-      // Auto batching: ~20 ms of work per batch once the cost of a task is known, but never so
-      // large that the tail leaves slots idle (at least 4 batches per slot remain available).
-      uint64_t cap = std::max<uint64_t>(1, remaining / (4 * total_slots));
-      uint64_t want = ns_per_task_ > 0 ? static_cast<uint64_t>(20e6 / ns_per_task_) : 1;
-      size = std::clamp<uint64_t>(want, 1, cap);
-    }
-    size = std::min(size, remaining);
-    msg::TaskBatch b;
-    b.first = next_task_;
-    b.inputs.reserve(size);
-    for (uint64_t i = 0; i < size; ++i) b.inputs.push_back(input(next_task_ + i));
-    next_task_ += size;
-    ++n.inflight;
-    if (opt_.timings) batch_sent_[b.first] = Clock::now();
-    n.conn->send_msg(msg::Type::TaskBatch, b);
-  }
+  if (!n.ready || n.closed || !failure_.empty()) return;
+  while (auto batch = map_.next_batch(node)) n.conn->send_msg(msg::Type::TaskBatch, *batch);
 }
 
 void PoolRun::on_results(uint32_t node, msg::TaskResults&& r) {
-  NodeState& n = nodes_[node];
-  if (n.inflight > 0) --n.inflight;
-  if (opt_.timings) {
-    auto it = batch_sent_.find(r.first);
-    if (it != batch_sent_.end()) {
-      batch_rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - it->second).count());
-      batch_sent_.erase(it);
-    }
-  }
-  if (r.first + r.results.size() > n_tasks_) throw std::runtime_error("task results out of range");
-  if (!r.results.empty()) {
-    double per = double(r.elapsed_ns) / double(r.results.size());
-    ns_per_task_ = ns_per_task_ == 0 ? per : 0.7 * ns_per_task_ + 0.3 * per;
-  }
-  for (size_t k = 0; k < r.results.size(); ++k) {
-    uint64_t idx = r.first + k;
-    if (!r.results[k].ok && (!failed_task_ || idx < *failed_task_)) failed_task_ = idx;
-    task_node_[idx] = node;
-    task_results_[idx] = std::move(r.results[k]);
-  }
-  tasks_done_ += r.results.size();
-  if (failed_task_) {
-    const auto& tr = task_results_[*failed_task_];
-    if (failure_.empty())
-      fail("task " + std::to_string(*failed_task_) + " failed on node " + std::to_string(task_node_[*failed_task_]) +
-           " slot " + std::to_string(tr.slot) + ": " + tr.value);
+  if (auto failed = map_.take_results(node, std::move(r))) {
+    if (failure_.empty()) fail(*failed);
     return;
   }
   dispatch(node);
@@ -681,7 +505,7 @@ void PoolRun::execute() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.empty()) return;
   if (m_.job.mode == JobMode::map) {
-    wait_for(lock, [&] { return tasks_done_ == n_tasks_; }, std::nullopt);
+    wait_for(lock, [&] { return map_.done(); }, std::nullopt);
     return;
   }
   bool single = m_.job.mode == JobMode::single && m_.job.command.empty();
@@ -731,7 +555,8 @@ int PoolRun::report() {
   if (m_.job.mode == JobMode::map && failure_.empty()) {
     if (!opt_.quiet_results) {
       std::string out;
-      for (uint64_t i = 0; i < n_tasks_; ++i) out += "[task " + std::to_string(i) + "] => " + task_results_[i].value + "\n";
+      const auto& results = map_.results();
+      for (uint64_t i = 0; i < results.size(); ++i) out += "[task " + std::to_string(i) + "] => " + results[i].value + "\n";
       printer_.out(out.empty() ? "" : out.substr(0, out.size() - 1));
     }
   } else if (m_.job.command.empty() && failure_.empty()) {
@@ -776,11 +601,6 @@ int PoolRun::run() {
   auto guard = boost::asio::make_work_guard(io_);
   std::thread io_thread([this] { run_io_with_spin(io_, std::chrono::microseconds(50)); });
 
-  if (m_.job.mode == JobMode::map) {
-    n_tasks_ = m_.job.inputs.empty() ? m_.job.tasks : m_.job.inputs.size();
-    task_results_.resize(n_tasks_);
-    task_node_.resize(n_tasks_);
-  }
   if (m_.job.timeout_s > 0) {
     has_deadline_ = true;
     deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(m_.job.timeout_s * 1000));
@@ -797,7 +617,7 @@ int PoolRun::run() {
       fail(e.what());
     }
   };
-  services_.set_config(job_config());  // before any plugin exists: constructors may read it
+  services_.set_config(job_config(m_, opt_.verbose));  // before any plugin exists: constructors may read it
   step([&] { load_plugins(); });
   step([&] { client_enter(); });
   step([&] { provision(); });
@@ -814,7 +634,7 @@ int PoolRun::run() {
   mark("ran");
   teardown();
   mark("torn_down");
-  if (opt_.timings) print_timings();
+  if (opt_.timings) printer_.err(timings_line(phases_, map_.batch_rtt_us()));
   bool ok;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -829,53 +649,7 @@ int PoolRun::run() {
   return code;
 }
 
-void PoolRun::print_timings() {
-  // One machine-readable line (bench/ parses it): phase=ms since `skyforge run` started.
-  std::string line = "timings:";
-  char buf[64];
-  for (const auto& [name, ms] : phases_) {
-    std::snprintf(buf, sizeof buf, " %s=%.3f", name.c_str(), ms);
-    line += buf;
-  }
-  if (!batch_rtt_us_.empty()) {
-    std::sort(batch_rtt_us_.begin(), batch_rtt_us_.end());
-    auto pct = [&](double q) { return batch_rtt_us_[std::min(batch_rtt_us_.size() - 1, size_t(q * batch_rtt_us_.size()))]; };
-    std::snprintf(buf, sizeof buf, " batches=%zu", batch_rtt_us_.size());
-    line += buf;
-    std::snprintf(buf, sizeof buf, " batch_rtt_p50_us=%.1f batch_rtt_p99_us=%.1f", pct(0.50), pct(0.99));
-    line += buf;
-  }
-  printer_.err(line);
-}
-
 }  // namespace
-
-std::string bootstrap_script(const Image& image, const std::vector<std::string>& extra_lines) {
-  std::string s = "# skyforge node bootstrap (generated)\nset -euo pipefail\n";
-  if (!image.apt.empty()) {
-    s += "missing=()\nfor p in";
-    for (const auto& p : image.apt) s += " " + shell_quote(p);
-    s += "; do\n  dpkg-query -W -f='${Status}' \"$p\" 2>/dev/null | grep -q 'install ok installed' || missing+=(\"$p\")\n"
-         "done\n"
-         "if [ ${#missing[@]} -gt 0 ]; then\n"
-         "  if [ \"$(id -u)\" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo='sudo -n'; else\n"
-         "    echo \"apt packages missing and no root to install them: ${missing[*]}\" >&2; exit 1; fi\n"
-         "  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q \"${missing[@]}\"\n"
-         "fi\n";
-  }
-  if (!image.pip.empty()) {
-    s += "python3 -m pip install --quiet --disable-pip-version-check --target .skyforge/site";
-    for (const auto& p : image.pip) s += " " + shell_quote(p);
-    s += "\n";
-  }
-  for (const auto& f : image.files) {
-    std::string dir = std::filesystem::path(f.target).parent_path().string();
-    if (!dir.empty()) s += "mkdir -p " + shell_quote(dir) + "\n";
-    s += "cp -a " + shell_quote(f.source) + " " + shell_quote(f.target) + "\n";
-  }
-  for (const auto& l : extra_lines) s += l + "\n";
-  return s;
-}
 
 int run_job(const Manifest& manifest, const Catalog& catalog, const RunOptions& options) {
   PoolRun run(manifest, catalog, options);

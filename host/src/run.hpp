@@ -4,8 +4,8 @@
 
 #include <functional>
 #include <string>
-#include <vector>
 
+#include "bootstrap_script.hpp"  // bootstrap_script(), still part of this interface
 #include "catalog.hpp"
 #include "manifest.hpp"
 
@@ -33,8 +33,5 @@ constexpr int kExitInterrupted = 130;
 
 // Runs a validated manifest. Returns the process exit code.
 int run_job(const Manifest& manifest, const Catalog& catalog, const RunOptions& options);
-
-// The bootstrap script every node runs before its worker starts.
-std::string bootstrap_script(const Image& image, const std::vector<std::string>& extra_lines);
 
 }  // namespace skyforge

@@ -1,0 +1,94 @@
+#include "plugin_resolution.hpp"
+
+#include <algorithm>
+#include <sstream>
+#include <utility>
+
+namespace skyforge {
+namespace {
+
+// The catalogue's plugin `name`, of the ABI its plugin.toml declares.
+const LoadedPlugin& load(Loader& loader, const Catalog& catalog, const std::string& name, std::optional<sf_kind> kind) {
+  const PluginInfo* info = catalog.find(name);
+  return loader.load(info->library, info->name, kind, std::make_pair(info->abi_major, info->abi_minor));
+}
+
+// A plugin the manifest does not list: loaded on the nodes with its plugin.toml defaults.
+msg::PluginSpec with_defaults(const PluginInfo& p) {
+  msg::PluginSpec spec{p.name, p.library, {}};
+  for (const auto& o : p.options)
+    if (o.default_value) spec.options.emplace_back(o.name, *o.default_value);
+  return spec;
+}
+
+}  // namespace
+
+std::unique_ptr<PluginInstance> create_plugin(Loader& loader, const Catalog& catalog, const std::string& name,
+                                              std::optional<sf_kind> kind, const OptionList& options) {
+  return loader.create(load(loader, catalog, name, kind), options);
+}
+
+const LoadedPlugin& load_app(Loader& loader, const Catalog& catalog, const JobSpec& job) {
+  const LoadedPlugin& app = load(loader, catalog, job.app, SF_KIND_APP);
+  auto* h = static_cast<const sf_app_hooks*>(app.hooks);
+  bool has_task = h && app.hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, task) && h->task;
+  bool has_run = h && app.hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, run) && h->run;
+  if (job.mode == JobMode::map && !has_task)
+    throw LoadError(app.path + ": app '" + app.name + "' has no task() hook, which mode = \"map\" needs");
+  if (job.mode != JobMode::map && !has_run)
+    throw LoadError(app.path + ": app '" + app.name + "' has no run() hook, which mode = \"" + std::string(mode_name(job.mode)) +
+                    "\" needs");
+  return app;
+}
+
+std::map<std::string, std::string> job_config(const Manifest& m, bool verbose) {
+  std::map<std::string, std::string> c = {
+      {"job.kind", !m.job.command.empty() ? "command" : m.train.present ? "train" : "app"},
+      {"job.mode", mode_name(m.job.mode)},
+      {"job.manifest", m.path},
+      {"pool.provider", m.pool.provider},
+      {"pool.nodes", std::to_string(m.pool.nodes)},
+      {"pool.concurrency", std::to_string(m.pool.concurrency)},
+      {"log.verbose", verbose ? "true" : "false"}};
+  if (!m.job.app.empty()) c["job.app"] = m.job.app;
+  if (m.job.timeout_s > 0) {
+    std::ostringstream t;
+    t << m.job.timeout_s;
+    c["job.timeout"] = t.str();
+  }
+  for (const auto& [key, value] : m.train.config) c[key] = value;
+  return c;
+}
+
+NodePlugins node_plugins(const Manifest& m, const Catalog& catalog,
+                         const std::vector<std::unique_ptr<PluginInstance>>& created, const LoadedPlugin* app,
+                         std::map<std::string, std::string>& config) {
+  NodePlugins out;
+  std::vector<msg::PluginSpec>& fws = out.plugins;
+  for (size_t i = 0; i < m.plugins.size(); ++i)
+    fws.push_back(msg::PluginSpec{created[i]->plugin().name, created[i]->plugin().path, m.plugins[i].options});
+  auto listed = [&](const std::string& name) {
+    return std::any_of(fws.begin(), fws.end(), [&](const msg::PluginSpec& f) { return f.name == name; });
+  };
+  for (const auto& use : m.plugins) {
+    for (const PluginInfo* ref : referenced_plugins(use, catalog)) {
+      if (ref->kind == "compute_backend") config["compute.backend"] = ref->name;
+      if (!listed(ref->name)) fws.push_back(with_defaults(*ref));
+    }
+  }
+  // [train] with no plugin naming a backend runs on the `cpu` backend (validate_against checked
+  // that it is installed).
+  if (m.train.present && !config.count("compute.backend"))
+    if (const PluginInfo* cpu = catalog.find("cpu"); cpu && cpu->kind == "compute_backend") {
+      config["compute.backend"] = cpu->name;
+      if (!listed(cpu->name)) fws.push_back(with_defaults(*cpu));
+    }
+  if (app) {
+    out.app.name = app->name;
+    out.app.library = app->path;
+    out.app.options = m.job.app_options;  // [job.options], defaults added by validate_against
+  }
+  return out;
+}
+
+}  // namespace skyforge

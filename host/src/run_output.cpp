@@ -1,0 +1,65 @@
+#include "run_output.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace skyforge {
+
+void Printer::node_lines(uint32_t node, int stream, const std::string& text) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FILE* f = stream == 1 ? stdout : stderr;
+  std::string prefix = "[node " + std::to_string(node) + "] ";
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) nl = text.size();
+    std::string line = prefix;
+    line.append(text, start, nl - start);
+    line.push_back('\n');
+    std::fwrite(line.data(), 1, line.size(), f);
+    start = nl + 1;
+  }
+  std::fflush(f);
+}
+
+void Printer::out(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+}
+
+void Printer::err(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string l = "skyforge: " + line + "\n";
+  std::fwrite(l.data(), 1, l.size(), stderr);
+  std::fflush(stderr);
+}
+
+void Printer::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::fflush(stdout);
+}
+
+bool policy_allows(OutputPolicy p, uint32_t node) {
+  return p == OutputPolicy::All || (p == OutputPolicy::Head && node == 0);
+}
+
+std::string timings_line(const std::vector<std::pair<std::string, double>>& phases, std::vector<double> batch_rtt_us) {
+  std::string line = "timings:";
+  char buf[64];
+  for (const auto& [name, ms] : phases) {
+    std::snprintf(buf, sizeof buf, " %s=%.3f", name.c_str(), ms);
+    line += buf;
+  }
+  if (!batch_rtt_us.empty()) {
+    std::sort(batch_rtt_us.begin(), batch_rtt_us.end());
+    auto pct = [&](double q) { return batch_rtt_us[std::min(batch_rtt_us.size() - 1, size_t(q * batch_rtt_us.size()))]; };
+    std::snprintf(buf, sizeof buf, " batches=%zu", batch_rtt_us.size());
+    line += buf;
+    std::snprintf(buf, sizeof buf, " batch_rtt_p50_us=%.1f batch_rtt_p99_us=%.1f", pct(0.50), pct(0.99));
+    line += buf;
+  }
+  return line;
+}
+
+}  // namespace skyforge
