@@ -80,9 +80,6 @@ class PluginInstance {
   void call(R (*Hooks::*member)(void*, P...), const char* name, A&&... args) const {
     check((table<Hooks>().*member)(self_, std::forward<A>(args)...), name);
   }
-  // TRANSITION (removed once run.cpp calls through call()/call_optional()).
-  bool has_hook(size_t) const { return true; }
-
   // The same for an optional hook: false (and nothing called) when the plugin has none.
   template <class Hooks, class R, class... P, class... A>
   bool call_optional(R (*Hooks::*member)(void*, P...), const char* name, A&&... args) const {
@@ -101,8 +98,6 @@ class PluginInstance {
   const LoadedPlugin* plugin_;
   void* self_;
 };
-
-#define SKYFORGE_HOOK_END(Table, member) 0  // TRANSITION, see has_hook
 
 class Loader {
  public:

@@ -30,9 +30,9 @@ std::unique_ptr<PluginInstance> create_plugin(Loader& loader, const Catalog& cat
 
 const LoadedPlugin& load_app(Loader& loader, const Catalog& catalog, const JobSpec& job) {
   const LoadedPlugin& app = load(loader, catalog, job.app, SF_KIND_APP);
-  auto* h = static_cast<const sf_app_hooks*>(app.hooks);
-  bool has_task = h && app.hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, task) && h->task;
-  bool has_run = h && app.hooks_size >= SKYFORGE_HOOK_END(sf_app_hooks, run) && h->run;
+  const auto* h = std::get_if<sf_app_hooks>(&app.table);  // adapted at load: absent hooks are NULL
+  const bool has_task = h && h->task;
+  const bool has_run = h && h->run;
   if (job.mode == JobMode::map && !has_task)
     throw LoadError(app.path + ": app '" + app.name + "' has no task() hook, which mode = \"map\" needs");
   if (job.mode != JobMode::map && !has_run)

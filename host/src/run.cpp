@@ -182,39 +182,28 @@ void PoolRun::client_enter() {
   ed.add_file = [](void* c, const char* s, const char* d) {
     lent([&] { static_cast<Image*>(c)->files.push_back(FileCopy{s ? s : "", d ? d : "", SourcePos{}}); });
   };
+  for (auto& fw : frameworks_)
+    if (fw->plugin().kind == SF_KIND_FRAMEWORK)
+      fw->call_optional(&sf_framework_hooks::transform_image, "transform_image", &cluster_, &ed);
+  const sf_sink lines{&bootstrap_lines_, [](void* c, const char* d, size_t n) {
+                        lent([&] { static_cast<std::vector<std::string>*>(c)->emplace_back(d, n); });
+                      }};
+  for (auto& fw : frameworks_)
+    if (fw->plugin().kind == SF_KIND_FRAMEWORK)
+      fw->call_optional(&sf_framework_hooks::bootstrap, "bootstrap", &cluster_, lines);
   for (auto& fw : frameworks_) {
-    auto* h = fw->hooks<sf_framework_hooks>();
-    if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
-    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, transform_image)) && h->transform_image)
-      fw->check(h->transform_image(fw->self(), &cluster_, &ed), "transform_image");
-  }
-  for (auto& fw : frameworks_) {
-    auto* h = fw->hooks<sf_framework_hooks>();
-    if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
-    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, bootstrap)) && h->bootstrap) {
-      sf_sink sink{&bootstrap_lines_, [](void* c, const char* d, size_t n) {
-                     lent([&] { static_cast<std::vector<std::string>*>(c)->emplace_back(d, n); });
-                   }};
-      fw->check(h->bootstrap(fw->self(), &cluster_, sink), "bootstrap");
-    }
-  }
-  for (auto& fw : frameworks_) {
-    auto* h = fw->hooks<sf_framework_hooks>();
     ++client_entered_;
-    if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
-    if (fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_client_enter)) && h->around_client_enter)
-      fw->check(h->around_client_enter(fw->self(), &cluster_), "around_client_enter");
+    if (fw->plugin().kind == SF_KIND_FRAMEWORK)
+      fw->call_optional(&sf_framework_hooks::around_client_enter, "around_client_enter", &cluster_);
   }
 }
 
 void PoolRun::client_exit(bool ok) {
   while (client_entered_ > 0) {
     auto& fw = frameworks_[--client_entered_];
-    auto* h = fw->hooks<sf_framework_hooks>();
-    if (fw->plugin().kind != SF_KIND_FRAMEWORK || !h) continue;
-    if (!fw->has_hook(SKYFORGE_HOOK_END(sf_framework_hooks, around_client_exit)) || !h->around_client_exit) continue;
+    if (fw->plugin().kind != SF_KIND_FRAMEWORK) continue;
     try {
-      fw->check(h->around_client_exit(fw->self(), &cluster_, ok ? SF_OK : SF_ERR), "around_client_exit");
+      fw->call_optional(&sf_framework_hooks::around_client_exit, "around_client_exit", &cluster_, ok ? SF_OK : SF_ERR);
     } catch (const std::exception& e) {
       printer_.err(e.what());
     }
@@ -249,12 +238,11 @@ void PoolRun::provision() {
   spec.concurrency = m_.pool.concurrency;
   spec.accelerator = m_.pool.accelerator.c_str();
   spec.pool_id = pool_id_.c_str();
-  auto* h = provider_->hooks<sf_provider_hooks>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     provisioned_ = true;  // from here on, teardown calls terminate even if provision fails half-way
   }
-  provider_->check(h->provision(provider_->self(), &spec, &ns), "provision");
+  provider_->call(&sf_provider_hooks::provision, "provision", &spec, &ns);
   if (nodes_.size() != m_.pool.nodes)
     throw std::runtime_error("provider '" + m_.pool.provider + "' provisioned " + std::to_string(nodes_.size()) +
                              " nodes, " + std::to_string(m_.pool.nodes) + " were asked for");
@@ -419,7 +407,7 @@ void PoolRun::wait_joined() {
   std::unique_lock<std::mutex> lock(mu_);
   auto deadline = Clock::now() + std::chrono::milliseconds(opt_.join_timeout_ms);
   auto* h = provider_->hooks<sf_provider_hooks>();
-  bool alive_hook = provider_->has_hook(SKYFORGE_HOOK_END(sf_provider_hooks, worker_alive)) && h->worker_alive;
+  const bool alive_hook = h->worker_alive != nullptr;
   for (;;) {
     bool all = std::all_of(nodes_.begin(), nodes_.end(), [](const NodeState& n) { return n.hello.has_value(); });
     if (all) return;
