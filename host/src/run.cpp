@@ -19,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <map>
@@ -79,6 +80,7 @@ class PoolRun {
   void on_authenticated(std::shared_ptr<net::Connection> c);
   void on_frame(uint32_t node, msg::Type t, std::string&& payload);
   void on_closed(uint32_t node, const std::string& reason);
+  std::string describe_loss(uint32_t node, const std::string& reason);  // without mu_
   void on_signal(int sig);
 
   // map scheduling (under mu_)
@@ -368,15 +370,51 @@ void PoolRun::on_frame(uint32_t node, msg::Type t, std::string&& payload) {
 }
 
 void PoolRun::on_closed(uint32_t node, const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
-  NodeState& n = nodes_[node];
-  n.closed = true;
-  bool expected = n.result.has_value() || signals_ > 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  nodes_[node].closed = true;
+  const bool expected = nodes_[node].result.has_value() || signals_ > 0;
   if (!expected) {
-    n.lost = reason;
-    fail("node " + std::to_string(node) + " lost: " + reason);
+    nodes_[node].lost = reason;
+    std::string why = reason;
+    if (failure_.empty()) {  // the run's first failure: worth asking the provider how the worker ended
+      lock.unlock();
+      why = describe_loss(node, reason);
+      lock.lock();
+    }
+    fail("node " + std::to_string(node) + " lost: " + why);
   }
   cv_.notify_all();
+}
+
+// How a node's worker ended, as its provider saw it (worker_exit, ABI 1.2): the signal or exit
+// status and the worker's last words ("task 17 (slot 0) of app 'x' died of SIGSEGV"), then the
+// connection's own reason. The connection drops a moment before the worker can be reaped, so
+// the provider is asked for up to 200 ms; a worker still running (a lease that ran out on a
+// stopped one) or a provider that cannot tell leaves the reason as it was.
+std::string PoolRun::describe_loss(uint32_t node, const std::string& reason) {
+  const sf_provider_hooks* h = provider_->hooks<sf_provider_hooks>();
+  if (!h || !h->worker_exit) return reason;
+  sf_worker_exit e{};
+  e.struct_size = sizeof e;
+  int32_t known = 0;
+  for (const auto until = Clock::now() + std::chrono::milliseconds(200);;) {
+    known = h->worker_exit(provider_->self(), nodes_[node].id.c_str(), &e);
+    if (known != 0 || Clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (known != 1) return reason;
+  e.last_words[sizeof e.last_words - 1] = '\0';
+  std::string how;
+  if (e.signal > 0) {
+    const char* abbrev = sigabbrev_np(e.signal);
+    const char* descr = sigdescr_np(e.signal);
+    how = "its worker was killed by " + (abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(e.signal)) +
+          (descr ? " (" + std::string(descr) + ")" : "");
+  } else {
+    how = "its worker exited with status " + std::to_string(e.exit_code);
+  }
+  if (e.last_words[0]) how += "; its last words: " + std::string(e.last_words);
+  return how + " [" + reason + "]";
 }
 
 void PoolRun::on_signal(int sig) {

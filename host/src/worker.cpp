@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -51,6 +52,60 @@ std::atomic<pid_t> g_child_pid{0};
 // is every other member of the group its own to kill.
 bool g_own_group = false;
 int g_diag_fd = 2;
+
+// What this thread is running, for the fatal-signal handler's last words: the map task and its
+// slot, or the app's run(). Plain thread_locals of the executable: static TLS, safe to read in a
+// signal handler.
+thread_local int64_t t_task = -1;
+thread_local int32_t t_slot = -1;
+thread_local bool t_in_run = false;
+char g_app_name[128] = "";  // the native app's name, set before it runs
+
+// A fatal signal in an in-process app (SIGSEGV, SIGABRT, ...) kills the worker and, with it, the
+// node's connection. Before it goes, one line on the worker's stderr says which task of which
+// app was running; providers hand that line to the host (sf_worker_exit.last_words), which
+// prints it with the signal. Async-signal-safe: fixed buffers, write(2), then the default action.
+void on_fatal_signal(int sig) {
+  char buf[512];
+  size_t n = 0;
+  auto put = [&](const char* text) {
+    for (; *text && n < sizeof buf - 1; ++text) buf[n++] = *text;
+  };
+  auto put_num = [&](uint64_t v) {
+    char digits[24];
+    int d = 0;
+    do digits[d++] = static_cast<char>('0' + v % 10);
+    while ((v /= 10) != 0 && d < 24);
+    while (d > 0 && n < sizeof buf - 1) buf[n++] = digits[--d];
+  };
+  const char* name = sig == SIGSEGV ? "SIGSEGV" : sig == SIGABRT ? "SIGABRT" : sig == SIGBUS ? "SIGBUS"
+                     : sig == SIGFPE ? "SIGFPE" : sig == SIGILL ? "SIGILL" : "a fatal signal";
+  put("skyforge-worker: ");
+  if (t_task >= 0) {
+    put("task ");
+    put_num(static_cast<uint64_t>(t_task));
+    put(" (slot ");
+    put_num(static_cast<uint64_t>(t_slot));
+    put(") of app '");
+    put(g_app_name);
+    put("'");
+  } else if (t_in_run) {
+    put("run() of app '");
+    put(g_app_name);
+    put("'");
+  } else {
+    put("the worker");
+  }
+  put(" died of ");
+  put(name);
+  put(" (signal ");
+  put_num(static_cast<uint64_t>(sig));
+  put(")\n");
+  ssize_t rc = ::write(g_diag_fd, buf, n);
+  (void)rc;
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
 
 void diag(const std::string& line) {
   std::string l = "skyforge-worker: " + line + "\n";
@@ -270,6 +325,7 @@ void Worker::setup_plugins(EnvMap& env) {
     frameworks_.push_back(loader_->create(p, f.options));
   }
   if (!job.app.name.empty()) {
+    std::snprintf(g_app_name, sizeof g_app_name, "%s", job.app.name.c_str());
     const LoadedPlugin& p = loader_->load(job.app.library, job.app.name, SF_KIND_APP);
     app_ = loader_->create(p, job.app.options);
   }
@@ -379,6 +435,7 @@ void Worker::run_tasks() {
   for (uint32_t slot = 0; slot < slots; ++slot) {
     threads.emplace_back([this, slot, h] {
       Services::SlotScope in_slot(slot);  // instance_info() on this thread says `slot`
+      t_slot = static_cast<int32_t>(slot);
       for (;;) {
         msg::TaskBatch batch;
         // A short spin before sleeping: the host usually answers a result with the next batch
@@ -404,7 +461,9 @@ void Worker::run_tasks() {
           sf_sink sink = {&r.value, [](void* ctx, const char* d, size_t n) {
                             lent([&] { static_cast<std::string*>(ctx)->append(d, n); });
                           }};
+          t_task = static_cast<int64_t>(batch.first + out.results.size());
           sf_status st = h->task(app_->self(), input.data(), input.size(), slot, sink);
+          t_task = -1;
           if (st != SF_OK) {
             failed_tasks_.fetch_add(1, std::memory_order_relaxed);
             r.ok = false;
@@ -442,7 +501,9 @@ msg::RunResult Worker::run_app(EnvMap& env) {
   if (!app_->hooks<sf_app_hooks>()->run) throw std::runtime_error("app '" + app_->plugin().name + "' has no run() hook");
   sf_sink sink = {&result.value,
                   [](void* ctx, const char* d, size_t n) { lent([&] { static_cast<std::string*>(ctx)->append(d, n); }); }};
+  t_in_run = true;
   app_->call(&sf_app_hooks::run, "run", sink);
+  t_in_run = false;
   return result;
 }
 
@@ -462,6 +523,11 @@ int Worker::run() {
   sigaction(SIGHUP, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  struct sigaction fatal {};
+  fatal.sa_handler = on_fatal_signal;
+  fatal.sa_flags = SA_RESETHAND | SA_NODEFER;
+  sigemptyset(&fatal.sa_mask);
+  for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL}) sigaction(sig, &fatal, nullptr);
   if (args_.work_dir.empty()) args_.work_dir = std::filesystem::current_path().string();
 
   auto guard = boost::asio::make_work_guard(io_);

@@ -362,6 +362,7 @@ void LocalProvider::reap_worker(Node& n, bool block) {
   while (r < 0 && errno == EINTR);
   if (r == n.worker) {
     n.worker_reaped = true;
+    n.worker_status_known = true;
     n.worker_status = st;
   } else if (r < 0 && errno == ECHILD) {
     n.worker_reaped = true;  // someone else reaped it; status unknown
@@ -376,6 +377,41 @@ int LocalProvider::worker_alive(const std::string& node_id) {
   if (n->worker <= 0) return 0;
   reap_worker(*n, false);
   return n->worker_reaped ? 0 : 1;
+}
+
+namespace {
+// The last non-empty line of a file, from its last 4 KiB ("" when unreadable).
+std::string last_line(const fs::path& path) {
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.get() < 0) return "";
+  const off_t size = ::lseek(f.get(), 0, SEEK_END);
+  if (size <= 0) return "";
+  const off_t from = std::max<off_t>(0, size - 4096);
+  std::string tail(static_cast<size_t>(size - from), '\0');
+  const ssize_t got = ::pread(f.get(), tail.data(), tail.size(), from);
+  tail.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.pop_back();
+  const size_t nl = tail.rfind('\n');
+  return nl == std::string::npos ? (from == 0 ? tail : "") : tail.substr(nl + 1);
+}
+}  // namespace
+
+int LocalProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Node* n = find(node_id);
+  if (!n || n->worker <= 0) return -1;
+  reap_worker(*n, false);
+  if (!n->worker_reaped) return 0;
+  if (!n->worker_status_known) return -1;
+  if (WIFSIGNALED(n->worker_status)) {
+    out.exit_code = -1;
+    out.signal = WTERMSIG(n->worker_status);
+  } else {
+    out.exit_code = WIFEXITED(n->worker_status) ? WEXITSTATUS(n->worker_status) : -1;
+    out.signal = 0;
+  }
+  out.last_words = last_line(n->dir / "worker.log");
+  return 1;
 }
 
 // SIGTERM every group of the nodes, give them kTermGrace together, SIGKILL what is left, reap.

@@ -45,6 +45,9 @@ class LocalProvider : public Provider {
   // (bridge, pool directory) go once no node of the pool is left.
   void terminate(const std::vector<std::string>& node_ids) override;
   int worker_alive(const std::string& node_id) override;
+  // Signal or exit status once the worker has been reaped, and the last line of its worker.log
+  // (a worker killed by a fatal signal writes there which task of which app it was running).
+  int worker_exit(const std::string& node_id, WorkerExit& out) override;
 
   // ---- introspection (tests, diagnostics) ----
   const LocalConfig& config() const { return config_; }
@@ -67,6 +70,7 @@ class LocalProvider : public Provider {
     bool gone = false;  // terminated
     pid_t worker = -1;
     bool worker_reaped = false;
+    bool worker_status_known = false;  // false when someone else reaped it
     int worker_status = 0;
     std::vector<pid_t> groups;  // process groups to kill at terminate (worker, bootstraps)
     int bootstraps_running = 0;

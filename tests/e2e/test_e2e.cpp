@@ -248,6 +248,45 @@ TEST_F(E2E, AFailedTaskOrAThrowingExitHookFailsTheNodesRun) {
   EXPECT_NE(o.out.find("[node 0] exit trace_a ok"), std::string::npos) << o.out;
 }
 
+// A native app that kills its worker: the run names the node, the signal (or exit status), the
+// task, its slot and the app (the provider's worker_exit and the worker's last words), and the
+// pool is torn down as on any failure.
+TEST_F(E2E, AWorkerKilledByItsAppIsNamedWithTheSignalTheTaskAndTheApp) {
+  const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
+  auto map = [&](const std::string& name, const std::string& crash) {
+    return write(name, "[pool]\nnodes = 2\n[job]\n" + path +
+                           "app = \"crashy\"\nmode = \"map\"\nbatch = 1\ninputs = [\"a\", \"b\", \"c\", \"d\", \"e\", \"" + crash +
+                           "\", \"g\"]\n");
+  };
+  Output o = run({"run", map("segv.toml", "segv").string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find(" lost: its worker was killed by SIGSEGV (Segmentation fault); its last words: "
+                       "skyforge-worker: task 5 (slot 0) of app 'crashy' died of SIGSEGV (signal 11)"),
+            std::string::npos)
+      << o.err;
+  EXPECT_EQ(o.err.find("connection reset by peer\n"), std::string::npos) << o.err;  // not the bare reason
+
+  o = run({"run", map("abort.toml", "abort").string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find(" lost: its worker was killed by SIGABRT (Aborted); its last words: "
+                       "skyforge-worker: task 5 (slot 0) of app 'crashy' died of SIGABRT (signal 6)"),
+            std::string::npos)
+      << o.err;
+
+  o = run({"run", map("exit.toml", "exit3").string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find(" lost: its worker exited with status 3"), std::string::npos) << o.err;
+
+  // run() of a broadcast app: every node dies, the first one reported names run().
+  auto b = write("run.toml", "[pool]\nnodes = 1\n[job]\n" + path + "app = \"crashy\"\n[job.options]\nrun = \"segv\"\n");
+  o = run({"run", b.string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("node 0 lost: its worker was killed by SIGSEGV (Segmentation fault); its last words: "
+                       "skyforge-worker: run() of app 'crashy' died of SIGSEGV (signal 11)"),
+            std::string::npos)
+      << o.err;
+}
+
 TEST_F(E2E, PoolSecretIsNeverVisibleToTheCommandOrInTheWorkersEnviron) {
   // The command's own environment, and the worker's (its parent) as /proc shows it.
   auto m = write("secret.toml", command_manifest(2,

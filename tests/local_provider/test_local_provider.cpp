@@ -244,6 +244,27 @@ TEST_F(LocalProviderTest, WorkerAliveGoesFromOneToZeroAndKeepsTheExitCode) {
   p->terminate({});
 }
 
+// worker_exit (ABI 1.2): how the worker ended and the last line of its stderr (worker.log).
+TEST_F(LocalProviderTest, WorkerExitGivesTheSignalOrStatusAndTheLastLineOfItsStderr) {
+  auto p = make();
+  provision(*p, 2);
+  p->start_worker("node-0", {"sh", "-c", "echo first >&2; echo 'dying now' >&2; sleep 0.2; kill -SEGV $$"}, {});
+  p->start_worker("node-1", {"sh", "-c", "sleep 0.2; exit 7"}, {});
+  skyforge::Provider::WorkerExit e;
+  EXPECT_EQ(p->worker_exit("node-0", e), 0);  // still running
+  ASSERT_TRUE(wait_for([&] { return p->worker_exit("node-0", e) == 1; }));
+  EXPECT_EQ(e.signal, SIGSEGV);
+  EXPECT_EQ(e.exit_code, -1);
+  EXPECT_EQ(e.last_words, "dying now");
+  skyforge::Provider::WorkerExit f;
+  ASSERT_TRUE(wait_for([&] { return p->worker_exit("node-1", f) == 1; }));
+  EXPECT_EQ(f.signal, 0);
+  EXPECT_EQ(f.exit_code, 7);
+  EXPECT_EQ(f.last_words, "");
+  EXPECT_EQ(p->worker_exit("node-9", f), -1);
+  p->terminate({});
+}
+
 TEST_F(LocalProviderTest, TerminateKillsAGroupThatIgnoresSigterm) {
   auto p = make();
   provision(*p, 1);

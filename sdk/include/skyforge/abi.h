@@ -25,7 +25,7 @@
  *
  * Threads: the host calls one plugin instance's hooks from one thread at a time, in the order
  * of a run (docs/architecture.md), except where a hook table says which hooks may run
- * concurrently (provider: bootstrap per node, terminate and worker_alive beside anything;
+ * concurrently (provider: bootstrap per node, terminate, worker_alive and worker_exit beside anything;
  * app: task, one thread per slot). Services may be called from any thread. Callbacks the host
  * lends (sinks, sf_env, sf_image_editor, sf_node_sink, services) never unwind into the
  * plugin: they return normally, and report failures through their status or last_error.
@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 1
+#define SKYFORGE_ABI_MINOR 2
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -257,11 +257,22 @@ typedef struct sf_node_sink {
   void (*set_control_address)(void* ctx, const char* address);
 } sf_node_sink;
 
+/* How a node's worker ended (ABI 1.2), filled by a provider's worker_exit. The host owns the
+ * struct; the provider writes into it. */
+typedef struct sf_worker_exit {
+  uint32_t struct_size;
+  int32_t exit_code;      /* the worker's exit status; -1 when a signal ended it */
+  int32_t signal;         /* the signal that ended it (SIGSEGV, SIGKILL, ...); 0 when it exited */
+  char last_words[512];   /* NUL-terminated: the last line the worker wrote to its stderr, when
+                             the provider kept it (a worker killed by a fatal signal writes which
+                             task of which app it was running); "" otherwise */
+} sf_worker_exit;
+
 /* The four marked hooks are required (the host refuses a provider without them at load).
  * provision and start_worker run on the host's main thread; bootstrap runs concurrently, one
  * thread per node; terminate may run at any time beside any other hook — from the signal path
- * on a second Ctrl-C, or after a partial provision — and worker_alive from the host's wait
- * for joining nodes: both must be thread-safe. */
+ * on a second Ctrl-C, or after a partial provision — and worker_alive / worker_exit from the
+ * host's threads while nodes run: all three must be thread-safe. */
 typedef struct sf_provider_hooks {
   uint32_t struct_size;
   sf_status (*provision)(void* self, const sf_pool_spec* spec, const sf_node_sink* out);            /* required */
@@ -274,6 +285,10 @@ typedef struct sf_provider_hooks {
   sf_status (*terminate)(void* self, const char* const* node_ids, size_t n);                       /* required */
   /* 1 while the node's worker is alive, 0 once it is gone, <0 when unknown. Optional. */
   int32_t (*worker_alive)(void* self, const char* node_id);
+  /* ABI 1.2. Optional. How the node's worker ended: 1 with *out filled once it has ended, 0
+   * while it runs, <0 when the provider cannot tell. Must not block. The host asks when a node's
+   * connection drops before its result, to say why (signal, exit status, last words). */
+  int32_t (*worker_exit)(void* self, const char* node_id, sf_worker_exit* out);
 } sf_provider_hooks;
 
 /* ---- native apps (docs/plugins.md) --------------------------------------------------- */

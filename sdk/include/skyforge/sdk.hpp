@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <map>
@@ -378,6 +379,14 @@ class Provider : public PluginBase {
   virtual void terminate(const std::vector<std::string>& node_ids) = 0;
   // 1 alive, 0 gone, -1 unknown
   virtual int worker_alive(const std::string& /*node_id*/) { return -1; }
+  // How the node's worker ended (ABI 1.2; a host of 1.1 never asks): 1 with `out` filled once it
+  // has ended, 0 while it runs, -1 unknown. Must not block.
+  struct WorkerExit {
+    int exit_code = 0;       // -1 when a signal ended it
+    int signal = 0;          // 0 when it exited
+    std::string last_words;  // the last line of the worker's stderr, when kept
+  };
+  virtual int worker_exit(const std::string& /*node_id*/, WorkerExit& /*out*/) { return -1; }
 };
 
 // ---- native apps -------------------------------------------------------------------------
@@ -607,6 +616,18 @@ const sf_provider_hooks* provider_hooks() {
         int32_t r = -1;
         if (guard<P>(s, [&](P& p) { r = p.worker_alive(node); }) != SF_OK) return -1;
         return r;
+      };
+    if constexpr (SKYFORGE_OVERRIDES(P, Provider, worker_exit))
+      t.worker_exit = [](void* s, const char* node, sf_worker_exit* out) noexcept -> int32_t {
+        int32_t r = -1;
+        Provider::WorkerExit e;
+        if (guard<P>(s, [&](P& p) { r = p.worker_exit(node, e); }) != SF_OK || r != 1) return r == 1 ? -1 : r;
+        out->exit_code = e.exit_code;
+        out->signal = e.signal;
+        const size_t n = std::min(e.last_words.size(), sizeof out->last_words - 1);
+        std::memcpy(out->last_words, e.last_words.data(), n);
+        out->last_words[n] = '\0';
+        return 1;
       };
     return t;
   }();
