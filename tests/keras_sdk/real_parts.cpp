@@ -4,7 +4,7 @@
 
 #include <skyforge/sdk.hpp>
 
-#include "communicator.hpp"  // host/src (skyforge_worker)
+#include "communicator.hpp"  // host/src/node (skyforge_worker)
 #include "cpu_engine.hpp"    // backends/cpu (skyforge_cpu_engine)
 #include "store.hpp"
 

@@ -2,7 +2,7 @@
 //  - CpuInstance: the real `cpu` compute backend (backends/cpu, static library
 //    skyforge_cpu_engine) behind the sf_compute_hooks table that skyforge::detail::compute_hooks
 //    builds for its plugin, i.e. exactly what a native app gets from Host::compute_backend();
-//  - run_ranks: W ranks as threads, each with its own real GlooCommunicator (host/src,
+//  - run_ranks: W ranks as threads, each with its own real GlooCommunicator (host/src/node,
 //    skyforge_worker) built over a real rendezvous store (StoreServer on loopback, in-process);
 //  - BackendSpy / CommSpy: thin decorators over those real tables that forward EVERY call
 //    unchanged and only count (and record what they forwarded), for the tests that assert how
