@@ -25,6 +25,16 @@ class LoaderTest : public ::testing::Test {
   Loader loader{services.table()};
   std::vector<std::string> logs;
 
+  // Calls `inst`'s around_app_enter, if it has one, with a fresh environment; the environment.
+  static EnvMap enter(const PluginInstance& inst, bool& called) {
+    EnvMap env;
+    sf_env e = env.c_view();
+    sf_instance_info info{};
+    info.struct_size = sizeof info;
+    called = inst.call_optional(&sf_framework_hooks::around_app_enter, "around_app_enter", &info, &e);
+    return env;
+  }
+
   // The LoadError's message for loading `name` (fails the test if it loads).
   std::string load_error(const std::string& path, const std::string& expected_name = "",
                          std::optional<sf_kind> kind = std::nullopt,
@@ -46,11 +56,9 @@ TEST_F(LoaderTest, FrozenV1_0PluginLoadsAndItsHookRuns) {
   EXPECT_EQ(p.abi_minor, 0);
   auto inst = loader.create(p, {});
   ASSERT_NE(inst->hooks<sf_framework_hooks>()->around_app_enter, nullptr);
-  EnvMap env;
-  sf_env e = env.c_view();
-  sf_instance_info info{};
-  info.struct_size = sizeof info;
-  EXPECT_TRUE(inst->call_optional(&sf_framework_hooks::around_app_enter, "around_app_enter", &info, &e));
+  bool called = false;
+  EnvMap env = enter(*inst, called);
+  EXPECT_TRUE(called);
   ASSERT_NE(env.get("FIXTURE"), nullptr);
   EXPECT_STREQ(env.get("FIXTURE"), "ok_v1_0");
 }
@@ -66,11 +74,9 @@ TEST_F(LoaderTest, AShorterHookTableIsAdaptedAndItsMissingHooksAreNull) {
   EXPECT_EQ(h->struct_size, sizeof(sf_framework_hooks));
   EXPECT_EQ(h->around_app_enter, nullptr);
   EXPECT_EQ(h->launcher, nullptr);
-  EnvMap env;
-  sf_env e = env.c_view();
-  sf_instance_info info{};
-  info.struct_size = sizeof info;
-  EXPECT_FALSE(inst->call_optional(&sf_framework_hooks::around_app_enter, "around_app_enter", &info, &e));
+  bool called = true;
+  EnvMap env = enter(*inst, called);
+  EXPECT_FALSE(called);
   EXPECT_EQ(env.get("FIXTURE"), nullptr);
   EXPECT_EQ(inst->hooks<sf_provider_hooks>(), nullptr);  // not its kind
   EXPECT_THROW(inst->call(&sf_provider_hooks::terminate, "terminate", nullptr, size_t{0}), std::logic_error);

@@ -330,28 +330,30 @@ inline LayerShape dense_shape(const LayerConfig& c, const std::vector<uint32_t>&
   return s;
 }
 
-inline LayerShape conv2d_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
+// A window of `size_option` moved by `strides` over (height, width, channels): conv2d and
+// max_pooling2d. Fills rows/cols and the output's spatial size, `channels` deep.
+inline LayerShape windowed(const LayerConfig& c, const std::vector<uint32_t>& in, const char* size_option,
+                           uint32_t channels) {
   need_rank(c, in, 3, "(height, width, channels)");
-  const Size2 k = c.size("kernel_size"), st = c.size("strides");
+  const Size2 k = c.size(size_option), st = c.size("strides");
   const bool same = c.choice("padding") == "same";
   LayerShape s;
   s.rows = window(c, in[0], k.h, st.h, same, "height");
   s.cols = window(c, in[1], k.w, st.w, same, "width");
+  s.output = {s.rows.out, s.cols.out, channels};
+  return s;
+}
+
+inline LayerShape conv2d_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
   const uint32_t filters = c.count("filters");
-  s.output = {s.rows.out, s.cols.out, filters};
+  LayerShape s = windowed(c, in, "kernel_size", filters);
+  const Size2 k = c.size("kernel_size");
   s.trainable = uint64_t{k.h} * k.w * in[2] * filters + bias(c, filters);
   return s;
 }
 
 inline LayerShape max_pooling2d_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
-  need_rank(c, in, 3, "(height, width, channels)");
-  const Size2 p = c.size("pool_size"), st = c.size("strides");
-  const bool same = c.choice("padding") == "same";
-  LayerShape s;
-  s.rows = window(c, in[0], p.h, st.h, same, "height");
-  s.cols = window(c, in[1], p.w, st.w, same, "width");
-  s.output = {s.rows.out, s.cols.out, in[2]};
-  return s;
+  return windowed(c, in, "pool_size", in.size() == 3 ? in[2] : 0);
 }
 
 inline LayerShape global_average_pooling2d_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
