@@ -1,0 +1,116 @@
+// BatchNormalization over the last axis of a row-major [rows, C] input (docs/kernels.md; the
+// Keras semantics of docs/compute-backends.md): training normalises with the batch's mean and
+// biased variance, inference with the moving statistics. gamma / beta may be null (Keras'
+// scale = false / center = false: 1 / 0). `relu` fuses a following ReLU (y = max(bn(x), 0),
+// and the backward masks dy by that y), as the cpu backend does.
+#pragma once
+
+#include "hd.hpp"
+
+#include <cmath>
+
+namespace skyforge::kernels {
+
+// Statistics terms: sum x and sum x^2, in double.
+struct BnStatsTerm {
+  const float* x;
+  size_t C;
+  SF_HD void operator()(size_t r, size_t c, double* a) const {
+    const double v = x[r * C + c];
+    a[0] += v;
+    a[1] += v * v;
+  }
+};
+
+// mean = sum / M; var = max(sumsq / M - mean^2, 0) (both in double, var rounded to float);
+// invstd = 1 / sqrt(var + epsilon) in float.
+struct BnStatsFinish {
+  size_t rows;
+  float eps;
+  float *mean, *var, *invstd;
+  SF_HD void operator()(size_t c, const double* s) const {
+    const double M = static_cast<double>(rows);
+    const double mu = s[0] / M;
+    const double d = s[1] / M - mu * mu;
+    const float v = static_cast<float>(d > 0.0 ? d : 0.0);
+    mean[c] = static_cast<float>(mu);
+    var[c] = v;
+    invstd[c] = 1.f / ::sqrtf(v + eps);
+  }
+};
+
+// y = x * scale + shift with scale = gamma * invstd, shift = beta - mean * scale; invstd is
+// given (training) or 1 / sqrt(var + epsilon) from the moving variance (inference: invstd null).
+struct BnApply {
+  const float* x;
+  float* y;
+  size_t C;
+  const float *gamma, *beta, *mean, *invstd, *var;
+  float eps;
+  bool relu;
+  SF_HD void operator()(size_t i) const {
+    const size_t c = i % C;
+    const float is = invstd ? invstd[c] : 1.f / ::sqrtf(var[c] + eps);
+    const float sc = (gamma ? gamma[c] : 1.f) * is;
+    const float sh = (beta ? beta[c] : 0.f) - mean[c] * sc;
+    const float v = x[i] * sc + sh;
+    y[i] = relu && !(v > 0.f) ? 0.f : v;
+  }
+};
+
+// moving = moving * momentum + batch * (1 - momentum), per channel.
+struct BnMovingUpdate {
+  float *moving_mean, *moving_var;
+  const float *mean, *var;
+  float momentum;
+  SF_HD void operator()(size_t c) const {
+    moving_mean[c] = moving_mean[c] * momentum + mean[c] * (1.f - momentum);
+    moving_var[c] = moving_var[c] * momentum + var[c] * (1.f - momentum);
+  }
+};
+
+// Backward terms, with dv = dy masked by the fused ReLU's output (relu_y null: no mask) and
+// xhat = (x - mean) * invstd: sum dv and sum dv * xhat.
+struct BnBackTerm {
+  const float *x, *relu_y, *dy, *mean, *invstd;
+  size_t C;
+  SF_HD void operator()(size_t r, size_t c, double* a) const {
+    const size_t i = r * C + c;
+    const float dv = !relu_y || relu_y[i] > 0.f ? dy[i] : 0.f;
+    a[0] += static_cast<double>(dv);
+    a[1] += static_cast<double>(dv * ((x[i] - mean[c]) * invstd[c]));
+  }
+};
+
+// dbeta = sum dv, dgamma = sum dv * xhat (either may be null); k[c] = sum dv / M and
+// k[C + c] = sum dv * xhat / M, rounded to float, for BnDx.
+struct BnBackFinish {
+  size_t rows, C;
+  float *dgamma, *dbeta;
+  double* k;
+  SF_HD void operator()(size_t c, const double* s) const {
+    if (dbeta) dbeta[c] = static_cast<float>(s[0]);
+    if (dgamma) dgamma[c] = static_cast<float>(s[1]);
+    const double M = static_cast<double>(rows);
+    k[c] = static_cast<float>(s[0] / M);
+    k[C + c] = static_cast<float>(s[1] / M);
+  }
+};
+
+// dx = gamma * invstd * ((dv - mean(dv)) - xhat * mean(dv * xhat)).
+struct BnDx {
+  const float *x, *relu_y, *dy;
+  float* dx;
+  size_t C;
+  const float *gamma, *mean, *invstd;
+  const double* k;
+  SF_HD void operator()(size_t i) const {
+    const size_t c = i % C;
+    const float dv = !relu_y || relu_y[i] > 0.f ? dy[i] : 0.f;
+    const float sc = (gamma ? gamma[c] : 1.f) * invstd[c];
+    const float k1 = static_cast<float>(k[c]), k2 = static_cast<float>(k[C + c]);
+    dx[i] = sc * ((dv - k1) - ((x[i] - mean[c]) * invstd[c]) * k2);
+  }
+};
+
+}  // namespace skyforge::kernels

@@ -1,0 +1,102 @@
+// The launch API of the engine's kernels (docs/kernels.md). Two libraries implement it with the
+// same signatures and the same math (the functors of this folder):
+//   skyforge_kernels_host  g++, Thrust's OpenMP device system: pointers are host memory and
+//                          every call has finished when it returns (the stream is ignored);
+//   skyforge_kernels_cuda  nvcc: pointers are device memory, calls are queued on `stream` and
+//                          return at once (no host synchronisation); launch errors throw.
+// Arguments that break a documented limit throw std::invalid_argument before anything runs.
+//
+// Layouts are row-major. `ws` is a workspace of reduce_workspace(rows, cols) doubles in the
+// pointers' memory (reduce.hpp); kernels that take one overwrite it.
+#pragma once
+
+#include "hd.hpp"
+#include "philox.hpp"
+#include "reduce.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace skyforge::kernels {
+
+// A cudaStream_t in the CUDA build (null: the legacy default stream); unused by the host build.
+struct Stream {
+  void* handle = nullptr;
+};
+
+// "host" or "cuda": which build this library is.
+const char* build_name();
+
+// ---- dense layers ------------------------------------------------------------------------------
+// y[r, :] = act(y[r, :] + bias) in place over [rows, width]; bias may be null.
+void bias_activation_forward(float* y, const float* bias, size_t rows, size_t width, Activation act, Stream s = {});
+// dy <- dL/d(pre-activation), in place, from the activation's output y.
+void activation_backward(const float* y, float* dy, size_t rows, size_t width, Activation act, Stream s = {});
+// dbias[j] = sum over rows of dy[r, j] (in double, rounded to float). ws: reduce_workspace(rows, width).
+void bias_grad(const float* dy, size_t rows, size_t width, float* dbias, double* ws, Stream s = {});
+
+// ---- loss --------------------------------------------------------------------------------------
+// Sparse softmax cross-entropy from logits [rows, classes] (xent.hpp): per-row loss, hit (1 when
+// the first argmax is the label, else 0; reduce_sum counts them) and, if dlogits is not null,
+// the gradient of each row's loss (softmax - onehot).
+void softmax_xent(const float* logits, const int32_t* labels, size_t rows, size_t classes, float* loss, float* hit,
+                  float* dlogits, Stream s = {});
+
+// ---- reductions ----------------------------------------------------------------------------------
+// *out = sum of x[0 .. n), resp. of x^2, in double (reduce.hpp). ws: reduce_workspace(n, 1).
+void reduce_sum(const float* x, size_t n, double* out, double* ws, Stream s = {});
+void reduce_sum_squares(const float* x, size_t n, double* out, double* ws, Stream s = {});
+
+// ---- optimizers ----------------------------------------------------------------------------------
+// One parameter tensor: its values, gradient and optimizer slots (size floats each).
+// Adam: slot0 = m, slot1 = v. SGD with momentum: slot0 = velocity; plain SGD: no slots (null).
+struct OptimTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* slot0 = nullptr;
+  float* slot1 = nullptr;
+  size_t size = 0;
+};
+struct AdamConfig {
+  double learning_rate = 0.001, beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;
+};
+struct SgdConfig {
+  double learning_rate = 0.01, momentum = 0.0;
+  bool nesterov = false;
+};
+// alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) with t = iteration + 1, in double.
+float adam_alpha(const AdamConfig& c, uint64_t iteration);
+// One update of every tensor from grad * grad_scale; `iteration` counts the updates already
+// applied (Keras' optimizer.iterations). One launch per kMaxTensorsPerLaunch tensors.
+void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
+                 Stream s = {});
+void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s = {});
+
+// ---- dropout -------------------------------------------------------------------------------------
+// Inverted dropout (philox.hpp): out[i] = in[i] * (kept ? 1 / (1 - rate) : 0), the mask a pure
+// function of (key, i). The forward passes x, the backward dy with the same key: no mask is
+// stored. rate in [0, 1); key.layer, key.rank < 2^16; n <= 2^34. in may equal out.
+void dropout(const float* in, float* out, size_t n, float rate, const DropoutKey& key, Stream s = {});
+
+// ---- batch normalization (batchnorm.hpp) -----------------------------------------------------------
+// Training forward over [rows, C]: the batch's mean, biased variance and 1/sqrt(var + eps) into
+// mean, var, invstd (C floats each), then y = gamma * (x - mean) * invstd + beta (ReLU'd if
+// relu). ws: reduce_workspace(rows, C). rows >= 1.
+void batchnorm_forward_training(const float* x, float* y, size_t rows, size_t C, const float* gamma, const float* beta,
+                                float epsilon, bool relu, float* mean, float* var, float* invstd, double* ws,
+                                Stream s = {});
+// Inference forward: the same with the moving statistics.
+void batchnorm_forward_inference(const float* x, float* y, size_t rows, size_t C, const float* gamma,
+                                 const float* beta, float epsilon, bool relu, const float* moving_mean,
+                                 const float* moving_var, Stream s = {});
+// moving = moving * momentum + batch * (1 - momentum), for mean and variance.
+void batchnorm_update_moving(float* moving_mean, float* moving_var, const float* mean, const float* var, size_t C,
+                             float momentum, Stream s = {});
+// Backward from the training forward's mean and invstd: dgamma = sum dv * xhat, dbeta = sum dv
+// (either may be null), and dx (may be null, may equal dy), with dv = dy masked by relu_y > 0
+// when relu_y (the fused ReLU's output) is not null. ws: reduce_workspace(rows, C).
+void batchnorm_backward(const float* x, const float* relu_y, const float* dy, float* dx, size_t rows, size_t C,
+                        const float* gamma, const float* mean, const float* invstd, float* dgamma, float* dbeta,
+                        double* ws, Stream s = {});
+
+}  // namespace skyforge::kernels

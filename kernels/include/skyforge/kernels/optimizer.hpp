@@ -1,0 +1,80 @@
+// Multi-tensor optimizer updates (docs/kernels.md; the Keras rules of docs/compute-backends.md):
+// one launch walks every element of up to kMaxTensorsPerLaunch parameter tensors, each call
+// finding its tensor in a table passed by value (so a captured CUDA graph holds it).
+#pragma once
+
+#include "hd.hpp"
+
+#include <cmath>
+
+namespace skyforge::kernels {
+
+// Tensors per launch: the table stays under the 4 KiB of kernel parameters every CUDA GPU takes.
+inline constexpr int kMaxTensorsPerLaunch = 64;
+
+struct TensorTable {
+  uint32_t count = 0;
+  size_t end[kMaxTensorsPerLaunch];  // prefix sums of the sizes: tensor t holds [end[t-1], end[t])
+  float* param[kMaxTensorsPerLaunch];
+  const float* grad[kMaxTensorsPerLaunch];
+  float* slot0[kMaxTensorsPerLaunch];
+  float* slot1[kMaxTensorsPerLaunch];
+
+  // The tensor holding flat element i (i < end[count - 1]): the first t with end[t] > i.
+  SF_HD uint32_t find(size_t i) const {
+    uint32_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+      const uint32_t mid = (lo + hi) / 2;
+      if (end[mid] > i) hi = mid;
+      else lo = mid + 1;
+    }
+    return lo;
+  }
+};
+
+// Keras Adam on one element, with g = grad * scale (scale turns a gradient sum into a mean):
+//   m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2); p -= alpha * m / (sqrt(v) + epsilon)
+// where alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), t = iteration + 1 (adam_alpha).
+// Slots: m in slot0, v in slot1.
+struct AdamRule {
+  float b1c, b2c, alpha, eps, scale;  // b1c = 1 - beta_1, b2c = 1 - beta_2
+  SF_HD void operator()(float& p, float g, float* s0, float* s1) const {
+    const float gi = g * scale;
+    float m = *s0, v = *s1;
+    m += (gi - m) * b1c;
+    v += (gi * gi - v) * b2c;
+    p -= alpha * m / (::sqrtf(v) + eps);
+    *s0 = m;
+    *s1 = v;
+  }
+};
+
+// Keras SGD on one element, g = grad * scale: momentum 0: p -= lr * g; else (velocity in slot0)
+//   v = momentum * v - lr * g; p += nesterov ? momentum * v - lr * g : v.
+struct SgdRule {
+  float lr, momentum, scale;
+  bool nesterov;
+  SF_HD void operator()(float& p, float g, float* s0, float*) const {
+    const float gi = g * scale;
+    if (momentum == 0.f) {
+      p -= lr * gi;
+      return;
+    }
+    const float v = *s0 * momentum - lr * gi;
+    *s0 = v;
+    p += nesterov ? v * momentum - lr * gi : v;
+  }
+};
+
+template <class Rule>
+struct MultiTensorApply {
+  TensorTable t;
+  Rule rule;
+  SF_HD void operator()(size_t i) const {
+    const uint32_t k = t.find(i);
+    const size_t j = i - (k ? t.end[k - 1] : 0);
+    rule(t.param[k][j], t.grad[k][j], t.slot0[k] ? t.slot0[k] + j : nullptr, t.slot1[k] ? t.slot1[k] + j : nullptr);
+  }
+};
+
+}  // namespace skyforge::kernels

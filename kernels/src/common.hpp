@@ -1,0 +1,34 @@
+// Shared by both builds' launch code (docs/kernels.md, "Two builds"). The including file first
+// defines the one backend primitive:
+//   template <class F> void for_n(Stream s, size_t n, const F& f, const char* what);
+// which calls f(i) for every i in [0, n) (in any order, in parallel): a Thrust for_each_n over
+// the OpenMP system in the host build, a grid-stride CUDA kernel queued on s in the CUDA build.
+// Everything else — argument checks, how work is split, which functor runs — is this code,
+// compiled twice.
+#pragma once
+
+#include <skyforge/kernels/launch.hpp>
+
+#include <stdexcept>
+#include <string>
+
+namespace skyforge::kernels::impl {
+
+inline void require(bool ok, const char* what, const char* msg) {
+  if (!ok) throw std::invalid_argument(std::string("skyforge kernels: ") + what + ": " + msg);
+}
+
+// Column sums in two deterministic stages (reduce.hpp); ws holds Q * K * cols partials.
+template <int Q, class Term, class Finish>
+void column_reduce(Stream s, size_t rows, size_t cols, const Term& term, const Finish& finish, double* ws,
+                   const char* what) {
+  require(ws != nullptr, what, "needs a workspace of reduce_workspace(rows, cols) doubles");
+  const size_t K = reduce_split(rows);
+  for_n(s, K * cols, ColumnPartials<Q, Term>{term, rows, cols, K, ws}, what);
+  for_n(s, cols, ColumnTotals<Q, Finish>{finish, cols, K, ws}, what);
+}
+
+// Where per-column results go in a workspace after column_reduce's partials.
+inline double* workspace_tail(double* ws, size_t rows, size_t cols) { return ws + 2 * reduce_split(rows) * cols; }
+
+}  // namespace skyforge::kernels::impl

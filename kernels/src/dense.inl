@@ -1,0 +1,59 @@
+// launch.hpp's dense-layer, loss, reduction and dropout calls, written once for both builds
+// (common.hpp says how); included after the build's for_n.
+#include "common.hpp"
+
+#include <skyforge/kernels/activation.hpp>
+#include <skyforge/kernels/xent.hpp>
+
+namespace skyforge::kernels {
+
+void bias_activation_forward(float* y, const float* bias, size_t rows, size_t width, Activation act, Stream s) {
+  constexpr const char* what = "bias_activation_forward";
+  if (rows == 0 || width == 0) return;
+  if (act == Activation::softmax) {
+    for_n(s, rows, BiasSoftmaxRow{y, bias, width}, what);
+    return;
+  }
+  if (!bias && act == Activation::linear) return;
+  for_n(s, rows * width, BiasActElem{y, bias, width, act == Activation::relu}, what);
+}
+
+void activation_backward(const float* y, float* dy, size_t rows, size_t width, Activation act, Stream s) {
+  constexpr const char* what = "activation_backward";
+  if (rows == 0 || width == 0 || act == Activation::linear) return;
+  if (act == Activation::relu) for_n(s, rows * width, ReluBackElem{y, dy}, what);
+  else for_n(s, rows, SoftmaxBackRow{y, dy, width}, what);
+}
+
+void bias_grad(const float* dy, size_t rows, size_t width, float* dbias, double* ws, Stream s) {
+  if (width == 0) return;
+  impl::column_reduce<1>(s, rows, width, SumTerm{dy, width}, StoreFloat{dbias}, ws, "bias_grad");
+}
+
+void softmax_xent(const float* logits, const int32_t* labels, size_t rows, size_t classes, float* loss, float* hit,
+                  float* dlogits, Stream s) {
+  constexpr const char* what = "softmax_xent";
+  if (rows == 0) return;
+  impl::require(classes > 0, what, "classes must be at least 1");
+  impl::require(loss && hit, what, "loss and hit are required");
+  for_n(s, rows, XentRow{logits, labels, classes, loss, hit, dlogits}, what);
+}
+
+void reduce_sum(const float* x, size_t n, double* out, double* ws, Stream s) {
+  impl::column_reduce<1>(s, n, 1, SumTerm{x, 1}, StoreDouble{out}, ws, "reduce_sum");
+}
+
+void reduce_sum_squares(const float* x, size_t n, double* out, double* ws, Stream s) {
+  impl::column_reduce<1>(s, n, 1, SumSquaresTerm{x, 1}, StoreDouble{out}, ws, "reduce_sum_squares");
+}
+
+void dropout(const float* in, float* out, size_t n, float rate, const DropoutKey& key, Stream s) {
+  constexpr const char* what = "dropout";
+  impl::require(rate >= 0.f && rate < 1.f, what, "rate must be in [0, 1)");
+  impl::require(key.layer < kDropoutMaxLayer && key.rank < kDropoutMaxRank, what, "layer and rank must be below 65536");
+  impl::require(n <= kDropoutMaxElements, what, "at most 2^34 elements per layer and step");
+  if (n == 0) return;
+  for_n(s, (n + 3) / 4, DropoutApply{in, out, n, key, dropout_cut(rate), 1.f / (1.f - rate)}, what);
+}
+
+}  // namespace skyforge::kernels

@@ -1,0 +1,99 @@
+// launch.hpp's optimizer and batch-normalization calls, written once for both builds
+// (common.hpp says how); included after the build's for_n.
+#include "common.hpp"
+
+#include <skyforge/kernels/batchnorm.hpp>
+#include <skyforge/kernels/optimizer.hpp>
+
+#include <cmath>
+
+namespace skyforge::kernels {
+
+namespace {
+
+// The tensors in groups of kMaxTensorsPerLaunch (empty ones skipped), one launch per group.
+template <class Rule>
+void multi_tensor(const OptimTensor* tensors, size_t count, const Rule& rule, bool slot0, bool slot1, Stream s,
+                  const char* what) {
+  impl::require(count == 0 || tensors, what, "tensors is null");
+  MultiTensorApply<Rule> f{TensorTable{}, rule};
+  size_t total = 0;
+  auto flush = [&] {
+    if (f.t.count) for_n(s, total, f, what);
+    f.t.count = 0;
+    total = 0;
+  };
+  for (size_t i = 0; i < count; ++i) {
+    const OptimTensor& t = tensors[i];
+    if (t.size == 0) continue;
+    impl::require(t.param && t.grad, what, "a tensor's param or grad is null");
+    impl::require(!slot0 || t.slot0, what, "a tensor's slot0 is null");
+    impl::require(!slot1 || t.slot1, what, "a tensor's slot1 is null");
+    const uint32_t k = f.t.count++;
+    total += t.size;
+    f.t.end[k] = total;
+    f.t.param[k] = t.param;
+    f.t.grad[k] = t.grad;
+    f.t.slot0[k] = slot0 ? t.slot0 : nullptr;
+    f.t.slot1[k] = slot1 ? t.slot1 : nullptr;
+    if (f.t.count == kMaxTensorsPerLaunch) flush();
+  }
+  flush();
+}
+
+}  // namespace
+
+float adam_alpha(const AdamConfig& c, uint64_t iteration) {
+  const double t = static_cast<double>(iteration + 1);
+  return static_cast<float>(c.learning_rate * std::sqrt(1.0 - std::pow(c.beta_2, t)) / (1.0 - std::pow(c.beta_1, t)));
+}
+
+void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
+                 Stream s) {
+  const AdamRule rule{static_cast<float>(1.0 - c.beta_1), static_cast<float>(1.0 - c.beta_2), adam_alpha(c, iteration),
+                      static_cast<float>(c.epsilon), grad_scale};
+  multi_tensor(tensors, count, rule, true, true, s, "adam_update");
+}
+
+void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s) {
+  const SgdRule rule{static_cast<float>(c.learning_rate), static_cast<float>(c.momentum), grad_scale, c.nesterov};
+  multi_tensor(tensors, count, rule, c.momentum != 0.0, false, s, "sgd_update");
+}
+
+void batchnorm_forward_training(const float* x, float* y, size_t rows, size_t C, const float* gamma, const float* beta,
+                                float epsilon, bool relu, float* mean, float* var, float* invstd, double* ws,
+                                Stream s) {
+  constexpr const char* what = "batchnorm_forward_training";
+  if (C == 0) return;
+  impl::require(rows > 0, what, "needs at least one row");
+  impl::require(mean && var && invstd, what, "mean, var and invstd are required");
+  impl::column_reduce<2>(s, rows, C, BnStatsTerm{x, C}, BnStatsFinish{rows, epsilon, mean, var, invstd}, ws, what);
+  for_n(s, rows * C, BnApply{x, y, C, gamma, beta, mean, invstd, nullptr, epsilon, relu}, what);
+}
+
+void batchnorm_forward_inference(const float* x, float* y, size_t rows, size_t C, const float* gamma,
+                                 const float* beta, float epsilon, bool relu, const float* moving_mean,
+                                 const float* moving_var, Stream s) {
+  for_n(s, rows * C, BnApply{x, y, C, gamma, beta, moving_mean, nullptr, moving_var, epsilon, relu},
+        "batchnorm_forward_inference");
+}
+
+void batchnorm_update_moving(float* moving_mean, float* moving_var, const float* mean, const float* var, size_t C,
+                             float momentum, Stream s) {
+  for_n(s, C, BnMovingUpdate{moving_mean, moving_var, mean, var, momentum}, "batchnorm_update_moving");
+}
+
+void batchnorm_backward(const float* x, const float* relu_y, const float* dy, float* dx, size_t rows, size_t C,
+                        const float* gamma, const float* mean, const float* invstd, float* dgamma, float* dbeta,
+                        double* ws, Stream s) {
+  constexpr const char* what = "batchnorm_backward";
+  if (C == 0) return;
+  impl::require(rows > 0, what, "needs at least one row");
+  impl::require(ws != nullptr, what, "needs a workspace of reduce_workspace(rows, C) doubles");
+  double* k = impl::workspace_tail(ws, rows, C);
+  impl::column_reduce<2>(s, rows, C, BnBackTerm{x, relu_y, dy, mean, invstd, C}, BnBackFinish{rows, C, dgamma, dbeta, k},
+                         ws, what);
+  if (dx) for_n(s, rows * C, BnDx{x, relu_y, dy, dx, C, gamma, mean, invstd, k}, what);
+}
+
+}  // namespace skyforge::kernels
