@@ -106,6 +106,8 @@ TEST(LayerSchema, ErrorsNameTheLayerTheOptionAndWhatWasExpected) {
   EXPECT_EQ(error_of({{"units", "3"}, {"activation", "tanh"}}),
             "layer 2 (dense): option 'activation': expected one of linear, relu, softmax, got 'tanh'");
   EXPECT_EQ(error_of({{"rate", "1"}}, "dropout"), "layer 2 (dropout): option 'rate': expected a number in [0, 1), got '1'");
+  EXPECT_EQ(error_of({{"rate", "0.5x"}}, "dropout"),
+            "layer 2 (dropout): option 'rate': expected a number in [0, 1), got '0.5x'");
   EXPECT_EQ(error_of({{"rate", "nan"}}, "dropout"),
             "layer 2 (dropout): option 'rate': expected a number in [0, 1), got 'nan'");
   EXPECT_EQ(error_of({{"epsilon", "0"}}, "batch_normalization"),

@@ -21,7 +21,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -207,10 +206,11 @@ inline Checked check(const OptionDef& o, std::string_view text) {
       break;
     }
     case OptionKind::real: {
-      const std::string s(text);
-      char* end = nullptr;
-      const double d = std::strtod(s.c_str(), &end);
-      if (s.empty() || *end != '\0' || !std::isfinite(d)) return refuse();
+      // from_chars: the same text means the same number in every locale (strtod reads "0,5" in
+      // a German one).
+      double d = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
+      if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(d)) return refuse();
       if (d < o.lo || (o.lo_open && d == o.lo) || d > o.hi || (o.hi_open && d == o.hi)) return refuse();
       c.real = d;
       break;
