@@ -4,6 +4,8 @@
 #include "engine.hpp"
 
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <memory>
 
 using namespace cuda_test;
@@ -110,4 +112,242 @@ TEST(CudaEngine, BatchNormModelTrainsLikeCpu) {
   std::printf("bn model adam: worst loss difference %.3g (relative), params %.3g (absolute)\n", a.loss, a.params);
   EXPECT_LE(a.loss, kLossTol);
   EXPECT_LE(a.params, kParamTol);
+}
+
+namespace {
+// Trains `m` data-parallel on 2 threads with a real in-process communicator, each rank on its
+// half of the global batch (rank r with seed + r: rank 0's weights win the initial broadcast).
+// Returns each rank's losses and final parameters.
+template <class Make>
+std::pair<std::vector<std::vector<double>>, std::vector<std::vector<float>>> train_two(const ModelSpec& m, Make make,
+                                                                                        uint32_t global, uint32_t steps,
+                                                                                        size_t* allreduces = nullptr) {
+  const size_t f = features(m);
+  ThreadGroup group(2);
+  std::vector<std::vector<float>> params(2);
+  std::vector<std::vector<double>> losses(2);
+  group.run([&](uint32_t rank) {
+    ModelSpec mine = m;
+    mine.seed = m.seed + rank;
+    auto e = make(mine, Communicator(group.comm(rank)));
+    for (uint32_t s = 0; s < steps; ++s) {
+      const Batch b = make_batch(200 + s, global, f);
+      const size_t half = global / 2, off = rank * half;
+      const auto r = e->train_step(b.x.data() + off * f, b.y.data() + off, static_cast<uint32_t>(half));
+      EXPECT_EQ(r.samples, global);
+      losses[rank].push_back(r.loss);
+    }
+    params[rank] = params_of(*e);
+  });
+  if (allreduces) *allreduces = group.allreduce_calls(0);
+  EXPECT_EQ(0, std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float))) << "replicas differ";
+  EXPECT_EQ(losses[0], losses[1]);
+  return {losses, params};
+}
+}  // namespace
+
+// Data parallel: 2 ranks on halves of the global batch follow 1 rank on the whole of it (the
+// MLP: no per-replica statistics), and both ranks hold the same bits.
+TEST(CudaEngine, TwoNodesFollowOneNode) {
+  const ModelSpec m = mlp(8);
+  constexpr uint32_t kGlobal = 32, kSteps2 = 8;
+  auto one = cu::make_engine(m, Communicator{});
+  std::vector<double> losses;
+  for (uint32_t s = 0; s < kSteps2; ++s) {
+    const Batch b = make_batch(200 + s, kGlobal, features(m));
+    losses.push_back(one->train_step(b.x.data(), b.y.data(), kGlobal).loss);
+  }
+  size_t calls = 0;
+  const auto [rl, rp] = train_two(
+      m,
+      [](const ModelSpec& s, Communicator c) {
+        cu::EngineOptions o;
+        o.bucket_bytes = 1024;  // buckets close on layer boundaries: here one a layer
+        return cu::make_engine(s, c, skyforge::Host{}, o);
+      },
+      kGlobal, kSteps2, &calls);
+  EXPECT_EQ(calls, size_t{kSteps2} * 3) << "two gradient buckets and the loss statistics a step";
+  for (uint32_t s = 0; s < kSteps2; ++s) EXPECT_NEAR(rl[0][s], losses[s], kLossTol * losses[s]);
+  const double d = max_abs_diff(rp[0], params_of(*one));
+  std::printf("1 node vs 2 nodes: params %.3g (absolute)\n", d);
+  EXPECT_LE(d, kParamTol);
+}
+
+// batch_normalization keeps per-replica statistics (as the cpu backend, Keras and PyTorch DDP
+// do), so 2 nodes are not 1 on that model: there the cuda engine follows the cpu backend, both on
+// 2 nodes.
+TEST(CudaEngine, TwoNodesFollowCpuOnTwoNodes) {
+  const ModelSpec m = bn_model(14);
+  const auto [gl, gp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cu::make_engine(s, c); }, 32, 8);
+  const auto [cl, cp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cpu::make_engine(s, c); }, 32, 8);
+  for (size_t s = 0; s < gl[0].size(); ++s) EXPECT_NEAR(gl[0][s], cl[0][s], kLossTol * cl[0][s]);
+  const double d = max_abs_diff(gp[0], cp[0]);
+  std::printf("2 nodes, cuda vs cpu: params %.3g (absolute)\n", d);
+  EXPECT_LE(d, kParamTol);
+}
+
+// Bucketing changes when the gradients go out, never their values.
+TEST(CudaEngine, BucketSizeDoesNotChangeResults) {
+  std::vector<std::vector<float>> out;
+  for (size_t bytes : {size_t{256}, size_t{4} << 20}) {
+    ThreadGroup group(2);
+    std::vector<float> p0;
+    group.run([&](uint32_t rank) {
+      cu::EngineOptions o;
+      o.bucket_bytes = bytes;
+      auto e = cu::make_engine(mlp(9), Communicator(group.comm(rank)), skyforge::Host{}, o);
+      for (int s = 0; s < 3; ++s) {
+        const Batch b = make_batch(300 + s * 2 + rank, 16, 784);
+        e->train_step(b.x.data(), b.y.data(), 16);
+      }
+      if (rank == 0) p0 = params_of(*e);
+    });
+    out.push_back(p0);
+  }
+  EXPECT_EQ(out[0], out[1]);
+}
+
+TEST(CudaEngine, StateDictRoundTrip) {
+  const ModelSpec m = bn_model(10);
+  const size_t f = features(m);
+  auto a = cu::make_engine(m, Communicator{});
+  for (int s = 0; s < 3; ++s) {
+    const Batch b = make_batch(400 + s, 16, f);
+    a->train_step(b.x.data(), b.y.data(), 16);
+  }
+  const std::string state = a->state_dict();
+  ModelSpec other = m;
+  other.seed = 999;  // different initial weights: everything must come from the state
+  auto b2 = cu::make_engine(other, Communicator{});
+  b2->load_state(state);
+  EXPECT_EQ(b2->state_dict(), state);
+  const Batch eval = make_batch(499, 16, f);
+  EXPECT_EQ(a->eval_step(eval.x.data(), eval.y.data(), 16).loss, b2->eval_step(eval.x.data(), eval.y.data(), 16).loss);
+  for (int s = 3; s < 6; ++s) {
+    const Batch b = make_batch(400 + s, 16, f);
+    EXPECT_EQ(a->train_step(b.x.data(), b.y.data(), 16).loss, b2->train_step(b.x.data(), b.y.data(), 16).loss);
+  }
+  EXPECT_EQ(params_of(*a), params_of(*b2));
+  EXPECT_EQ(a->state_dict(), b2->state_dict());
+}
+
+TEST(CudaEngine, BadStateIsRefusedAndChangesNothing) {
+  auto e = cu::make_engine(mlp(11), Communicator{});
+  const std::string good = e->state_dict();
+  const std::vector<float> before = params_of(*e);
+  auto refused = [&](std::string bytes, const char* what) {
+    try {
+      e->load_state(bytes);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& err) {
+      EXPECT_EQ(err.status(), SF_ERR_INVALID) << what;
+      EXPECT_NE(std::string(err.what()).find("cuda state"), std::string::npos) << err.what();
+    }
+    EXPECT_EQ(params_of(*e), before) << what;
+  };
+  refused(good.substr(0, good.size() - 3), "truncated");
+  refused(good + "x", "trailing byte");
+  std::string magic = good;
+  magic[0] = 'X';
+  refused(magic, "bad magic");
+  refused(cu::make_engine(bn_model(11), Communicator{})->state_dict(), "another model");
+  refused(cpu::make_engine(mlp(11), Communicator{})->state_dict(), "a cpu state");
+}
+
+TEST(CudaEngine, LayersWithoutKernelsAreRefusedByName) {
+  for (const char* type : {"conv2d", "max_pooling2d", "global_average_pooling2d"}) {
+    ModelSpec m;
+    m.input_shape = {8, 8, 3};
+    m.layers = {layer(type, std::string(type) == "conv2d" ? std::initializer_list<std::pair<const char*, const char*>>{
+                                                                {"filters", "4"}, {"kernel_size", "3"}}
+                                                          : std::initializer_list<std::pair<const char*, const char*>>{}),
+                layer("flatten"), layer("dense", {{"units", "10"}})};
+    try {
+      cu::make_engine(m, Communicator{});
+      ADD_FAILURE() << type << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), SF_ERR_UNSUPPORTED) << type;
+      EXPECT_NE(std::string(e.what()).find(std::string("layer 0 (") + type + ")"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cuda engine has no kernels"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(CudaEngine, BadSpecsAndBatchesAreInvalid) {
+  auto status_of = [](const std::function<void()>& f) -> std::pair<sf_status, std::string> {
+    try {
+      f();
+    } catch (const Error& e) {
+      return {e.status(), e.what()};
+    }
+    return {SF_OK, ""};
+  };
+  ModelSpec unknown = mlp(1);
+  unknown.layers[1] = layer("densse", {{"units", "3"}});
+  auto [s1, m1] = status_of([&] { cu::make_engine(unknown, Communicator{}); });
+  EXPECT_EQ(s1, SF_ERR_INVALID);
+  EXPECT_NE(m1.find("layer 1 (densse): unknown layer type"), std::string::npos) << m1;
+  ModelSpec badopt = mlp(1);
+  badopt.layers[1] = layer("dense", {{"units", "0"}});
+  auto [s2, m2] = status_of([&] { cu::make_engine(badopt, Communicator{}); });
+  EXPECT_EQ(s2, SF_ERR_INVALID);
+  EXPECT_NE(m2.find("layer 1 (dense): option 'units'"), std::string::npos) << m2;
+  ModelSpec badopt2 = mlp(1);
+  badopt2.optimizer_options = opts({{"learning_rate", "-1"}});
+  EXPECT_EQ(status_of([&] { cu::make_engine(badopt2, Communicator{}); }).first, SF_ERR_INVALID);
+  ModelSpec noflat = mlp(1);
+  noflat.layers.erase(noflat.layers.begin());
+  EXPECT_EQ(status_of([&] { cu::make_engine(noflat, Communicator{}); }).first, SF_ERR_INVALID);
+
+  auto e = cu::make_engine(mlp(1), Communicator{});
+  Batch b = make_batch(1, 4, 784);
+  b.y[2] = 10;
+  auto [s3, m3] = status_of([&] { e->train_step(b.x.data(), b.y.data(), 4); });
+  EXPECT_EQ(s3, SF_ERR_INVALID);
+  EXPECT_NE(m3.find("label 10 of sample 2"), std::string::npos) << m3;
+  EXPECT_EQ(status_of([&] { e->train_step(b.x.data(), b.y.data(), 0); }).first, SF_ERR_INVALID);
+  std::vector<float> p(3);
+  EXPECT_EQ(status_of([&] { e->get_params(p.data(), p.size()); }).first, SF_ERR_INVALID);
+}
+
+TEST(CudaEngine, PredictAndEvalAgreeWithCpu) {
+  const ModelSpec m = bn_model(12);
+  auto c = cpu::make_engine(m, Communicator{});
+  auto g = cu::make_engine(m, Communicator{});
+  const Batch b = make_batch(600, 8, features(m));
+  std::vector<float> lc(8 * 10), lg(8 * 10);
+  c->predict(b.x.data(), 8, lc.data());
+  g->predict(b.x.data(), 8, lg.data());
+  EXPECT_LE(max_abs_diff(lc, lg), kParamTol);
+  const auto rc = c->eval_step(b.x.data(), b.y.data(), 8), rg = g->eval_step(b.x.data(), b.y.data(), 8);
+  EXPECT_NEAR(rc.loss, rg.loss, kLossTol * rc.loss);
+  EXPECT_EQ(rc.correct, rg.correct);
+}
+
+// Dropout's mask is Philox of (seed, step, layer, rank) (docs/kernels.md): the same seed gives
+// the same training, inference ignores it, and rate 0 is the identity.
+TEST(CudaEngine, DropoutIsReproducibleAndTrainingOnly) {
+  auto with_rate = [](const char* rate) {
+    ModelSpec m = mlp(13);
+    m.layers.insert(m.layers.begin() + 2, layer("dropout", {{"rate", rate}}));
+    return m;
+  };
+  auto run = [](const ModelSpec& m) {
+    auto e = cu::make_engine(m, Communicator{});
+    std::vector<double> l;
+    for (int s = 0; s < 4; ++s) {
+      const Batch b = make_batch(700 + s, 16, 784);
+      l.push_back(e->train_step(b.x.data(), b.y.data(), 16).loss);
+    }
+    return std::make_pair(l, params_of(*e));
+  };
+  EXPECT_EQ(run(with_rate("0.5")), run(with_rate("0.5")));
+  EXPECT_EQ(run(with_rate("0")), run(mlp(13)));
+  EXPECT_NE(run(with_rate("0.5")).second, run(mlp(13)).second);
+  auto a = cu::make_engine(with_rate("0.5"), Communicator{}), b = cu::make_engine(mlp(13), Communicator{});
+  const Batch x = make_batch(800, 8, 784);
+  std::vector<float> la(80), lb(80);
+  a->predict(x.x.data(), 8, la.data());
+  b->predict(x.x.data(), 8, lb.data());
+  EXPECT_EQ(la, lb);
 }
