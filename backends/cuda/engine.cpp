@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <numeric>
 
 namespace skyforge::cuda {
 
@@ -20,16 +22,8 @@ namespace {
 
 [[noreturn]] void invalid(const std::string& m) { throw Error(m, SF_ERR_INVALID); }
 
-size_t numel(const Shape& s) {
-  size_t n = 1;
-  for (uint32_t d : s) n *= d;
-  return n;
-}
-std::string shape_text(const Shape& s) {
-  std::string o = "(";
-  for (size_t i = 0; i < s.size(); ++i) o += (i ? "," : "") + std::to_string(s[i]);
-  return o + ")";
-}
+size_t numel(const Shape& s) { return std::accumulate(s.begin(), s.end(), size_t{1}, std::multiplies<>()); }
+using schema::detail::shape_text;  // "(None, 28, 28, 1)"
 
 // The cpu backend's initialisers (docs/compute-backends.md): glorot_uniform kernels from
 // uniform floats of 24 random bits of the pinned generator, zero biases, gamma 1, beta 0.
