@@ -54,7 +54,7 @@ constexpr uint32_t kStateVersion = 1;
 
 }  // namespace
 
-enum class Kind { dense, activation, flatten, dropout, batchnorm };
+enum class Kind { dense, conv2d, activation, flatten, dropout, batchnorm, global_avg_pool };
 
 struct Layer {
   Kind kind = Kind::flatten;
@@ -66,6 +66,9 @@ struct Layer {
   size_t fin = 0, units = 0;
   bool use_bias = true;
   k::Activation act = k::Activation::linear;
+  // conv2d (units: filters; win.batch set per call) and global_average_pooling2d (win.H/W/C)
+  k::WindowShape win;
+  Buffer<float> col;  // the last training forward's im2col, then the backward's dcol
   // dropout
   float rate = 0.f;
   bool dropped = false;  // the last forward applied a mask
@@ -142,6 +145,19 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
         l->use_bias = c.flag("use_bias");
         const std::string& a = c.choice("activation");
         l->act = a == "relu" ? k::Activation::relu : a == "softmax" ? k::Activation::softmax : k::Activation::linear;
+      } else if (t == "conv2d") {
+        l->kind = Kind::conv2d;
+        l->units = c.count("filters");
+        l->use_bias = c.flag("use_bias");
+        const std::string& a = c.choice("activation");
+        l->act = a == "relu" ? k::Activation::relu : a == "softmax" ? k::Activation::softmax : k::Activation::linear;
+        const schema::Size2 ks = c.size("kernel_size"), st = c.size("strides");
+        l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
+        l->win.kh = ks.h, l->win.kw = ks.w, l->win.sh = st.h, l->win.sw = st.w;
+        l->win.pt = s.rows.pad, l->win.pl = s.cols.pad, l->win.Ho = s.rows.out, l->win.Wo = s.cols.out;
+      } else if (t == "global_average_pooling2d") {
+        l->kind = Kind::global_avg_pool;
+        l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
       } else if (t == "relu" || t == "softmax") {
         l->kind = Kind::activation;
         l->act = t == "relu" ? k::Activation::relu : k::Activation::softmax;
@@ -159,8 +175,8 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
         l->scale = c.flag("scale");
         l->center = c.flag("center");
       } else {
-        throw Error(c.where() + ": the cuda engine has no kernels for this layer yet (it has: dense, relu, softmax, "
-                                "flatten, dropout, batch_normalization)",
+        throw Error(c.where() + ": the cuda engine has no kernels for this layer yet (it has: dense, conv2d, relu, "
+                                "softmax, flatten, dropout, batch_normalization, global_average_pooling2d)",
                     SF_ERR_UNSUPPORTED);
       }
       std::string d = ";" + t + shape_text(shape) + "->" + shape_text(s.output);
@@ -206,6 +222,9 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     float* p = init.data() + l->poff;
     if (l->kind == Kind::dense) {
       glorot(p, l->fin * l->units, l->fin, l->units, rng);
+    } else if (l->kind == Kind::conv2d) {
+      const size_t kkc = l->win.col_width();
+      glorot(p, kkc * l->units, kkc, size_t{l->win.kh} * l->win.kw * l->units, rng);
     } else if (l->kind == Kind::batchnorm) {
       if (l->scale) std::fill(p, p + l->C, 1.f);
       std::vector<float> ones(l->C, 1.f);
@@ -247,6 +266,12 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
     if (!l->view && !l->fused) l->y = Buffer<float>(*dev_, size_t{batch} * n);
     if (l->kind == Kind::dense) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->units));
     if (l->kind == Kind::batchnorm) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->C));
+    if (l->kind == Kind::conv2d) {
+      k::WindowShape g = l->win;
+      g.batch = batch;
+      l->col = Buffer<float>(*dev_, g.positions() * g.col_width());
+      ws = std::max(ws, k::reduce_workspace(g.positions(), l->units));
+    }
   }
   x_ = Buffer<float>(*dev_, size_t{batch} * numel(input_shape_));
   for (auto& g : gbuf_) g = Buffer<float>(*dev_, size_t{batch} * widest);
@@ -291,6 +316,18 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         k::bias_activation_forward(y, l.use_bias ? p + l.fin * l.units : nullptr, M, l.units, l.act, s);
         break;
       }
+      case Kind::conv2d: {
+        k::WindowShape g = l.win;
+        g.batch = batch;
+        const size_t M = g.positions(), kkc = g.col_width();
+        k::im2col(in, l.col.get(), g, s);
+        dev_->gemm(false, false, M, l.units, kkc, 1.f, l.col.get(), kkc, p, l.units, 0.f, y, l.units);
+        k::bias_activation_forward(y, l.use_bias ? p + kkc * l.units : nullptr, M, l.units, l.act, s);
+        break;
+      }
+      case Kind::global_avg_pool:
+        k::global_avg_pool_forward(in, y, batch, size_t{l.win.H} * l.win.W, l.win.C, s);
+        break;
       case Kind::activation:
         dev_->copy(y, in, n * sizeof(float));
         k::bias_activation_forward(y, nullptr, n / l.in.back(), l.in.back(), l.act, s);
@@ -365,6 +402,23 @@ StepResult CudaEngine::compute(const float* x_host, const int32_t* y_host, uint3
           if (dx) dev_->gemm(false, true, M, l.fin, l.units, 1.f, dy, l.units, p, l.units, 0.f, dx, l.fin);
           break;
         }
+        case Kind::conv2d: {
+          // dW = col^T dy with the forward's col; dcol = dy W^T into the same buffer, then col2im.
+          k::WindowShape gw = l.win;
+          gw.batch = batch;
+          const size_t M = gw.positions(), kkc = gw.col_width();
+          k::activation_backward(l.out_ptr, dy, M, l.units, l.act, s);
+          dev_->gemm(true, false, kkc, l.units, M, 1.f, l.col.get(), kkc, dy, l.units, 0.f, g, l.units);
+          if (l.use_bias) k::bias_grad(dy, M, l.units, g + kkc * l.units, ws_.get(), s);
+          if (dx) {
+            dev_->gemm(false, true, M, kkc, l.units, 1.f, dy, l.units, p, l.units, 0.f, l.col.get(), kkc);
+            k::col2im(l.col.get(), dx, gw, s);
+          }
+          break;
+        }
+        case Kind::global_avg_pool:
+          if (dx) k::global_avg_pool_backward(dy, dx, batch, size_t{l.win.H} * l.win.W, l.win.C, s);
+          break;
         case Kind::activation:
           if (dx) {
             k::activation_backward(l.out_ptr, dy, n / l.in.back(), l.in.back(), l.act, s);

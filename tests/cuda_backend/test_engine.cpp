@@ -21,6 +21,10 @@ namespace {
 constexpr int kSteps = 20;
 constexpr double kLossTol = 1e-5;
 constexpr double kParamTol = 1e-5;
+// The convnet's parameters: measured 9.6e-6. Its conv gradients are sums over many more terms
+// whose order differs (col2im gathers where the cpu backend scatters, GEMMs split differently),
+// and Adam's normalised step turns a tiny gradient difference into a larger parameter one.
+constexpr double kConvParamTol = 1e-4;
 
 ModelSpec bn_model(uint64_t seed) {
   // dense on a rank-3 input (a batch of rows), batch_normalization with a fused relu, a softmax
@@ -107,6 +111,23 @@ TEST(CudaEngine, MlpTrainsLikeCpuSgdNesterov) {
   EXPECT_LE(a.params, kParamTol);
 }
 
+// The convnet of the Keras distributed-training guide (conv2d same/valid with strides,
+// batch_normalization + relu, global_average_pooling2d), without its dropout: the cpu backend
+// draws its own dropout masks.
+ModelSpec convnet_without_dropout(uint64_t seed) {
+  ModelSpec m = convnet(seed);
+  m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(), [](const LayerSpec& l) { return l.type == "dropout"; }),
+                 m.layers.end());
+  return m;
+}
+
+TEST(CudaEngine, ConvnetTrainsLikeCpu) {
+  const Agreement a = train_both(convnet_without_dropout(6), kSteps, 32);
+  std::printf("convnet adam: worst loss difference %.3g (relative), params %.3g (absolute)\n", a.loss, a.params);
+  EXPECT_LE(a.loss, kLossTol);
+  EXPECT_LE(a.params, kConvParamTol);
+}
+
 TEST(CudaEngine, BatchNormModelTrainsLikeCpu) {
   const Agreement a = train_both(bn_model(5), kSteps, 32);
   std::printf("bn model adam: worst loss difference %.3g (relative), params %.3g (absolute)\n", a.loss, a.params);
@@ -177,13 +198,19 @@ TEST(CudaEngine, TwoNodesFollowOneNode) {
 // do), so 2 nodes are not 1 on that model: there the cuda engine follows the cpu backend, both on
 // 2 nodes.
 TEST(CudaEngine, TwoNodesFollowCpuOnTwoNodes) {
-  const ModelSpec m = bn_model(14);
-  const auto [gl, gp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cu::make_engine(s, c); }, 32, 8);
-  const auto [cl, cp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cpu::make_engine(s, c); }, 32, 8);
-  for (size_t s = 0; s < gl[0].size(); ++s) EXPECT_NEAR(gl[0][s], cl[0][s], kLossTol * cl[0][s]);
-  const double d = max_abs_diff(gp[0], cp[0]);
-  std::printf("2 nodes, cuda vs cpu: params %.3g (absolute)\n", d);
-  EXPECT_LE(d, kParamTol);
+  // The convnet with SGD here: Adam's normalised step magnifies float-order differences on
+  // parameters whose gradient is close to 0 (see kConvParamTol), SGD compares the gradients.
+  ModelSpec conv = convnet_without_dropout(15);
+  conv.optimizer = "sgd";
+  conv.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  for (const auto& [m, tol] : {std::pair{bn_model(14), kParamTol}, std::pair{conv, kParamTol}}) {
+    const auto [gl, gp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cu::make_engine(s, c); }, 32, 8);
+    const auto [cl, cp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cpu::make_engine(s, c); }, 32, 8);
+    for (size_t s = 0; s < gl[0].size(); ++s) EXPECT_NEAR(gl[0][s], cl[0][s], kLossTol * cl[0][s]);
+    const double d = max_abs_diff(gp[0], cp[0]);
+    std::printf("2 nodes, cuda vs cpu: params %.3g (absolute)\n", d);
+    EXPECT_LE(d, tol);
+  }
 }
 
 // Bucketing changes when the gradients go out, never their values.
@@ -255,21 +282,17 @@ TEST(CudaEngine, BadStateIsRefusedAndChangesNothing) {
 }
 
 TEST(CudaEngine, LayersWithoutKernelsAreRefusedByName) {
-  for (const char* type : {"conv2d", "max_pooling2d", "global_average_pooling2d"}) {
-    ModelSpec m;
-    m.input_shape = {8, 8, 3};
-    m.layers = {layer(type, std::string(type) == "conv2d" ? std::initializer_list<std::pair<const char*, const char*>>{
-                                                                {"filters", "4"}, {"kernel_size", "3"}}
-                                                          : std::initializer_list<std::pair<const char*, const char*>>{}),
-                layer("flatten"), layer("dense", {{"units", "10"}})};
-    try {
-      cu::make_engine(m, Communicator{});
-      ADD_FAILURE() << type << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), SF_ERR_UNSUPPORTED) << type;
-      EXPECT_NE(std::string(e.what()).find(std::string("layer 0 (") + type + ")"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("cuda engine has no kernels"), std::string::npos) << e.what();
-    }
+  ModelSpec m;
+  m.input_shape = {8, 8, 3};
+  m.layers = {layer("dense", {{"units", "4"}}), layer("max_pooling2d"), layer("flatten"),
+              layer("dense", {{"units", "10"}})};
+  try {
+    cu::make_engine(m, Communicator{});
+    ADD_FAILURE() << "max_pooling2d accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), SF_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(e.what()).find("layer 1 (max_pooling2d): the cuda engine has no kernels"), std::string::npos)
+        << e.what();
   }
 }
 
