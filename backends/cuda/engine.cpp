@@ -54,7 +54,7 @@ constexpr uint32_t kStateVersion = 1;
 
 }  // namespace
 
-enum class Kind { dense, conv2d, activation, flatten, dropout, batchnorm, global_avg_pool };
+enum class Kind { dense, conv2d, activation, flatten, dropout, batchnorm, global_avg_pool, max_pool };
 
 struct Layer {
   Kind kind = Kind::flatten;
@@ -69,6 +69,7 @@ struct Layer {
   // conv2d (units: filters; win.batch set per call) and global_average_pooling2d (win.H/W/C)
   k::WindowShape win;
   Buffer<float> col;  // the last training forward's im2col, then the backward's dcol
+  Buffer<int32_t> arg;  // max_pooling2d: each output's input (index within its sample)
   // dropout
   float rate = 0.f;
   bool dropped = false;  // the last forward applied a mask
@@ -155,6 +156,12 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
         l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
         l->win.kh = ks.h, l->win.kw = ks.w, l->win.sh = st.h, l->win.sw = st.w;
         l->win.pt = s.rows.pad, l->win.pl = s.cols.pad, l->win.Ho = s.rows.out, l->win.Wo = s.cols.out;
+      } else if (t == "max_pooling2d") {
+        l->kind = Kind::max_pool;
+        const schema::Size2 ps = c.size("pool_size"), st = c.size("strides");
+        l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
+        l->win.kh = ps.h, l->win.kw = ps.w, l->win.sh = st.h, l->win.sw = st.w;
+        l->win.pt = s.rows.pad, l->win.pl = s.cols.pad, l->win.Ho = s.rows.out, l->win.Wo = s.cols.out;
       } else if (t == "global_average_pooling2d") {
         l->kind = Kind::global_avg_pool;
         l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
@@ -176,7 +183,8 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
         l->center = c.flag("center");
       } else {
         throw Error(c.where() + ": the cuda engine has no kernels for this layer yet (it has: dense, conv2d, relu, "
-                                "softmax, flatten, dropout, batch_normalization, global_average_pooling2d)",
+                                "softmax, flatten, dropout, batch_normalization, global_average_pooling2d, "
+                                "max_pooling2d)",
                     SF_ERR_UNSUPPORTED);
       }
       std::string d = ";" + t + shape_text(shape) + "->" + shape_text(s.output);
@@ -272,6 +280,7 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
       l->col = Buffer<float>(*dev_, g.positions() * g.col_width());
       ws = std::max(ws, k::reduce_workspace(g.positions(), l->units));
     }
+    if (l->kind == Kind::max_pool) l->arg = Buffer<int32_t>(*dev_, size_t{batch} * n);
   }
   x_ = Buffer<float>(*dev_, size_t{batch} * numel(input_shape_));
   for (auto& g : gbuf_) g = Buffer<float>(*dev_, size_t{batch} * widest);
@@ -323,6 +332,12 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         k::im2col(in, l.col.get(), g, s);
         dev_->gemm(false, false, M, l.units, kkc, 1.f, l.col.get(), kkc, p, l.units, 0.f, y, l.units);
         k::bias_activation_forward(y, l.use_bias ? p + kkc * l.units : nullptr, M, l.units, l.act, s);
+        break;
+      }
+      case Kind::max_pool: {
+        k::WindowShape g = l.win;
+        g.batch = batch;
+        k::max_pool_forward(in, y, l.arg.get(), g, s);
         break;
       }
       case Kind::global_avg_pool:
@@ -416,6 +431,13 @@ StepResult CudaEngine::compute(const float* x_host, const int32_t* y_host, uint3
           }
           break;
         }
+        case Kind::max_pool:
+          if (dx) {
+            k::WindowShape gw = l.win;
+            gw.batch = batch;
+            k::max_pool_backward(dy, l.arg.get(), dx, gw, s);
+          }
+          break;
         case Kind::global_avg_pool:
           if (dx) k::global_avg_pool_backward(dy, dx, batch, size_t{l.win.H} * l.win.W, l.win.C, s);
           break;

@@ -35,4 +35,17 @@ void global_avg_pool_backward(const float* dy, float* dx, size_t batch, size_t h
   for_n(s, batch * hw * C, GapBackwardElem{dy, dx, hw, C}, "global_avg_pool_backward");
 }
 
+void max_pool_forward(const float* x, float* y, int32_t* arg, const WindowShape& g, Stream s) {
+  if (g.batch == 0) return;
+  impl::check_window(g, "max_pool_forward");
+  impl::require(size_t{g.H} * g.W * g.C < (size_t{1} << 31), "max_pool_forward", "H * W * C must be below 2^31");
+  for_n(s, g.positions() * g.C, MaxPoolForwardElem{x, y, arg, g}, "max_pool_forward");
+}
+
+void max_pool_backward(const float* dy, const int32_t* arg, float* dx, const WindowShape& g, Stream s) {
+  if (g.batch == 0) return;
+  impl::check_window(g, "max_pool_backward");
+  for_n(s, g.batch * g.H * g.W * g.C, MaxPoolBackwardElem{dy, arg, dx, g}, "max_pool_backward");
+}
+
 }  // namespace skyforge::kernels

@@ -109,3 +109,40 @@ TEST(Window, BadGeometryThrowsBeforeRunning) {
   EXPECT_THROW(sk::im2col(x.data(), col.data(), g), std::invalid_argument);
   EXPECT_THROW(sk::global_avg_pool_forward(x.data(), col.data(), 1, 0, 1), std::invalid_argument);
 }
+
+// Max pooling against the definition: the first maximum in window order among the positions
+// inside the input, and the backward as a scatter of dy onto those positions in output order.
+// Values are rounded to halves so that windows hold ties.
+TEST(Window, MaxPoolMatchesDefinition) {
+  for (const auto& g : {shape(2, 6, 6, 3, 2, 2, 2, 2, false), shape(2, 7, 5, 2, 3, 3, 2, 2, true),
+                        shape(1, 5, 6, 2, 2, 3, 1, 1, true)}) {
+    auto x = kref::randn(g.batch * g.H * g.W * g.C, 26);
+    for (float& v : x) v = std::round(v * 2.f) / 2.f;
+    const size_t no = g.positions() * g.C, per = size_t{g.H} * g.W * g.C;
+    std::vector<float> y(no), dx(x.size(), 5.f);
+    std::vector<int32_t> arg(no);
+    sk::max_pool_forward(x.data(), y.data(), arg.data(), g);
+    std::vector<float> ref_dx(x.size(), 0.f);
+    const auto dy = kref::randn(no, 27);
+    for (size_t n = 0; n < g.batch; ++n)
+      for (uint32_t oy = 0; oy < g.Ho; ++oy)
+        for (uint32_t ox = 0; ox < g.Wo; ++ox)
+          for (uint32_t c = 0; c < g.C; ++c) {
+            float best = 0.f;
+            int64_t at = -1;
+            for (uint32_t ky = 0; ky < g.kh; ++ky)
+              for (uint32_t kx = 0; kx < g.kw; ++kx) {
+                const int64_t yy = int64_t{oy} * g.sh + ky - g.pt, xx = int64_t{ox} * g.sw + kx - g.pl;
+                if (yy < 0 || xx < 0 || yy >= g.H || xx >= g.W) continue;
+                const int64_t idx = (yy * g.W + xx) * g.C + c;
+                if (at < 0 || x[n * per + idx] > best) best = x[n * per + idx], at = idx;
+              }
+            const size_t o = ((n * g.Ho + oy) * g.Wo + ox) * g.C + c;
+            ASSERT_EQ(y[o], best) << o;
+            ASSERT_EQ(arg[o], at) << o;
+            ref_dx[n * per + at] += dy[o];
+          }
+    sk::max_pool_backward(dy.data(), arg.data(), dx.data(), g);
+    for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(dx[i], ref_dx[i]) << i;
+  }
+}

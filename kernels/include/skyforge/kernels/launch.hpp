@@ -110,5 +110,10 @@ void col2im(const float* col, float* dx, const WindowShape& g, Stream s = {});
 // dx[n, p, c] = dy[n, c] / hw (overwrites dx).
 void global_avg_pool_forward(const float* x, float* y, size_t batch, size_t hw, size_t C, Stream s = {});
 void global_avg_pool_backward(const float* dy, float* dx, size_t batch, size_t hw, size_t C, Stream s = {});
+// Max pooling with the window g (kh x kw the pool size): y [g.batch, Ho, Wo, C] and arg, the
+// index within its sample of each output's input (the first maximum); the backward routes dy to
+// those inputs (overwrites dx). H * W * C < 2^31.
+void max_pool_forward(const float* x, float* y, int32_t* arg, const WindowShape& g, Stream s = {});
+void max_pool_backward(const float* dy, const int32_t* arg, float* dx, const WindowShape& g, Stream s = {});
 
 }  // namespace skyforge::kernels

@@ -87,4 +87,59 @@ struct GapBackwardElem {
   }
 };
 
+// Max pooling, output element i of [batch, Ho, Wo, C] over the window (kh, kw) = the pool size:
+// the first maximum in (ky, kx) order of the positions inside the input (padding is never
+// chosen), its index within the sample ((y * W + x) * C + c) into arg: the cpu backend's rule.
+struct MaxPoolForwardElem {
+  const float* x;
+  float* y;
+  int32_t* arg;
+  WindowShape g;
+  SF_HD void operator()(size_t i) const {
+    const uint32_t c = static_cast<uint32_t>(i % g.C), ox = static_cast<uint32_t>(i / g.C % g.Wo),
+                   oy = static_cast<uint32_t>(i / g.C / g.Wo % g.Ho);
+    const size_t n = i / (size_t{g.C} * g.Wo * g.Ho);
+    const float* xs = x + n * g.H * g.W * g.C;
+    float best = 0.f;
+    int32_t at = -1;
+    for (uint32_t ky = 0; ky < g.kh; ++ky) {
+      const int64_t yy = int64_t{oy} * g.sh + ky - g.pt;
+      if (yy < 0 || yy >= g.H) continue;
+      for (uint32_t kx = 0; kx < g.kw; ++kx) {
+        const int64_t xx = int64_t{ox} * g.sw + kx - g.pl;
+        if (xx < 0 || xx >= g.W) continue;
+        const int32_t idx = static_cast<int32_t>((yy * g.W + xx) * g.C + c);
+        if (at < 0 || xs[idx] > best) best = xs[idx], at = idx;
+      }
+    }
+    y[i] = best;
+    arg[i] = at;
+  }
+};
+
+// Input element i of [batch, H, W, C]: the sum of dy over the outputs whose maximum it was, in
+// output order (the order in which the cpu backend adds them).
+struct MaxPoolBackwardElem {
+  const float* dy;
+  const int32_t* arg;
+  float* dx;
+  WindowShape g;
+  SF_HD void operator()(size_t i) const {
+    const size_t per = size_t{g.H} * g.W * g.C, n = i / per, own = i % per;
+    const uint32_t c = static_cast<uint32_t>(i % g.C), x = static_cast<uint32_t>(i / g.C % g.W),
+                   y = static_cast<uint32_t>(i / g.C / g.W % g.H);
+    // Windows oy with oy * sh - pt <= y <= oy * sh - pt + kh - 1.
+    const int64_t ty = int64_t{y} + g.pt, tx = int64_t{x} + g.pl;
+    const int64_t oy0 = ty - g.kh + 1 <= 0 ? 0 : (ty - g.kh + 1 + g.sh - 1) / g.sh, oy1 = ty / g.sh;
+    const int64_t ox0 = tx - g.kw + 1 <= 0 ? 0 : (tx - g.kw + 1 + g.sw - 1) / g.sw, ox1 = tx / g.sw;
+    float s = 0.f;
+    for (int64_t oy = oy0; oy <= oy1 && oy < g.Ho; ++oy)
+      for (int64_t ox = ox0; ox <= ox1 && ox < g.Wo; ++ox) {
+        const size_t o = ((n * g.Ho + static_cast<size_t>(oy)) * g.Wo + static_cast<size_t>(ox)) * g.C + c;
+        if (arg[o] == static_cast<int32_t>(own)) s += dy[o];
+      }
+    dx[i] = s;
+  }
+};
+
 }  // namespace skyforge::kernels
