@@ -139,32 +139,34 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
       const schema::LayerConfig c = schema::parse(ls.type, options, i);
       s = c.infer(shape);
       const std::string& t = ls.type;
+      auto activation = [&] {
+        const std::string& a = c.choice("activation");
+        return a == "relu" ? k::Activation::relu : a == "softmax" ? k::Activation::softmax : k::Activation::linear;
+      };
+      // conv2d, max_pooling2d: the window of `size_option` with the schema's geometry.
+      auto window = [&](const char* size_option) {
+        const schema::Size2 ks = c.size(size_option), st = c.size("strides");
+        l->win.kh = ks.h, l->win.kw = ks.w, l->win.sh = st.h, l->win.sw = st.w;
+        l->win.pt = s.rows.pad, l->win.pl = s.cols.pad, l->win.Ho = s.rows.out, l->win.Wo = s.cols.out;
+      };
+      if (shape.size() == 3) l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
       if (t == "dense") {
         l->kind = Kind::dense;
         l->fin = shape.back();
         l->units = c.count("units");
         l->use_bias = c.flag("use_bias");
-        const std::string& a = c.choice("activation");
-        l->act = a == "relu" ? k::Activation::relu : a == "softmax" ? k::Activation::softmax : k::Activation::linear;
+        l->act = activation();
       } else if (t == "conv2d") {
         l->kind = Kind::conv2d;
         l->units = c.count("filters");
         l->use_bias = c.flag("use_bias");
-        const std::string& a = c.choice("activation");
-        l->act = a == "relu" ? k::Activation::relu : a == "softmax" ? k::Activation::softmax : k::Activation::linear;
-        const schema::Size2 ks = c.size("kernel_size"), st = c.size("strides");
-        l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
-        l->win.kh = ks.h, l->win.kw = ks.w, l->win.sh = st.h, l->win.sw = st.w;
-        l->win.pt = s.rows.pad, l->win.pl = s.cols.pad, l->win.Ho = s.rows.out, l->win.Wo = s.cols.out;
+        l->act = activation();
+        window("kernel_size");
       } else if (t == "max_pooling2d") {
         l->kind = Kind::max_pool;
-        const schema::Size2 ps = c.size("pool_size"), st = c.size("strides");
-        l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
-        l->win.kh = ps.h, l->win.kw = ps.w, l->win.sh = st.h, l->win.sw = st.w;
-        l->win.pt = s.rows.pad, l->win.pl = s.cols.pad, l->win.Ho = s.rows.out, l->win.Wo = s.cols.out;
+        window("pool_size");
       } else if (t == "global_average_pooling2d") {
         l->kind = Kind::global_avg_pool;
-        l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
       } else if (t == "relu" || t == "softmax") {
         l->kind = Kind::activation;
         l->act = t == "relu" ? k::Activation::relu : k::Activation::softmax;

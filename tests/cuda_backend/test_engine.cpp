@@ -74,6 +74,14 @@ Agreement train_both(const ModelSpec& spec, int steps, uint32_t batch) {
   return a;
 }
 
+// train_both, printed, and checked against the loss tolerance and `param_tol`.
+void expect_agreement(const char* name, const ModelSpec& spec, uint32_t batch, double param_tol) {
+  const Agreement a = train_both(spec, kSteps, batch);
+  std::printf("%s: worst loss difference %.3g (relative), params %.3g (absolute)\n", name, a.loss, a.params);
+  EXPECT_LE(a.loss, kLossTol) << name;
+  EXPECT_LE(a.params, param_tol) << name;
+}
+
 }  // namespace
 
 TEST(CudaEngine, HostBuildIsTheHostBuild) {
@@ -97,20 +105,14 @@ TEST(CudaEngine, InitialParamsEqualCpuBitForBit) {
 }
 
 TEST(CudaEngine, MlpTrainsLikeCpuAdam) {
-  const Agreement a = train_both(mlp(3), kSteps, 64);
-  std::printf("mlp adam: worst loss difference %.3g (relative), params %.3g (absolute)\n", a.loss, a.params);
-  EXPECT_LE(a.loss, kLossTol);
-  EXPECT_LE(a.params, kParamTol);
+  expect_agreement("mlp adam", mlp(3), 64, kParamTol);
 }
 
 TEST(CudaEngine, MlpTrainsLikeCpuSgdNesterov) {
   ModelSpec m = mlp(4);
   m.optimizer = "sgd";
   m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}, {"nesterov", "true"}});
-  const Agreement a = train_both(m, kSteps, 64);
-  std::printf("mlp sgd: worst loss difference %.3g (relative), params %.3g (absolute)\n", a.loss, a.params);
-  EXPECT_LE(a.loss, kLossTol);
-  EXPECT_LE(a.params, kParamTol);
+  expect_agreement("mlp sgd", m, 64, kParamTol);
 }
 
 // The convnet of the Keras distributed-training guide (conv2d same/valid with strides,
@@ -124,10 +126,7 @@ ModelSpec convnet_without_dropout(uint64_t seed) {
 }
 
 TEST(CudaEngine, ConvnetTrainsLikeCpu) {
-  const Agreement a = train_both(convnet_without_dropout(6), kSteps, 32);
-  std::printf("convnet adam: worst loss difference %.3g (relative), params %.3g (absolute)\n", a.loss, a.params);
-  EXPECT_LE(a.loss, kLossTol);
-  EXPECT_LE(a.params, kConvParamTol);
+  expect_agreement("convnet adam", convnet_without_dropout(6), 32, kConvParamTol);
 }
 
 // max_pooling2d, 'valid' and 'same' with overlapping windows, between convolutions.
@@ -141,17 +140,11 @@ TEST(CudaEngine, PoolingConvnetTrainsLikeCpu) {
               layer("flatten"),
               layer("dense", {{"units", "10"}})};
   m.seed = 16;
-  const Agreement a = train_both(m, kSteps, 16);
-  std::printf("pooling convnet adam: worst loss difference %.3g (relative), params %.3g (absolute)\n", a.loss, a.params);
-  EXPECT_LE(a.loss, kLossTol);
-  EXPECT_LE(a.params, kConvParamTol);
+  expect_agreement("pooling convnet adam", m, 16, kConvParamTol);
 }
 
 TEST(CudaEngine, BatchNormModelTrainsLikeCpu) {
-  const Agreement a = train_both(bn_model(5), kSteps, 32);
-  std::printf("bn model adam: worst loss difference %.3g (relative), params %.3g (absolute)\n", a.loss, a.params);
-  EXPECT_LE(a.loss, kLossTol);
-  EXPECT_LE(a.params, kParamTol);
+  expect_agreement("bn model adam", bn_model(5), 32, kParamTol);
 }
 
 namespace {
@@ -401,4 +394,19 @@ TEST(CudaEngine, DropoutIsReproducibleAndTrainingOnly) {
   a->predict(x.x.data(), 8, la.data());
   b->predict(x.x.data(), 8, lb.data());
   EXPECT_EQ(la, lb);
+}
+
+// Buffers grow with the batch and are reused for smaller ones (the last batch of an epoch).
+TEST(CudaEngine, VaryingBatchSizesTrainLikeCpu) {
+  ModelSpec m = convnet_without_dropout(17);
+  auto c = cpu::make_engine(m, Communicator{});
+  auto g = cu::make_engine(m, Communicator{});
+  int step = 0;
+  for (uint32_t batch : {8u, 24u, 5u, 24u, 1u}) {
+    const Batch b = make_batch(1000 + step++, batch, features(m));
+    const double lc = c->train_step(b.x.data(), b.y.data(), batch).loss;
+    const double lg = g->train_step(b.x.data(), b.y.data(), batch).loss;
+    EXPECT_NEAR(lg, lc, kLossTol * lc) << "batch " << batch;
+  }
+  EXPECT_LE(max_abs_diff(params_of(*c), params_of(*g)), kConvParamTol);
 }

@@ -42,6 +42,18 @@ double x_at(const std::vector<float>& x, const sk::WindowShape& g, size_t n, uin
   return x[((n * g.H + y) * g.W + xx) * g.C + c];
 }
 
+// Calls f(i, n, oy, ox, ky, kx, c) for every col entry i, in col order.
+template <class F>
+void each_col(const sk::WindowShape& g, F&& f) {
+  size_t i = 0;
+  for (size_t n = 0; n < g.batch; ++n)
+    for (uint32_t oy = 0; oy < g.Ho; ++oy)
+      for (uint32_t ox = 0; ox < g.Wo; ++ox)
+        for (uint32_t ky = 0; ky < g.kh; ++ky)
+          for (uint32_t kx = 0; kx < g.kw; ++kx)
+            for (uint32_t c = 0; c < g.C; ++c) f(i++, n, oy, ox, ky, kx, c);
+}
+
 }  // namespace
 
 TEST(Window, Im2ColMatchesDefinition) {
@@ -49,13 +61,9 @@ TEST(Window, Im2ColMatchesDefinition) {
     const auto x = kref::randn(g.batch * g.H * g.W * g.C, 21);
     std::vector<float> col(g.positions() * g.col_width(), -1.f);
     sk::im2col(x.data(), col.data(), g);
-    size_t i = 0;
-    for (size_t n = 0; n < g.batch; ++n)
-      for (uint32_t oy = 0; oy < g.Ho; ++oy)
-        for (uint32_t ox = 0; ox < g.Wo; ++ox)
-          for (uint32_t ky = 0; ky < g.kh; ++ky)
-            for (uint32_t kx = 0; kx < g.kw; ++kx)
-              for (uint32_t c = 0; c < g.C; ++c, ++i) ASSERT_EQ(col[i], x_at(x, g, n, oy, ox, ky, kx, c)) << i;
+    each_col(g, [&](size_t i, size_t n, uint32_t oy, uint32_t ox, uint32_t ky, uint32_t kx, uint32_t c) {
+      ASSERT_EQ(col[i], x_at(x, g, n, oy, ox, ky, kx, c)) << i;
+    });
   }
 }
 
@@ -73,16 +81,10 @@ TEST(Window, Col2ImIsTheAdjointOfIm2Col) {
     for (size_t i = 0; i < nx; ++i) rhs += double{x[i]} * dx[i];
     EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::fabs(lhs)));
     std::vector<double> ref(nx, 0.0);
-    size_t i = 0;
-    for (size_t n = 0; n < g.batch; ++n)
-      for (uint32_t oy = 0; oy < g.Ho; ++oy)
-        for (uint32_t ox = 0; ox < g.Wo; ++ox)
-          for (uint32_t ky = 0; ky < g.kh; ++ky)
-            for (uint32_t kx = 0; kx < g.kw; ++kx)
-              for (uint32_t ch = 0; ch < g.C; ++ch, ++i) {
-                const int64_t y = int64_t{oy} * g.sh - g.pt + ky, xx = int64_t{ox} * g.sw - g.pl + kx;
-                if (y >= 0 && xx >= 0 && y < g.H && xx < g.W) ref[((n * g.H + y) * g.W + xx) * g.C + ch] += c[i];
-              }
+    each_col(g, [&](size_t i, size_t n, uint32_t oy, uint32_t ox, uint32_t ky, uint32_t kx, uint32_t ch) {
+      const int64_t y = int64_t{oy} * g.sh - g.pt + ky, xx = int64_t{ox} * g.sw - g.pl + kx;
+      if (y >= 0 && xx >= 0 && y < g.H && xx < g.W) ref[((n * g.H + y) * g.W + xx) * g.C + ch] += c[i];
+    });
     for (size_t j = 0; j < nx; ++j) ASSERT_NEAR(dx[j], ref[j], 1e-5 * (1 + std::fabs(ref[j]))) << j;
   }
 }
