@@ -6,3 +6,4 @@ const char* build_name() { return "cuda"; }
 }  // namespace skyforge::kernels
 
 #include "../dense.inl"
+#include "../window.inl"

@@ -28,3 +28,4 @@ const char* build_name() { return "host"; }
 
 #include "../dense.inl"
 #include "../train.inl"
+#include "../window.inl"

@@ -13,6 +13,7 @@
 #include "hd.hpp"
 #include "philox.hpp"
 #include "reduce.hpp"
+#include "window.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -98,5 +99,21 @@ void batchnorm_update_moving(float* moving_mean, float* moving_var, const float*
 void batchnorm_backward(const float* x, const float* relu_y, const float* dy, float* dx, size_t rows, size_t C,
                         const float* gamma, const float* mean, const float* invstd, float* dgamma, float* dbeta,
                         double* ws, Stream s = {});
+
+// ---- windows over NHWC images (window.hpp) ---------------------------------------------------------
+// conv2d as a GEMM: col [g.positions(), g.col_width()] from x [g.batch, H, W, C] (zeros in the
+// padding), and col2im, its adjoint: dx[n, y, x, c] = the sum of the col entries im2col read from
+// it (overwrites dx). Dimensions must be >= 1, strides >= 1, Ho/Wo those of the schema.
+void im2col(const float* x, float* col, const WindowShape& g, Stream s = {});
+void col2im(const float* col, float* dx, const WindowShape& g, Stream s = {});
+// Global average pooling: y[n, c] = mean over the hw positions of x[n, :, c]; the backward
+// dx[n, p, c] = dy[n, c] / hw (overwrites dx).
+void global_avg_pool_forward(const float* x, float* y, size_t batch, size_t hw, size_t C, Stream s = {});
+void global_avg_pool_backward(const float* dy, float* dx, size_t batch, size_t hw, size_t C, Stream s = {});
+// Max pooling with the window g (kh x kw the pool size): y [g.batch, Ho, Wo, C] and arg, the
+// index within its sample of each output's input (the first maximum); the backward routes dy to
+// those inputs (overwrites dx). H * W * C < 2^31.
+void max_pool_forward(const float* x, float* y, int32_t* arg, const WindowShape& g, Stream s = {});
+void max_pool_backward(const float* dy, const int32_t* arg, float* dx, const WindowShape& g, Stream s = {});
 
 }  // namespace skyforge::kernels

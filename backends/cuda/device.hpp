@@ -1,0 +1,84 @@
+// The cuda engine's device layer (docs/compute-backends.md, "The cuda engine"): everything the
+// engine needs from a GPU besides the kernels of kernels/ (docs/kernels.md). Two builds:
+//   device_host.cpp  plain host memory, OpenBLAS cblas_sgemm, the pool's sf_communicator;
+//   device_cuda.cpp  CUDA runtime memory and one stream, cuBLAS, NCCL (unique id through the
+//                    pool's key-value store).
+// The engine (engine.cpp) is written once against this class and launch.hpp, so the host build
+// that tests run here is the same engine code a GPU runs.
+#pragma once
+
+#include <skyforge/kernels/launch.hpp>
+#include <skyforge/sdk.hpp>
+
+#include <cstddef>
+#include <memory>
+
+namespace skyforge::cuda {
+
+class Device {
+ public:
+  // comm: the pool's communicator (rank, size; the host build's collectives). host: its
+  // services (the CUDA build's NCCL rendezvous through kv_set/kv_get; unused by the host build).
+  // Throws Error(SF_ERR_UNSUPPORTED) when no device can be used.
+  Device(const Communicator& comm, const Host& host);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  static const char* build_name();  // "host" or "cuda"
+
+  // Memory in the device's address space. Copies and memsets are ordered on stream().
+  void* alloc(size_t bytes);
+  void free(void* p) noexcept;
+  void upload(void* dst, const void* src, size_t bytes);    // host -> device, returns when done
+  void download(void* dst, const void* src, size_t bytes);  // device -> host, returns when done
+  void copy(void* dst, const void* src, size_t bytes);      // device -> device
+  void zero(void* p, size_t bytes);
+
+  // Row-major C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C (cblas_sgemm's contract).
+  void gemm(bool trans_a, bool trans_b, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
+            const float* B, size_t ldb, float beta, float* C, size_t ldc);
+
+  // In-place sum of n floats of device memory over every rank; broadcast of device bytes from root.
+  void allreduce_sum(float* p, size_t n);
+  void broadcast(void* p, size_t bytes, uint32_t root);
+
+  kernels::Stream stream() const { return stream_; }
+  void synchronize();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  kernels::Stream stream_{};
+};
+
+// A typed buffer of device memory.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device& d, size_t n) : d_(&d), n_(n), p_(n ? static_cast<T*>(d.alloc(n * sizeof(T))) : nullptr) {}
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept : d_(o.d_), n_(o.n_), p_(o.p_) { o.p_ = nullptr, o.n_ = 0; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      d_ = o.d_, n_ = o.n_, p_ = o.p_;
+      o.p_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  void reset() {
+    if (p_) d_->free(p_);
+    p_ = nullptr, n_ = 0;
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  Device* d_ = nullptr;
+  size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+}  // namespace skyforge::cuda

@@ -1,0 +1,120 @@
+// The device layer's CUDA build (device.hpp): CUDA runtime memory and one stream, cuBLAS for the
+// GEMMs, NCCL for the gradient allreduce and the initial broadcast. Plain C++ against the CUDA
+// headers (no device code here: the kernels are kernels/'s). docs/compute-backends.md.
+#include "device.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+
+namespace skyforge::cuda {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e), SF_ERR);
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuda: ") + what + ": " + cublasGetStatusString(s), SF_ERR);
+}
+void check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw Error(std::string("cuda: ") + what + ": " + ncclGetErrorString(r), SF_ERR);
+}
+
+// Engines are created in the same order on every rank, so the n-th one's NCCL id lives under the
+// same key everywhere.
+std::atomic<uint64_t> g_generation{0};
+
+}  // namespace
+
+struct Device::Impl {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  ncclComm_t nccl = nullptr;
+  ~Impl() {
+    if (nccl) ncclCommDestroy(nccl);
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+Device::Device(const Communicator& comm, const Host& host) : impl_(std::make_unique<Impl>()) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess)
+    throw Error(std::string("cuda: no usable CUDA driver (") + cudaGetErrorString(e) + ")", SF_ERR_UNSUPPORTED);
+  if (count == 0) throw Error("cuda: no CUDA device visible (CUDA_VISIBLE_DEVICES?)", SF_ERR_UNSUPPORTED);
+  // One node per GPU: the provider narrows CUDA_VISIBLE_DEVICES, so device 0 is this node's.
+  check(cudaSetDevice(0), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_.handle = impl_->stream;
+  check(cublasCreate(&impl_->blas), "cublasCreate");
+  check(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
+  const uint64_t gen = g_generation.fetch_add(1);
+  if (comm.size() > 1) {
+    ncclUniqueId id;
+    const std::string key = "skyforge.cuda.nccl_id." + std::to_string(gen);
+    if (comm.rank() == 0) {
+      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      host.kv_set(key, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+    } else {
+      const std::string v = host.kv_get(key);
+      if (v.size() != sizeof(id)) throw Error("cuda: malformed NCCL unique id under " + key, SF_ERR);
+      std::memcpy(&id, v.data(), sizeof(id));
+    }
+    check(ncclCommInitRank(&impl_->nccl, static_cast<int>(comm.size()), id, static_cast<int>(comm.rank())),
+          "ncclCommInitRank");
+  }
+}
+Device::~Device() = default;
+
+const char* Device::build_name() { return "cuda"; }
+
+void* Device::alloc(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+  return p;
+}
+void Device::free(void* p) noexcept { cudaFree(p); }
+void Device::upload(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
+  synchronize();
+}
+void Device::download(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
+  synchronize();
+}
+void Device::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream), "copy");
+}
+void Device::zero(void* p, size_t bytes) {
+  if (bytes) check(cudaMemsetAsync(p, 0, bytes, impl_->stream), "memset");
+}
+
+// cuBLAS is column-major: a row-major [M, N] matrix is its column-major transpose, so
+// C^T = op(B)^T op(A)^T is the same call with the operands swapped.
+void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
+                  const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+  check(cublasSgemm(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                    static_cast<int>(M), static_cast<int>(K), &alpha, B, static_cast<int>(ldb), A,
+                    static_cast<int>(lda), &beta, C, static_cast<int>(ldc)),
+        "cublasSgemm");
+}
+
+void Device::allreduce_sum(float* p, size_t n) {
+  if (!impl_->nccl || n == 0) return;
+  check(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, impl_->nccl, impl_->stream), "ncclAllReduce");
+}
+void Device::broadcast(void* p, size_t bytes, uint32_t root) {
+  if (!impl_->nccl || bytes == 0) return;
+  check(ncclBroadcast(p, p, bytes, ncclUint8, static_cast<int>(root), impl_->nccl, impl_->stream), "ncclBroadcast");
+}
+void Device::synchronize() { check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize"); }
+
+}  // namespace skyforge::cuda

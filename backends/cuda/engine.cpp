@@ -1,0 +1,642 @@
+// The cuda engine (engine.hpp; docs/compute-backends.md, "The cuda engine (in progress)"). No
+// CUDA API here: memory, GEMMs and collectives go through Device, elementwise/row/reduction work
+// through the kernels' launch API, so this file is compiled for both builds.
+#include "engine.hpp"
+
+#include <skyforge/layer_schema.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
+
+namespace skyforge::cuda {
+
+namespace k = skyforge::kernels;
+using Shape = std::vector<uint32_t>;
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& m) { throw Error(m, SF_ERR_INVALID); }
+
+size_t numel(const Shape& s) { return std::accumulate(s.begin(), s.end(), size_t{1}, std::multiplies<>()); }
+using schema::detail::shape_text;  // "(None, 28, 28, 1)"
+
+// The cpu backend's initialisers (docs/compute-backends.md): glorot_uniform kernels from
+// uniform floats of 24 random bits of the pinned generator, zero biases, gamma 1, beta 0.
+void glorot(float* w, size_t n, size_t fan_in, size_t fan_out, Rng& rng) {
+  const float limit = static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
+  for (size_t i = 0; i < n; ++i) w[i] = (2.f * (static_cast<float>(rng.next() >> 40) * (1.0f / 16777216.0f)) - 1.f) * limit;
+}
+
+// An optimizer option: a finite number in its range (Keras' defaults otherwise).
+double number(const std::string& opt, const Options& o, const char* key, double fallback, double lo, double hi,
+              bool lo_open) {
+  if (!o.has(key)) return fallback;
+  const std::string v = o.get(key);
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(v.c_str(), &end);
+  const bool ok = !v.empty() && *end == '\0' && errno == 0 && std::isfinite(d) && d >= lo && d <= hi &&
+                  !(lo_open && d == lo);
+  if (!ok)
+    invalid("optimizer " + opt + ": option '" + key + "': expected a number " + (lo_open ? "> " : ">= ") +
+            schema::detail::number_text(lo) + (hi < 1e300 ? " and <= " + schema::detail::number_text(hi) : "") +
+            ", got '" + v + "'");
+  return d;
+}
+
+constexpr char kMagic[8] = {'S', 'F', 'C', 'U', 'D', 'E', 'N', 'G'};
+constexpr uint32_t kStateVersion = 1;
+
+}  // namespace
+
+enum class Kind { dense, conv2d, activation, flatten, dropout, batchnorm, global_avg_pool, max_pool };
+
+struct Layer {
+  Kind kind = Kind::flatten;
+  size_t index = 0;
+  std::string type;
+  Shape in, out;
+  size_t poff = 0, psize = 0;  // slice of the flat parameter buffer
+  // dense
+  size_t fin = 0, units = 0;
+  bool use_bias = true;
+  k::Activation act = k::Activation::linear;
+  // conv2d (units: filters; win.batch set per call) and global_average_pooling2d (win.H/W/C)
+  k::WindowShape win;
+  Buffer<float> col;  // the last training forward's im2col, then the backward's dcol
+  Buffer<int32_t> arg;  // max_pooling2d: each output's input (index within its sample)
+  // dropout
+  float rate = 0.f;
+  bool dropped = false;  // the last forward applied a mask
+  // batch_normalization
+  size_t C = 0;
+  float momentum = 0.99f, epsilon = 1e-3f;
+  bool scale = true, center = true, relu = false;  // relu: the next layer (a relu) fused in
+  Buffer<float> mean, var, invstd, moving_mean, moving_var;
+  // engine bookkeeping
+  bool fused = false;  // a relu applied by the previous layer
+  bool view = false;   // output is the input's bytes (flatten)
+  Buffer<float> y;
+  const float* out_ptr = nullptr;
+
+  size_t rows(uint32_t batch) const {
+    const size_t w = kind == Kind::dense ? fin : kind == Kind::batchnorm ? C : in.back();
+    return batch * (numel(in) / w);
+  }
+};
+
+CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Host& host, const EngineOptions& opt)
+    : comm_(comm), eopt_(opt), input_shape_(spec.input_shape), seed_(spec.seed) {
+  if (input_shape_.empty() || numel(input_shape_) == 0)
+    invalid("model input_shape " + shape_text(input_shape_) + " is empty or has a zero dimension");
+  if (spec.layers.empty()) invalid("the model has no layers");
+  if (!spec.loss.empty() && spec.loss != "sparse_categorical_crossentropy")
+    invalid("unknown loss '" + spec.loss + "' (known: sparse_categorical_crossentropy, from logits)");
+  optimizer_ = spec.optimizer.empty() ? "adam" : spec.optimizer;
+  const Options& oo = spec.optimizer_options;
+  auto only = [&](std::initializer_list<const char*> known) {
+    for (const auto& [key, v] : oo.all()) {
+      bool ok = false;
+      for (const char* kk : known) ok = ok || key == kk;
+      if (!ok) invalid("optimizer " + optimizer_ + ": unknown option '" + key + "'");
+    }
+  };
+  if (optimizer_ == "adam") {
+    only({"learning_rate", "beta_1", "beta_2", "epsilon"});
+    adam_.learning_rate = number("adam", oo, "learning_rate", 0.001, 0, 1e300, true);
+    adam_.beta_1 = number("adam", oo, "beta_1", 0.9, 0, 1, false);
+    adam_.beta_2 = number("adam", oo, "beta_2", 0.999, 0, 1, false);
+    adam_.epsilon = number("adam", oo, "epsilon", 1e-7, 0, 1e300, true);
+  } else if (optimizer_ == "sgd") {
+    only({"learning_rate", "momentum", "nesterov"});
+    sgd_.learning_rate = number("sgd", oo, "learning_rate", 0.01, 0, 1e300, true);
+    sgd_.momentum = number("sgd", oo, "momentum", 0.0, 0, 1, false);
+    try {
+      sgd_.nesterov = oo.get_bool("nesterov", false);
+    } catch (const Error& e) {
+      invalid(std::string("optimizer sgd: ") + e.what());
+    }
+  } else {
+    invalid("unknown optimizer '" + optimizer_ + "' (known: adam, sgd)");
+  }
+
+  dev_ = std::make_unique<Device>(comm_, host);
+
+  // Every layer through the schema: options with defaults, output shape, parameter count.
+  Shape shape = input_shape_;
+  arch_ = "input" + shape_text(shape);
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    const LayerSpec& ls = spec.layers[i];
+    const std::vector<std::pair<std::string, std::string>> options(ls.options.all().begin(), ls.options.all().end());
+    schema::LayerShape s;
+    auto l = std::make_unique<Layer>();
+    try {
+      const schema::LayerConfig c = schema::parse(ls.type, options, i);
+      s = c.infer(shape);
+      const std::string& t = ls.type;
+      auto activation = [&] {
+        const std::string& a = c.choice("activation");
+        return a == "relu" ? k::Activation::relu : a == "softmax" ? k::Activation::softmax : k::Activation::linear;
+      };
+      // conv2d, max_pooling2d: the window of `size_option` with the schema's geometry.
+      auto window = [&](const char* size_option) {
+        const schema::Size2 ks = c.size(size_option), st = c.size("strides");
+        l->win.kh = ks.h, l->win.kw = ks.w, l->win.sh = st.h, l->win.sw = st.w;
+        l->win.pt = s.rows.pad, l->win.pl = s.cols.pad, l->win.Ho = s.rows.out, l->win.Wo = s.cols.out;
+      };
+      if (shape.size() == 3) l->win.H = shape[0], l->win.W = shape[1], l->win.C = shape[2];
+      if (t == "dense") {
+        l->kind = Kind::dense;
+        l->fin = shape.back();
+        l->units = c.count("units");
+        l->use_bias = c.flag("use_bias");
+        l->act = activation();
+      } else if (t == "conv2d") {
+        l->kind = Kind::conv2d;
+        l->units = c.count("filters");
+        l->use_bias = c.flag("use_bias");
+        l->act = activation();
+        window("kernel_size");
+      } else if (t == "max_pooling2d") {
+        l->kind = Kind::max_pool;
+        window("pool_size");
+      } else if (t == "global_average_pooling2d") {
+        l->kind = Kind::global_avg_pool;
+      } else if (t == "relu" || t == "softmax") {
+        l->kind = Kind::activation;
+        l->act = t == "relu" ? k::Activation::relu : k::Activation::softmax;
+      } else if (t == "flatten") {
+        l->kind = Kind::flatten;
+        l->view = true;
+      } else if (t == "dropout") {
+        l->kind = Kind::dropout;
+        l->rate = static_cast<float>(c.real("rate"));
+      } else if (t == "batch_normalization") {
+        l->kind = Kind::batchnorm;
+        l->C = shape.back();
+        l->momentum = static_cast<float>(c.real("momentum"));
+        l->epsilon = static_cast<float>(c.real("epsilon"));
+        l->scale = c.flag("scale");
+        l->center = c.flag("center");
+      } else {
+        throw Error(c.where() + ": the cuda engine has no kernels for this layer yet (it has: dense, conv2d, relu, "
+                                "softmax, flatten, dropout, batch_normalization, global_average_pooling2d, "
+                                "max_pooling2d)",
+                    SF_ERR_UNSUPPORTED);
+      }
+      std::string d = ";" + t + shape_text(shape) + "->" + shape_text(s.output);
+      for (const auto& [key, v] : c.options()) d += "/" + key + "=" + v;
+      arch_ += d;
+    } catch (const schema::LayerError& e) {
+      invalid(e.what());
+    }
+    l->index = i;
+    l->type = ls.type;
+    l->in = shape;
+    l->out = s.output;
+    l->poff = n_params_;
+    l->psize = static_cast<size_t>(s.trainable);
+    n_params_ += l->psize;
+    shape = s.output;
+    layers_.push_back(std::move(l));
+  }
+  if (shape.size() != 1)
+    invalid("layer " + std::to_string(layers_.size() - 1) + " (" + layers_.back()->type + "): the model's output " +
+            shape_text(shape) +
+            " must be (classes,) for sparse_categorical_crossentropy; add flatten or global_average_pooling2d");
+  classes_ = shape[0];
+  arch_ += ";" + optimizer_;
+
+  // A relu right after batch_normalization is fused into it (the kernels' relu flag), as the
+  // cpu backend does.
+  for (size_t i = 1; i < layers_.size(); ++i)
+    if (layers_[i]->kind == Kind::activation && layers_[i]->act == k::Activation::relu &&
+        layers_[i - 1]->kind == Kind::batchnorm && !layers_[i - 1]->relu)
+      layers_[i - 1]->relu = layers_[i]->fused = true;
+  first_trainable_ = layers_.size() - 1;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (layers_[i]->psize > 0) {
+      first_trainable_ = i;
+      break;
+    }
+
+  // Initial weights on the host, in the cpu backend's order, from the same generator.
+  std::vector<float> init(n_params_, 0.f);
+  Rng rng(spec.seed);
+  for (auto& l : layers_) {
+    float* p = init.data() + l->poff;
+    if (l->kind == Kind::dense) {
+      glorot(p, l->fin * l->units, l->fin, l->units, rng);
+    } else if (l->kind == Kind::conv2d) {
+      const size_t kkc = l->win.col_width();
+      glorot(p, kkc * l->units, kkc, size_t{l->win.kh} * l->win.kw * l->units, rng);
+    } else if (l->kind == Kind::batchnorm) {
+      if (l->scale) std::fill(p, p + l->C, 1.f);
+      std::vector<float> ones(l->C, 1.f);
+      l->mean = Buffer<float>(*dev_, l->C);
+      l->var = Buffer<float>(*dev_, l->C);
+      l->invstd = Buffer<float>(*dev_, l->C);
+      l->moving_mean = Buffer<float>(*dev_, l->C);
+      l->moving_var = Buffer<float>(*dev_, l->C);
+      dev_->zero(l->moving_mean.get(), l->C * sizeof(float));
+      dev_->upload(l->moving_var.get(), ones.data(), l->C * sizeof(float));
+    }
+  }
+  params_ = Buffer<float>(*dev_, n_params_);
+  grads_ = Buffer<float>(*dev_, n_params_);
+  dev_->upload(params_.get(), init.data(), n_params_ * sizeof(float));
+  dev_->zero(grads_.get(), n_params_ * sizeof(float));
+  n_slots_ = optimizer_ == "adam" ? 2 * n_params_ : sgd_.momentum > 0 ? n_params_ : 0;
+  slots_ = Buffer<float>(*dev_, n_slots_);
+  dev_->zero(slots_.get(), n_slots_ * sizeof(float));
+  sums_ = Buffer<double>(*dev_, 2);
+  // Data-parallel: every replica starts from rank 0's weights, whatever its seed.
+  dev_->broadcast(params_.get(), n_params_ * sizeof(float), 0);
+  dev_->synchronize();
+}
+
+// Every buffer is declared after dev_, so it goes back to the device before the device itself.
+CudaEngine::~CudaEngine() = default;
+
+void CudaEngine::ensure_capacity(uint32_t batch) {
+  if (batch <= capacity_) return;
+  for (const auto& l : layers_)
+    if (static_cast<double>(batch) * static_cast<double>(std::max(numel(l->out), numel(l->in))) >= 2147483647.0)
+      invalid("batch " + std::to_string(batch) + " is too large for layer " + std::to_string(l->index) + " (" +
+              l->type + "): its activations would exceed 2^31 elements");
+  size_t widest = numel(input_shape_), ws = k::reduce_workspace(batch, 1);
+  for (auto& l : layers_) {
+    const size_t n = numel(l->out);
+    widest = std::max(widest, n);
+    if (!l->view && !l->fused) l->y = Buffer<float>(*dev_, size_t{batch} * n);
+    if (l->kind == Kind::dense) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->units));
+    if (l->kind == Kind::batchnorm) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->C));
+    if (l->kind == Kind::conv2d) {
+      k::WindowShape g = l->win;
+      g.batch = batch;
+      l->col = Buffer<float>(*dev_, g.positions() * g.col_width());
+      ws = std::max(ws, k::reduce_workspace(g.positions(), l->units));
+    }
+    if (l->kind == Kind::max_pool) l->arg = Buffer<int32_t>(*dev_, size_t{batch} * n);
+  }
+  x_ = Buffer<float>(*dev_, size_t{batch} * numel(input_shape_));
+  for (auto& g : gbuf_) g = Buffer<float>(*dev_, size_t{batch} * widest);
+  loss_ = Buffer<float>(*dev_, batch);
+  hit_ = Buffer<float>(*dev_, batch);
+  labels_ = Buffer<int32_t>(*dev_, batch);
+  ws_ = Buffer<double>(*dev_, ws);
+  capacity_ = batch;
+}
+
+void CudaEngine::check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const {
+  if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
+  if (!x) invalid(std::string(what) + ": x is NULL");
+  if (y)
+    for (uint32_t i = 0; i < batch; ++i)
+      if (y[i] < 0 || static_cast<uint32_t>(y[i]) >= classes_)
+        invalid(std::string(what) + ": label " + std::to_string(y[i]) + " of sample " + std::to_string(i) +
+                " is outside [0, " + std::to_string(classes_) + ")");
+}
+
+// x is device memory (x_). Returns the logits.
+const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) {
+  const k::Stream s = dev_->stream();
+  const float* in = x;
+  for (auto& lp : layers_) {
+    Layer& l = *lp;
+    if (l.fused) {
+      l.out_ptr = in;  // the previous layer already applied it
+      continue;
+    }
+    if (l.view) {
+      l.out_ptr = in;
+      continue;
+    }
+    float* y = l.y.get();
+    const float* p = params_.get() + l.poff;
+    const size_t n = size_t{batch} * numel(l.in);
+    switch (l.kind) {
+      case Kind::dense: {
+        const size_t M = l.rows(batch);
+        dev_->gemm(false, false, M, l.units, l.fin, 1.f, in, l.fin, p, l.units, 0.f, y, l.units);
+        k::bias_activation_forward(y, l.use_bias ? p + l.fin * l.units : nullptr, M, l.units, l.act, s);
+        break;
+      }
+      case Kind::conv2d: {
+        k::WindowShape g = l.win;
+        g.batch = batch;
+        const size_t M = g.positions(), kkc = g.col_width();
+        k::im2col(in, l.col.get(), g, s);
+        dev_->gemm(false, false, M, l.units, kkc, 1.f, l.col.get(), kkc, p, l.units, 0.f, y, l.units);
+        k::bias_activation_forward(y, l.use_bias ? p + kkc * l.units : nullptr, M, l.units, l.act, s);
+        break;
+      }
+      case Kind::max_pool: {
+        k::WindowShape g = l.win;
+        g.batch = batch;
+        k::max_pool_forward(in, y, l.arg.get(), g, s);
+        break;
+      }
+      case Kind::global_avg_pool:
+        k::global_avg_pool_forward(in, y, batch, size_t{l.win.H} * l.win.W, l.win.C, s);
+        break;
+      case Kind::activation:
+        dev_->copy(y, in, n * sizeof(float));
+        k::bias_activation_forward(y, nullptr, n / l.in.back(), l.in.back(), l.act, s);
+        break;
+      case Kind::dropout:
+        l.dropped = training && l.rate > 0.f;
+        if (l.dropped) {
+          // The mask is a function of (seed, step, layer, rank): docs/kernels.md, "Dropout".
+          k::dropout(in, y, n, l.rate, k::DropoutKey{seed_, step_, static_cast<uint32_t>(l.index), comm_.rank()}, s);
+        } else {
+          dev_->copy(y, in, n * sizeof(float));
+        }
+        break;
+      case Kind::batchnorm: {
+        const size_t M = l.rows(batch);
+        const float* gamma = l.scale ? p : nullptr;
+        const float* beta = l.center ? p + (l.scale ? l.C : 0) : nullptr;
+        if (training) {
+          k::batchnorm_forward_training(in, y, M, l.C, gamma, beta, l.epsilon, l.relu, l.mean.get(), l.var.get(),
+                                        l.invstd.get(), ws_.get(), s);
+          k::batchnorm_update_moving(l.moving_mean.get(), l.moving_var.get(), l.mean.get(), l.var.get(), l.C,
+                                     l.momentum, s);
+        } else {
+          k::batchnorm_forward_inference(in, y, M, l.C, gamma, beta, l.epsilon, l.relu, l.moving_mean.get(),
+                                         l.moving_var.get(), s);
+        }
+        break;
+      }
+      case Kind::flatten: break;
+    }
+    l.out_ptr = y;
+    in = y;
+  }
+  return in;
+}
+
+// One forward (+ backward with the bucketed gradient allreduce): grads_ ends up holding the
+// global gradient SUM, as in the cpu backend (docs/compute-backends.md).
+StepResult CudaEngine::compute(const float* x_host, const int32_t* y_host, uint32_t batch, bool training,
+                               bool backward) {
+  check_batch(x_host, y_host, batch, training ? "train_step" : "eval_step");
+  if (!y_host) invalid("labels are NULL");
+  ensure_capacity(batch);
+  const k::Stream s = dev_->stream();
+  dev_->upload(x_.get(), x_host, size_t{batch} * numel(input_shape_) * sizeof(float));
+  dev_->upload(labels_.get(), y_host, size_t{batch} * sizeof(int32_t));
+  const float* logits = forward(x_.get(), batch, training);
+  k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(), backward ? gbuf_[0].get() : nullptr,
+                  s);
+  k::reduce_sum(loss_.get(), batch, sums_.get(), ws_.get(), s);
+  k::reduce_sum(hit_.get(), batch, sums_.get() + 1, ws_.get(), s);
+  if (backward) {
+    const bool dp = comm_.size() > 1;
+    const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
+    size_t lo = n_params_, hi = n_params_;  // pending bucket [lo, hi), grows downwards
+    int cur = 0;
+    for (size_t i = layers_.size(); i-- > first_trainable_;) {
+      Layer& l = *layers_[i];
+      if (l.fused || l.view) continue;  // fused: the previous layer's backward; view: dy is dx
+      const float* in = i == 0 ? x_.get() : layers_[i - 1]->out_ptr;
+      float* dy = gbuf_[cur].get();
+      float* dx = i == first_trainable_ ? nullptr : gbuf_[1 - cur].get();
+      const float* p = params_.get() + l.poff;
+      float* g = grads_.get() + l.poff;
+      const size_t n = size_t{batch} * numel(l.in);
+      switch (l.kind) {
+        case Kind::dense: {
+          const size_t M = l.rows(batch);
+          k::activation_backward(l.out_ptr, dy, M, l.units, l.act, s);
+          dev_->gemm(true, false, l.fin, l.units, M, 1.f, in, l.fin, dy, l.units, 0.f, g, l.units);
+          if (l.use_bias) k::bias_grad(dy, M, l.units, g + l.fin * l.units, ws_.get(), s);
+          if (dx) dev_->gemm(false, true, M, l.fin, l.units, 1.f, dy, l.units, p, l.units, 0.f, dx, l.fin);
+          break;
+        }
+        case Kind::conv2d: {
+          // dW = col^T dy with the forward's col; dcol = dy W^T into the same buffer, then col2im.
+          k::WindowShape gw = l.win;
+          gw.batch = batch;
+          const size_t M = gw.positions(), kkc = gw.col_width();
+          k::activation_backward(l.out_ptr, dy, M, l.units, l.act, s);
+          dev_->gemm(true, false, kkc, l.units, M, 1.f, l.col.get(), kkc, dy, l.units, 0.f, g, l.units);
+          if (l.use_bias) k::bias_grad(dy, M, l.units, g + kkc * l.units, ws_.get(), s);
+          if (dx) {
+            dev_->gemm(false, true, M, kkc, l.units, 1.f, dy, l.units, p, l.units, 0.f, l.col.get(), kkc);
+            k::col2im(l.col.get(), dx, gw, s);
+          }
+          break;
+        }
+        case Kind::max_pool:
+          if (dx) {
+            k::WindowShape gw = l.win;
+            gw.batch = batch;
+            k::max_pool_backward(dy, l.arg.get(), dx, gw, s);
+          }
+          break;
+        case Kind::global_avg_pool:
+          if (dx) k::global_avg_pool_backward(dy, dx, batch, size_t{l.win.H} * l.win.W, l.win.C, s);
+          break;
+        case Kind::activation:
+          if (dx) {
+            k::activation_backward(l.out_ptr, dy, n / l.in.back(), l.in.back(), l.act, s);
+            dev_->copy(dx, dy, n * sizeof(float));
+          }
+          break;
+        case Kind::dropout:
+          if (dx) {
+            if (l.dropped)
+              k::dropout(dy, dx, n, l.rate, k::DropoutKey{seed_, step_, static_cast<uint32_t>(l.index), comm_.rank()},
+                         s);
+            else
+              dev_->copy(dx, dy, n * sizeof(float));
+          }
+          break;
+        case Kind::batchnorm:
+          k::batchnorm_backward(in, l.relu ? l.out_ptr : nullptr, dy, dx, l.rows(batch), l.C, l.scale ? p : nullptr,
+                                l.mean.get(), l.invstd.get(), l.scale ? g : nullptr,
+                                l.center ? g + (l.scale ? l.C : 0) : nullptr, ws_.get(), s);
+          break;
+        case Kind::flatten: break;
+      }
+      cur = 1 - cur;
+      if (dp && l.psize > 0) {
+        lo = l.poff;
+        // Reverse layer order, as the backward produces them: a bucket goes out once full.
+        if (hi - lo >= bucket) {
+          dev_->allreduce_sum(grads_.get() + lo, hi - lo);
+          hi = lo;
+        }
+      }
+    }
+    if (dp && hi > 0) dev_->allreduce_sum(grads_.get(), hi);
+  }
+  double sums[2];
+  dev_->download(sums, sums_.get(), sizeof(sums));
+  // loss sum, correct and samples of the global batch in one small collective of the pool.
+  double stats[3] = {sums[0], sums[1], static_cast<double>(batch)};
+  comm_.allreduce(stats, 3, SF_REDUCE_SUM);
+  StepResult r;
+  r.samples = static_cast<uint64_t>(stats[2]);
+  r.correct = static_cast<uint64_t>(std::llround(stats[1]));
+  r.loss = stats[0] / stats[2];
+  return r;
+}
+
+StepResult CudaEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
+  StepResult r = compute(x, y, batch, true, true);
+  const float scale = static_cast<float>(1.0 / static_cast<double>(r.samples));
+  // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md).
+  k::OptimTensor t;
+  t.param = params_.get();
+  t.grad = grads_.get();
+  t.size = n_params_;
+  if (optimizer_ == "adam") {
+    t.slot0 = slots_.get();
+    t.slot1 = slots_.get() + n_params_;
+    k::adam_update(&t, 1, adam_, step_, scale, dev_->stream());
+  } else {
+    t.slot0 = n_slots_ ? slots_.get() : nullptr;
+    k::sgd_update(&t, 1, sgd_, scale, dev_->stream());
+  }
+  ++step_;
+  return r;
+}
+
+StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batch) {
+  return compute(x, y, batch, false, false);
+}
+
+void CudaEngine::predict(const float* x, uint32_t batch, float* logits) {
+  check_batch(x, nullptr, batch, "predict");
+  if (!logits) invalid("predict: logits is NULL");
+  ensure_capacity(batch);
+  dev_->upload(x_.get(), x, size_t{batch} * numel(input_shape_) * sizeof(float));
+  dev_->download(logits, forward(x_.get(), batch, false), size_t{batch} * classes_ * sizeof(float));
+}
+
+void CudaEngine::get_params(float* out, uint64_t count) const {
+  if (count != n_params_)
+    invalid("get_params: count " + std::to_string(count) + " != param_count " + std::to_string(n_params_));
+  dev_->download(out, params_.get(), count * sizeof(float));
+}
+
+void CudaEngine::set_params(const float* in, uint64_t count) {
+  if (count != n_params_)
+    invalid("set_params: count " + std::to_string(count) + " != param_count " + std::to_string(n_params_));
+  dev_->upload(params_.get(), in, count * sizeof(float));
+}
+
+// state_dict, version 1 (native byte order; docs/compute-backends.md): the cpu backend's layout
+// with its own magic:
+//   char[8] "SFCUDENG" | u32 version | u32 reserved (0)
+//   u64 n + arch text (each layer's type, shapes and canonical options; the optimizer's name)
+//   u64 step
+//   u64 n + f32[n] parameters          (n = param_count, the cpu backend's order)
+//   u64 n + f32[n] optimizer slots     (sgd: none or velocity; adam: m then v)
+//   u32 n_layers, then per layer: batch_normalization: u64 C + moving_mean, u64 C +
+//       moving_variance; others nothing (dropout's mask is a function of seed and step).
+std::string CudaEngine::state_dict() const {
+  std::string o;
+  auto raw = [&](const void* p, size_t n) { o.append(static_cast<const char*>(p), n); };
+  auto u32 = [&](uint32_t v) { raw(&v, 4); };
+  auto u64 = [&](uint64_t v) { raw(&v, 8); };
+  auto floats = [&](const float* dev, size_t n) {
+    std::vector<float> h(n);
+    dev_->download(h.data(), dev, n * sizeof(float));
+    u64(n);
+    raw(h.data(), n * sizeof(float));
+  };
+  raw(kMagic, 8);
+  u32(kStateVersion);
+  u32(0);
+  u64(arch_.size());
+  raw(arch_.data(), arch_.size());
+  u64(step_);
+  floats(params_.get(), n_params_);
+  floats(slots_.get(), n_slots_);
+  u32(static_cast<uint32_t>(layers_.size()));
+  for (const auto& l : layers_)
+    if (l->kind == Kind::batchnorm) {
+      floats(l->moving_mean.get(), l->C);
+      floats(l->moving_var.get(), l->C);
+    }
+  return o;
+}
+
+void CudaEngine::load_state(std::string_view b) {
+  // Everything is read and checked on the host before the engine changes.
+  size_t pos = 0;
+  auto raw = [&](void* p, size_t n, const char* what) {
+    if (b.size() - pos < n) invalid(std::string("cuda state: truncated at ") + what);
+    std::memcpy(p, b.data() + pos, n);
+    pos += n;
+  };
+  auto u32 = [&](const char* what) {
+    uint32_t v;
+    raw(&v, 4, what);
+    return v;
+  };
+  auto u64 = [&](const char* what) {
+    uint64_t v;
+    raw(&v, 8, what);
+    return v;
+  };
+  auto floats = [&](size_t n, const char* what) {
+    const uint64_t m = u64(what);
+    if (m != n) invalid(std::string("cuda state: ") + what + " holds " + std::to_string(m) + " values, expected " +
+                        std::to_string(n));
+    std::vector<float> v(n);
+    raw(v.data(), n * sizeof(float), what);
+    return v;
+  };
+  char magic[8];
+  raw(magic, 8, "magic");
+  if (std::memcmp(magic, kMagic, 8) != 0) invalid("cuda state: not a cuda engine state (bad magic)");
+  const uint32_t version = u32("version");
+  if (version != kStateVersion)
+    invalid("cuda state: version " + std::to_string(version) + " is not supported (this engine reads version " +
+            std::to_string(kStateVersion) + ")");
+  u32("reserved");
+  const uint64_t alen = u64("architecture");
+  if (alen > b.size() - pos) invalid("cuda state: truncated architecture");
+  std::string arch(b.substr(pos, alen));
+  pos += alen;
+  if (arch != arch_) invalid("cuda state: saved from a different model or optimizer (saved " + arch + ", this engine " + arch_ + ")");
+  const uint64_t step = u64("step");
+  const std::vector<float> params = floats(n_params_, "parameters");
+  const std::vector<float> slots = floats(n_slots_, "optimizer slots");
+  const uint32_t nl = u32("layer count");
+  if (nl != layers_.size())
+    invalid("cuda state: " + std::to_string(nl) + " layers saved, this model has " + std::to_string(layers_.size()));
+  std::vector<std::vector<float>> stats;
+  for (const auto& l : layers_)
+    if (l->kind == Kind::batchnorm) {
+      stats.push_back(floats(l->C, "batch_normalization moving_mean"));
+      stats.push_back(floats(l->C, "batch_normalization moving_variance"));
+    }
+  if (pos != b.size()) invalid("cuda state: " + std::to_string(b.size() - pos) + " unexpected trailing bytes");
+  step_ = step;
+  dev_->upload(params_.get(), params.data(), params.size() * sizeof(float));
+  dev_->upload(slots_.get(), slots.data(), slots.size() * sizeof(float));
+  size_t j = 0;
+  for (const auto& l : layers_)
+    if (l->kind == Kind::batchnorm) {
+      dev_->upload(l->moving_mean.get(), stats[j].data(), l->C * sizeof(float));
+      dev_->upload(l->moving_var.get(), stats[j + 1].data(), l->C * sizeof(float));
+      j += 2;
+    }
+}
+
+std::unique_ptr<Engine> make_engine(const ModelSpec& spec, const Communicator& comm, const Host& host,
+                                    const EngineOptions& opt) {
+  return std::make_unique<CudaEngine>(spec, comm, host, opt);
+}
+
+}  // namespace skyforge::cuda

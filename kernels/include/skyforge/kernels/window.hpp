@@ -1,0 +1,145 @@
+// Windows over NHWC images (docs/kernels.md): im2col and its adjoint col2im for conv2d as a GEMM
+// (the cpu backend's layout), and global average pooling. The geometry is the layer schema's
+// (skyforge/layer_schema.hpp: output size and leading padding per axis).
+#pragma once
+
+#include "hd.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace skyforge::kernels {
+
+// A window of kh x kw moved by (sh, sw) over [batch, H, W, C], padded by (pt, pl) in front,
+// giving Ho x Wo positions. A col row is one position's window, (ky, kx, c) fastest last:
+// col is [batch * Ho * Wo, kh * kw * C].
+struct WindowShape {
+  size_t batch = 0;
+  uint32_t H = 0, W = 0, C = 0, kh = 1, kw = 1, sh = 1, sw = 1, pt = 0, pl = 0, Ho = 0, Wo = 0;
+  SF_HD size_t col_width() const { return size_t{kh} * kw * C; }
+  SF_HD size_t positions() const { return batch * Ho * Wo; }
+};
+
+// Element i of col: the input value under it, or 0 in the padding.
+struct Im2ColElem {
+  const float* x;
+  float* col;
+  WindowShape g;
+  SF_HD void operator()(size_t i) const {
+    const size_t kkc = g.col_width();
+    const size_t pos = i / kkc, k = i % kkc;
+    const uint32_t c = static_cast<uint32_t>(k % g.C), kx = static_cast<uint32_t>(k / g.C % g.kw),
+                   ky = static_cast<uint32_t>(k / g.C / g.kw);
+    const uint32_t ox = static_cast<uint32_t>(pos % g.Wo), oy = static_cast<uint32_t>(pos / g.Wo % g.Ho);
+    const size_t n = pos / (size_t{g.Wo} * g.Ho);
+    const int64_t y = int64_t{oy} * g.sh - g.pt + ky, xx = int64_t{ox} * g.sw - g.pl + kx;
+    col[i] = y < 0 || xx < 0 || y >= g.H || xx >= g.W ? 0.f : x[((n * g.H + y) * g.W + xx) * g.C + c];
+  }
+};
+
+// Element i of dx: the sum of the col entries that read it (the adjoint of im2col), gathered in
+// (ky, kx) order so that no two threads write one element.
+struct Col2ImElem {
+  const float* col;
+  float* dx;
+  WindowShape g;
+  SF_HD void operator()(size_t i) const {
+    const uint32_t c = static_cast<uint32_t>(i % g.C), x = static_cast<uint32_t>(i / g.C % g.W),
+                   y = static_cast<uint32_t>(i / g.C / g.W % g.H);
+    const size_t n = i / (size_t{g.C} * g.W * g.H), kkc = g.col_width();
+    float s = 0.f;
+    for (uint32_t ky = 0; ky < g.kh; ++ky) {
+      const int64_t ty = int64_t{y} + g.pt - ky;
+      if (ty < 0 || ty % g.sh != 0 || ty / g.sh >= g.Ho) continue;
+      for (uint32_t kx = 0; kx < g.kw; ++kx) {
+        const int64_t tx = int64_t{x} + g.pl - kx;
+        if (tx < 0 || tx % g.sw != 0 || tx / g.sw >= g.Wo) continue;
+        const size_t pos = (n * g.Ho + static_cast<size_t>(ty / g.sh)) * g.Wo + static_cast<size_t>(tx / g.sw);
+        s += col[pos * kkc + (size_t{ky} * g.kw + kx) * g.C + c];
+      }
+    }
+    dx[i] = s;
+  }
+};
+
+// Element (n, c) of [batch, C]: the mean over the hw positions of [batch, hw, C], summed in float
+// in position order and scaled by 1/hw, as the cpu backend does.
+struct GapForwardElem {
+  const float* x;
+  float* y;
+  size_t hw, C;
+  SF_HD void operator()(size_t i) const {
+    const size_t n = i / C, c = i % C;
+    const float* xs = x + n * hw * C + c;
+    float s = 0.f;
+    for (size_t p = 0; p < hw; ++p) s += xs[p * C];
+    y[i] = s * (1.f / static_cast<float>(hw));
+  }
+};
+
+// Element i of [batch, hw, C]: dy[n, c] / hw.
+struct GapBackwardElem {
+  const float* dy;
+  float* dx;
+  size_t hw, C;
+  SF_HD void operator()(size_t i) const {
+    dx[i] = dy[i / (hw * C) * C + i % C] * (1.f / static_cast<float>(hw));
+  }
+};
+
+// Max pooling, output element i of [batch, Ho, Wo, C] over the window (kh, kw) = the pool size:
+// the first maximum in (ky, kx) order of the positions inside the input (padding is never
+// chosen), its index within the sample ((y * W + x) * C + c) into arg: the cpu backend's rule.
+struct MaxPoolForwardElem {
+  const float* x;
+  float* y;
+  int32_t* arg;
+  WindowShape g;
+  SF_HD void operator()(size_t i) const {
+    const uint32_t c = static_cast<uint32_t>(i % g.C), ox = static_cast<uint32_t>(i / g.C % g.Wo),
+                   oy = static_cast<uint32_t>(i / g.C / g.Wo % g.Ho);
+    const size_t n = i / (size_t{g.C} * g.Wo * g.Ho);
+    const float* xs = x + n * g.H * g.W * g.C;
+    float best = 0.f;
+    int32_t at = -1;
+    for (uint32_t ky = 0; ky < g.kh; ++ky) {
+      const int64_t yy = int64_t{oy} * g.sh + ky - g.pt;
+      if (yy < 0 || yy >= g.H) continue;
+      for (uint32_t kx = 0; kx < g.kw; ++kx) {
+        const int64_t xx = int64_t{ox} * g.sw + kx - g.pl;
+        if (xx < 0 || xx >= g.W) continue;
+        const int32_t idx = static_cast<int32_t>((yy * g.W + xx) * g.C + c);
+        if (at < 0 || xs[idx] > best) best = xs[idx], at = idx;
+      }
+    }
+    y[i] = best;
+    arg[i] = at;
+  }
+};
+
+// Input element i of [batch, H, W, C]: the sum of dy over the outputs whose maximum it was, in
+// output order (the order in which the cpu backend adds them).
+struct MaxPoolBackwardElem {
+  const float* dy;
+  const int32_t* arg;
+  float* dx;
+  WindowShape g;
+  SF_HD void operator()(size_t i) const {
+    const size_t per = size_t{g.H} * g.W * g.C, n = i / per, own = i % per;
+    const uint32_t c = static_cast<uint32_t>(i % g.C), x = static_cast<uint32_t>(i / g.C % g.W),
+                   y = static_cast<uint32_t>(i / g.C / g.W % g.H);
+    // Windows oy with oy * sh - pt <= y <= oy * sh - pt + kh - 1.
+    const int64_t ty = int64_t{y} + g.pt, tx = int64_t{x} + g.pl;
+    const int64_t oy0 = ty - g.kh + 1 <= 0 ? 0 : (ty - g.kh + 1 + g.sh - 1) / g.sh, oy1 = ty / g.sh;
+    const int64_t ox0 = tx - g.kw + 1 <= 0 ? 0 : (tx - g.kw + 1 + g.sw - 1) / g.sw, ox1 = tx / g.sw;
+    float s = 0.f;
+    for (int64_t oy = oy0; oy <= oy1 && oy < g.Ho; ++oy)
+      for (int64_t ox = ox0; ox <= ox1 && ox < g.Wo; ++ox) {
+        const size_t o = ((n * g.Ho + static_cast<size_t>(oy)) * g.Wo + static_cast<size_t>(ox)) * g.C + c;
+        if (arg[o] == static_cast<int32_t>(own)) s += dy[o];
+      }
+    dx[i] = s;
+  }
+};
+
+}  // namespace skyforge::kernels

@@ -1,0 +1,51 @@
+// launch.hpp's window calls (im2col, col2im, global average pooling), written once for both
+// builds (common.hpp says how); included after the build's for_n.
+#include "common.hpp"
+
+#include <skyforge/kernels/window.hpp>
+
+namespace skyforge::kernels {
+
+namespace impl {
+inline void check_window(const WindowShape& g, const char* what) {
+  require(g.H && g.W && g.C && g.kh && g.kw && g.sh && g.sw && g.Ho && g.Wo, what,
+          "every dimension and stride must be at least 1");
+}
+}  // namespace impl
+
+void im2col(const float* x, float* col, const WindowShape& g, Stream s) {
+  if (g.batch == 0) return;
+  impl::check_window(g, "im2col");
+  for_n(s, g.positions() * g.col_width(), Im2ColElem{x, col, g}, "im2col");
+}
+
+void col2im(const float* col, float* dx, const WindowShape& g, Stream s) {
+  if (g.batch == 0) return;
+  impl::check_window(g, "col2im");
+  for_n(s, g.batch * g.H * g.W * g.C, Col2ImElem{col, dx, g}, "col2im");
+}
+
+void global_avg_pool_forward(const float* x, float* y, size_t batch, size_t hw, size_t C, Stream s) {
+  impl::require(hw > 0, "global_avg_pool_forward", "hw must be at least 1");
+  for_n(s, batch * C, GapForwardElem{x, y, hw, C}, "global_avg_pool_forward");
+}
+
+void global_avg_pool_backward(const float* dy, float* dx, size_t batch, size_t hw, size_t C, Stream s) {
+  impl::require(hw > 0, "global_avg_pool_backward", "hw must be at least 1");
+  for_n(s, batch * hw * C, GapBackwardElem{dy, dx, hw, C}, "global_avg_pool_backward");
+}
+
+void max_pool_forward(const float* x, float* y, int32_t* arg, const WindowShape& g, Stream s) {
+  if (g.batch == 0) return;
+  impl::check_window(g, "max_pool_forward");
+  impl::require(size_t{g.H} * g.W * g.C < (size_t{1} << 31), "max_pool_forward", "H * W * C must be below 2^31");
+  for_n(s, g.positions() * g.C, MaxPoolForwardElem{x, y, arg, g}, "max_pool_forward");
+}
+
+void max_pool_backward(const float* dy, const int32_t* arg, float* dx, const WindowShape& g, Stream s) {
+  if (g.batch == 0) return;
+  impl::check_window(g, "max_pool_backward");
+  for_n(s, g.batch * g.H * g.W * g.C, MaxPoolBackwardElem{dy, arg, dx, g}, "max_pool_backward");
+}
+
+}  // namespace skyforge::kernels

@@ -1,0 +1,412 @@
+// The cuda engine's host build (backends/cuda) against the cpu backend, the reference engine:
+// docs/compute-backends.md, "The cuda engine (in progress)", states the tolerances checked here.
+#include "common.hpp"
+#include "engine.hpp"
+
+#include <skyforge/layer_schema.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+
+using namespace cuda_test;
+using skyforge::Communicator;
+using skyforge::Error;
+namespace cu = skyforge::cuda;
+namespace cpu = skyforge::cpu;
+
+namespace {
+
+// Documented in docs/compute-backends.md: after kSteps steps on the same batches the mean loss
+// of every step agrees to kLossTol (relative) and every parameter to kParamTol (absolute).
+constexpr int kSteps = 20;
+constexpr double kLossTol = 1e-5;
+constexpr double kParamTol = 1e-5;
+// The convnet's parameters: measured 9.6e-6. Its conv gradients are sums over many more terms
+// whose order differs (col2im gathers where the cpu backend scatters, GEMMs split differently),
+// and Adam's normalised step turns a tiny gradient difference into a larger parameter one.
+constexpr double kConvParamTol = 1e-4;
+
+ModelSpec bn_model(uint64_t seed) {
+  // dense on a rank-3 input (a batch of rows), batch_normalization with a fused relu, a softmax
+  // layer, flatten and a last dense: every layer kind of the engine but dropout.
+  ModelSpec m;
+  m.input_shape = {6, 5, 4};
+  m.layers = {layer("dense", {{"units", "16"}}),
+              layer("batch_normalization"),
+              layer("relu"),
+              layer("dense", {{"units", "8"}, {"use_bias", "false"}}),
+              layer("softmax"),
+              layer("flatten"),
+              layer("dense", {{"units", "10"}})};
+  m.seed = seed;
+  return m;
+}
+
+size_t features(const ModelSpec& m) {
+  size_t n = 1;
+  for (uint32_t d : m.input_shape) n *= d;
+  return n;
+}
+
+struct Agreement {
+  double loss = 0, params = 0;  // worst relative loss difference, final max |param difference|
+};
+
+// Trains the cpu backend and the cuda engine on the same batches and measures how far they drift.
+Agreement train_both(const ModelSpec& spec, int steps, uint32_t batch) {
+  auto c = cpu::make_engine(spec, Communicator{});
+  auto g = cu::make_engine(spec, Communicator{});
+  const std::vector<float> initial = params_of(*g);
+  EXPECT_EQ(params_of(*c), initial);
+  Agreement a;
+  for (int s = 0; s < steps; ++s) {
+    const Batch b = make_batch(100 + s, batch, features(spec));
+    const auto rc = c->train_step(b.x.data(), b.y.data(), batch);
+    const auto rg = g->train_step(b.x.data(), b.y.data(), batch);
+    EXPECT_EQ(rc.samples, rg.samples);
+    EXPECT_NEAR(static_cast<double>(rc.correct), static_cast<double>(rg.correct), 1.0) << "step " << s;
+    a.loss = std::max(a.loss, std::fabs(rc.loss - rg.loss) / std::max(1.0, std::fabs(rc.loss)));
+  }
+  a.params = max_abs_diff(params_of(*c), params_of(*g));
+  EXPECT_GT(max_abs_diff(initial, params_of(*g)), 1e-3) << "training did not move the parameters";
+  return a;
+}
+
+// train_both, printed, and checked against the loss tolerance and `param_tol`.
+void expect_agreement(const char* name, const ModelSpec& spec, uint32_t batch, double param_tol) {
+  const Agreement a = train_both(spec, kSteps, batch);
+  std::printf("%s: worst loss difference %.3g (relative), params %.3g (absolute)\n", name, a.loss, a.params);
+  EXPECT_LE(a.loss, kLossTol) << name;
+  EXPECT_LE(a.params, param_tol) << name;
+}
+
+}  // namespace
+
+TEST(CudaEngine, HostBuildIsTheHostBuild) {
+  auto e = std::make_unique<cu::CudaEngine>(mlp(1), Communicator{});
+  EXPECT_STREQ(e->build(), "host");
+  EXPECT_STREQ(skyforge::kernels::build_name(), "host");
+}
+
+TEST(CudaEngine, InitialParamsEqualCpuBitForBit) {
+  for (uint64_t seed : {1ull, 7ull, 123456789ull}) {
+    for (const ModelSpec& spec : {mlp(seed), bn_model(seed)}) {
+      auto c = cpu::make_engine(spec, Communicator{});
+      auto g = cu::make_engine(spec, Communicator{});
+      ASSERT_EQ(c->param_count(), g->param_count());
+      const auto pc = params_of(*c), pg = params_of(*g);
+      ASSERT_EQ(0, std::memcmp(pc.data(), pg.data(), pc.size() * sizeof(float))) << "seed " << seed;
+    }
+  }
+  // A different seed gives different weights.
+  EXPECT_NE(params_of(*cu::make_engine(mlp(1), Communicator{})), params_of(*cu::make_engine(mlp(2), Communicator{})));
+}
+
+TEST(CudaEngine, MlpTrainsLikeCpuAdam) {
+  expect_agreement("mlp adam", mlp(3), 64, kParamTol);
+}
+
+TEST(CudaEngine, MlpTrainsLikeCpuSgdNesterov) {
+  ModelSpec m = mlp(4);
+  m.optimizer = "sgd";
+  m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}, {"nesterov", "true"}});
+  expect_agreement("mlp sgd", m, 64, kParamTol);
+}
+
+// The convnet of the Keras distributed-training guide (conv2d same/valid with strides,
+// batch_normalization + relu, global_average_pooling2d), without its dropout: the cpu backend
+// draws its own dropout masks.
+ModelSpec convnet_without_dropout(uint64_t seed) {
+  ModelSpec m = convnet(seed);
+  m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(), [](const LayerSpec& l) { return l.type == "dropout"; }),
+                 m.layers.end());
+  return m;
+}
+
+TEST(CudaEngine, ConvnetTrainsLikeCpu) {
+  expect_agreement("convnet adam", convnet_without_dropout(6), 32, kConvParamTol);
+}
+
+// max_pooling2d, 'valid' and 'same' with overlapping windows, between convolutions.
+TEST(CudaEngine, PoolingConvnetTrainsLikeCpu) {
+  ModelSpec m;
+  m.input_shape = {14, 14, 2};
+  m.layers = {layer("conv2d", {{"filters", "6"}, {"kernel_size", "3"}, {"padding", "same"}, {"activation", "relu"}}),
+              layer("max_pooling2d"),
+              layer("conv2d", {{"filters", "8"}, {"kernel_size", "2,3"}}),
+              layer("max_pooling2d", {{"pool_size", "3"}, {"strides", "2"}, {"padding", "same"}}),
+              layer("flatten"),
+              layer("dense", {{"units", "10"}})};
+  m.seed = 16;
+  expect_agreement("pooling convnet adam", m, 16, kConvParamTol);
+}
+
+TEST(CudaEngine, BatchNormModelTrainsLikeCpu) {
+  expect_agreement("bn model adam", bn_model(5), 32, kParamTol);
+}
+
+namespace {
+// Trains `m` data-parallel on 2 threads with a real in-process communicator, each rank on its
+// half of the global batch (rank r with seed + r: rank 0's weights win the initial broadcast).
+// Returns each rank's losses and final parameters.
+template <class Make>
+std::pair<std::vector<std::vector<double>>, std::vector<std::vector<float>>> train_two(const ModelSpec& m, Make make,
+                                                                                        uint32_t global, uint32_t steps,
+                                                                                        size_t* allreduces = nullptr) {
+  const size_t f = features(m);
+  ThreadGroup group(2);
+  std::vector<std::vector<float>> params(2);
+  std::vector<std::vector<double>> losses(2);
+  group.run([&](uint32_t rank) {
+    ModelSpec mine = m;
+    mine.seed = m.seed + rank;
+    auto e = make(mine, Communicator(group.comm(rank)));
+    for (uint32_t s = 0; s < steps; ++s) {
+      const Batch b = make_batch(200 + s, global, f);
+      const size_t half = global / 2, off = rank * half;
+      const auto r = e->train_step(b.x.data() + off * f, b.y.data() + off, static_cast<uint32_t>(half));
+      EXPECT_EQ(r.samples, global);
+      losses[rank].push_back(r.loss);
+    }
+    params[rank] = params_of(*e);
+  });
+  if (allreduces) *allreduces = group.allreduce_calls(0);
+  EXPECT_EQ(0, std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float))) << "replicas differ";
+  EXPECT_EQ(losses[0], losses[1]);
+  return {losses, params};
+}
+}  // namespace
+
+// Data parallel: 2 ranks on halves of the global batch follow 1 rank on the whole of it (the
+// MLP: no per-replica statistics), and both ranks hold the same bits.
+TEST(CudaEngine, TwoNodesFollowOneNode) {
+  const ModelSpec m = mlp(8);
+  constexpr uint32_t kGlobal = 32, kSteps2 = 8;
+  auto one = cu::make_engine(m, Communicator{});
+  std::vector<double> losses;
+  for (uint32_t s = 0; s < kSteps2; ++s) {
+    const Batch b = make_batch(200 + s, kGlobal, features(m));
+    losses.push_back(one->train_step(b.x.data(), b.y.data(), kGlobal).loss);
+  }
+  size_t calls = 0;
+  const auto [rl, rp] = train_two(
+      m,
+      [](const ModelSpec& s, Communicator c) {
+        cu::EngineOptions o;
+        o.bucket_bytes = 1024;  // buckets close on layer boundaries: here one a layer
+        return cu::make_engine(s, c, skyforge::Host{}, o);
+      },
+      kGlobal, kSteps2, &calls);
+  EXPECT_EQ(calls, size_t{kSteps2} * 3) << "two gradient buckets and the loss statistics a step";
+  for (uint32_t s = 0; s < kSteps2; ++s) EXPECT_NEAR(rl[0][s], losses[s], kLossTol * losses[s]);
+  const double d = max_abs_diff(rp[0], params_of(*one));
+  std::printf("1 node vs 2 nodes: params %.3g (absolute)\n", d);
+  EXPECT_LE(d, kParamTol);
+}
+
+// batch_normalization keeps per-replica statistics (as the cpu backend, Keras and PyTorch DDP
+// do), so 2 nodes are not 1 on that model: there the cuda engine follows the cpu backend, both on
+// 2 nodes.
+TEST(CudaEngine, TwoNodesFollowCpuOnTwoNodes) {
+  // The convnet with SGD here: Adam's normalised step magnifies float-order differences on
+  // parameters whose gradient is close to 0 (see kConvParamTol), SGD compares the gradients.
+  ModelSpec conv = convnet_without_dropout(15);
+  conv.optimizer = "sgd";
+  conv.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  for (const auto& [m, tol] : {std::pair{bn_model(14), kParamTol}, std::pair{conv, kParamTol}}) {
+    const auto [gl, gp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cu::make_engine(s, c); }, 32, 8);
+    const auto [cl, cp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cpu::make_engine(s, c); }, 32, 8);
+    for (size_t s = 0; s < gl[0].size(); ++s) EXPECT_NEAR(gl[0][s], cl[0][s], kLossTol * cl[0][s]);
+    const double d = max_abs_diff(gp[0], cp[0]);
+    std::printf("2 nodes, cuda vs cpu: params %.3g (absolute)\n", d);
+    EXPECT_LE(d, tol);
+  }
+}
+
+// Bucketing changes when the gradients go out, never their values.
+TEST(CudaEngine, BucketSizeDoesNotChangeResults) {
+  std::vector<std::vector<float>> out;
+  for (size_t bytes : {size_t{256}, size_t{4} << 20}) {
+    ThreadGroup group(2);
+    std::vector<float> p0;
+    group.run([&](uint32_t rank) {
+      cu::EngineOptions o;
+      o.bucket_bytes = bytes;
+      auto e = cu::make_engine(mlp(9), Communicator(group.comm(rank)), skyforge::Host{}, o);
+      for (int s = 0; s < 3; ++s) {
+        const Batch b = make_batch(300 + s * 2 + rank, 16, 784);
+        e->train_step(b.x.data(), b.y.data(), 16);
+      }
+      if (rank == 0) p0 = params_of(*e);
+    });
+    out.push_back(p0);
+  }
+  EXPECT_EQ(out[0], out[1]);
+}
+
+TEST(CudaEngine, StateDictRoundTrip) {
+  const ModelSpec m = bn_model(10);
+  const size_t f = features(m);
+  auto a = cu::make_engine(m, Communicator{});
+  for (int s = 0; s < 3; ++s) {
+    const Batch b = make_batch(400 + s, 16, f);
+    a->train_step(b.x.data(), b.y.data(), 16);
+  }
+  const std::string state = a->state_dict();
+  ModelSpec other = m;
+  other.seed = 999;  // different initial weights: everything must come from the state
+  auto b2 = cu::make_engine(other, Communicator{});
+  b2->load_state(state);
+  EXPECT_EQ(b2->state_dict(), state);
+  const Batch eval = make_batch(499, 16, f);
+  EXPECT_EQ(a->eval_step(eval.x.data(), eval.y.data(), 16).loss, b2->eval_step(eval.x.data(), eval.y.data(), 16).loss);
+  for (int s = 3; s < 6; ++s) {
+    const Batch b = make_batch(400 + s, 16, f);
+    EXPECT_EQ(a->train_step(b.x.data(), b.y.data(), 16).loss, b2->train_step(b.x.data(), b.y.data(), 16).loss);
+  }
+  EXPECT_EQ(params_of(*a), params_of(*b2));
+  EXPECT_EQ(a->state_dict(), b2->state_dict());
+}
+
+TEST(CudaEngine, BadStateIsRefusedAndChangesNothing) {
+  auto e = cu::make_engine(mlp(11), Communicator{});
+  const std::string good = e->state_dict();
+  const std::vector<float> before = params_of(*e);
+  auto refused = [&](std::string bytes, const char* what) {
+    try {
+      e->load_state(bytes);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& err) {
+      EXPECT_EQ(err.status(), SF_ERR_INVALID) << what;
+      EXPECT_NE(std::string(err.what()).find("cuda state"), std::string::npos) << err.what();
+    }
+    EXPECT_EQ(params_of(*e), before) << what;
+  };
+  refused(good.substr(0, good.size() - 3), "truncated");
+  refused(good + "x", "trailing byte");
+  std::string magic = good;
+  magic[0] = 'X';
+  refused(magic, "bad magic");
+  refused(cu::make_engine(bn_model(11), Communicator{})->state_dict(), "another model");
+  refused(cpu::make_engine(mlp(11), Communicator{})->state_dict(), "a cpu state");
+}
+
+// Every layer of the schema's catalogue builds on this engine. A layer added to the schema
+// without kernels here is refused with SF_ERR_UNSUPPORTED naming it, and fails this test.
+TEST(CudaEngine, EveryLayerOfTheSchemaIsSupported) {
+  for (const auto& def : skyforge::schema::catalogue()) {
+    const std::string type(def.type);
+    const LayerSpec first = type == "dense"     ? layer("dense", {{"units", "4"}})
+                            : type == "conv2d"  ? layer("conv2d", {{"filters", "4"}, {"kernel_size", "3"}})
+                            : type == "dropout" ? layer("dropout", {{"rate", "0.25"}})
+                                                : layer(type.c_str());
+    ModelSpec m;
+    m.input_shape = {8, 8, 3};
+    m.layers = {first, layer("flatten"), layer("dense", {{"units", "10"}})};
+    try {
+      auto e = cu::make_engine(m, Communicator{});
+      const Batch b = make_batch(900, 4, 8 * 8 * 3);
+      EXPECT_TRUE(std::isfinite(e->train_step(b.x.data(), b.y.data(), 4).loss)) << type;
+    } catch (const Error& e) {
+      ADD_FAILURE() << type << ": " << e.what();
+      EXPECT_EQ(e.status(), SF_ERR_UNSUPPORTED) << e.what();
+      EXPECT_NE(std::string(e.what()).find("layer 0 (" + type + "): the cuda engine has no kernels"), std::string::npos);
+    }
+  }
+}
+
+TEST(CudaEngine, BadSpecsAndBatchesAreInvalid) {
+  auto status_of = [](const std::function<void()>& f) -> std::pair<sf_status, std::string> {
+    try {
+      f();
+    } catch (const Error& e) {
+      return {e.status(), e.what()};
+    }
+    return {SF_OK, ""};
+  };
+  ModelSpec unknown = mlp(1);
+  unknown.layers[1] = layer("densse", {{"units", "3"}});
+  auto [s1, m1] = status_of([&] { cu::make_engine(unknown, Communicator{}); });
+  EXPECT_EQ(s1, SF_ERR_INVALID);
+  EXPECT_NE(m1.find("layer 1 (densse): unknown layer type"), std::string::npos) << m1;
+  ModelSpec badopt = mlp(1);
+  badopt.layers[1] = layer("dense", {{"units", "0"}});
+  auto [s2, m2] = status_of([&] { cu::make_engine(badopt, Communicator{}); });
+  EXPECT_EQ(s2, SF_ERR_INVALID);
+  EXPECT_NE(m2.find("layer 1 (dense): option 'units'"), std::string::npos) << m2;
+  ModelSpec badopt2 = mlp(1);
+  badopt2.optimizer_options = opts({{"learning_rate", "-1"}});
+  EXPECT_EQ(status_of([&] { cu::make_engine(badopt2, Communicator{}); }).first, SF_ERR_INVALID);
+  ModelSpec noflat = mlp(1);
+  noflat.layers.erase(noflat.layers.begin());
+  EXPECT_EQ(status_of([&] { cu::make_engine(noflat, Communicator{}); }).first, SF_ERR_INVALID);
+
+  auto e = cu::make_engine(mlp(1), Communicator{});
+  Batch b = make_batch(1, 4, 784);
+  b.y[2] = 10;
+  auto [s3, m3] = status_of([&] { e->train_step(b.x.data(), b.y.data(), 4); });
+  EXPECT_EQ(s3, SF_ERR_INVALID);
+  EXPECT_NE(m3.find("label 10 of sample 2"), std::string::npos) << m3;
+  EXPECT_EQ(status_of([&] { e->train_step(b.x.data(), b.y.data(), 0); }).first, SF_ERR_INVALID);
+  std::vector<float> p(3);
+  EXPECT_EQ(status_of([&] { e->get_params(p.data(), p.size()); }).first, SF_ERR_INVALID);
+}
+
+TEST(CudaEngine, PredictAndEvalAgreeWithCpu) {
+  const ModelSpec m = bn_model(12);
+  auto c = cpu::make_engine(m, Communicator{});
+  auto g = cu::make_engine(m, Communicator{});
+  const Batch b = make_batch(600, 8, features(m));
+  std::vector<float> lc(8 * 10), lg(8 * 10);
+  c->predict(b.x.data(), 8, lc.data());
+  g->predict(b.x.data(), 8, lg.data());
+  EXPECT_LE(max_abs_diff(lc, lg), kParamTol);
+  const auto rc = c->eval_step(b.x.data(), b.y.data(), 8), rg = g->eval_step(b.x.data(), b.y.data(), 8);
+  EXPECT_NEAR(rc.loss, rg.loss, kLossTol * rc.loss);
+  EXPECT_EQ(rc.correct, rg.correct);
+}
+
+// Dropout's mask is Philox of (seed, step, layer, rank) (docs/kernels.md): the same seed gives
+// the same training, inference ignores it, and rate 0 is the identity.
+TEST(CudaEngine, DropoutIsReproducibleAndTrainingOnly) {
+  auto with_rate = [](const char* rate) {
+    ModelSpec m = mlp(13);
+    m.layers.insert(m.layers.begin() + 2, layer("dropout", {{"rate", rate}}));
+    return m;
+  };
+  auto run = [](const ModelSpec& m) {
+    auto e = cu::make_engine(m, Communicator{});
+    std::vector<double> l;
+    for (int s = 0; s < 4; ++s) {
+      const Batch b = make_batch(700 + s, 16, 784);
+      l.push_back(e->train_step(b.x.data(), b.y.data(), 16).loss);
+    }
+    return std::make_pair(l, params_of(*e));
+  };
+  EXPECT_EQ(run(with_rate("0.5")), run(with_rate("0.5")));
+  EXPECT_EQ(run(with_rate("0")), run(mlp(13)));
+  EXPECT_NE(run(with_rate("0.5")).second, run(mlp(13)).second);
+  auto a = cu::make_engine(with_rate("0.5"), Communicator{}), b = cu::make_engine(mlp(13), Communicator{});
+  const Batch x = make_batch(800, 8, 784);
+  std::vector<float> la(80), lb(80);
+  a->predict(x.x.data(), 8, la.data());
+  b->predict(x.x.data(), 8, lb.data());
+  EXPECT_EQ(la, lb);
+}
+
+// Buffers grow with the batch and are reused for smaller ones (the last batch of an epoch).
+TEST(CudaEngine, VaryingBatchSizesTrainLikeCpu) {
+  ModelSpec m = convnet_without_dropout(17);
+  auto c = cpu::make_engine(m, Communicator{});
+  auto g = cu::make_engine(m, Communicator{});
+  int step = 0;
+  for (uint32_t batch : {8u, 24u, 5u, 24u, 1u}) {
+    const Batch b = make_batch(1000 + step++, batch, features(m));
+    const double lc = c->train_step(b.x.data(), b.y.data(), batch).loss;
+    const double lg = g->train_step(b.x.data(), b.y.data(), batch).loss;
+    EXPECT_NEAR(lg, lc, kLossTol * lc) << "batch " << batch;
+  }
+  EXPECT_LE(max_abs_diff(params_of(*c), params_of(*g)), kConvParamTol);
+}
