@@ -287,6 +287,41 @@ TEST_F(E2E, AWorkerKilledByItsAppIsNamedWithTheSignalTheTaskAndTheApp) {
       << o.err;
 }
 
+// A compute backend that says it cannot run (sf_compute_hooks::probe; the cuda backend without
+// a driver): on the local provider the client asks before anything starts, and `run` exits 2 at
+// the manifest value that selects it; a node asks again before its job starts.
+TEST_F(E2E, AComputeBackendThatCannotRunHereStopsTheRunBeforeAnythingStarts) {
+  const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
+  auto manifest = [&](const std::string& name, const std::string& picky_options) {
+    return write(name, "[pool]\nnodes = 2\n"
+                       "[[plugins]]\nname = \"keras\"\nbackend = \"picky\"\n"  // lines 3-5
+                       "[[plugins]]\nname = \"picky\"\n" + picky_options +
+                       "[job]\n" + path + "command = [\"sh\", \"-c\", \"echo ran\"]\n");
+  };
+  auto m = manifest("picky.toml", "missing = \"frobnicator\"\n");
+  Output o = run({"validate", m.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;  // validate does not ask: the manifest is fine
+  o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 2) << o.err;
+  EXPECT_EQ(o.err, m.string() + ":5:11: compute backend 'picky' cannot run on this machine, where the `local` provider "
+                                "starts the nodes: plugin 'picky' probe: picky: this machine has no frobnicator "
+                                "(nothing was started)\n");
+  EXPECT_EQ(o.out, "");
+
+  // The client's machine has it, the nodes do not (what an ssh or slurm pool meets): each node
+  // refuses before its job starts, naming itself and the reason; the command never runs.
+  auto n = manifest("picky-nodes.toml", "missing = \"frobnicator\"\non = \"nodes\"\n");
+  o = run({"run", n.string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("plugin 'picky' probe: picky: this machine has no frobnicator"), std::string::npos) << o.err;
+  EXPECT_EQ(o.out.find("ran"), std::string::npos) << o.out;
+
+  // Nothing missing: the probe passes and the command runs on both nodes.
+  o = run({"run", manifest("picky-ok.toml", "").string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(count(o.out, "] ran"), 2) << o.out;
+}
+
 TEST_F(E2E, PoolSecretIsNeverVisibleToTheCommandOrInTheWorkersEnviron) {
   // The command's own environment, and the worker's (its parent) as /proc shows it.
   auto m = write("secret.toml", command_manifest(2,

@@ -295,16 +295,42 @@ void validate_against(Manifest& m, const Catalog& c) {
   out.throw_if_any();
 }
 
-std::vector<const PluginInfo*> referenced_plugins(const PluginUse& use, const Catalog& c) {
-  std::vector<const PluginInfo*> out;
+namespace {
+// Calls fn(plugin, option index) for each option of `use` that names a plugin (see
+// referenced_plugins).
+template <class F>
+void for_each_reference(const PluginUse& use, const Catalog& c, F&& fn) {
   const PluginInfo* p = c.find(use.name);
-  if (!p) return out;
-  for (const auto& [name, value] : use.options) {
+  if (!p) return;
+  for (size_t i = 0; i < use.options.size(); ++i) {
+    const auto& [name, value] = use.options[i];
     const OptionSchema* schema = p->option(name);
     if (!schema || schema->plugin_kind.empty()) continue;
     if (std::find(schema->choices.begin(), schema->choices.end(), value) != schema->choices.end()) continue;
-    if (const PluginInfo* q = c.find(value); q && q->kind == schema->plugin_kind) out.push_back(q);
+    if (const PluginInfo* q = c.find(value); q && q->kind == schema->plugin_kind) fn(q, i);
   }
+}
+}  // namespace
+
+std::vector<const PluginInfo*> referenced_plugins(const PluginUse& use, const Catalog& c) {
+  std::vector<const PluginInfo*> out;
+  for_each_reference(use, c, [&](const PluginInfo* q, size_t) { out.push_back(q); });
+  return out;
+}
+
+SelectedBackend selected_compute_backend(const Manifest& m, const Catalog& c) {
+  SelectedBackend out;
+  for (const auto& use : m.plugins)
+    for_each_reference(use, c, [&](const PluginInfo* q, size_t i) {
+      if (q->kind != "compute_backend") return;
+      out.plugin = q;
+      out.pos = i < use.option_pos.size() ? use.option_pos[i] : use.pos;
+    });
+  if (!out.plugin && m.train.present)
+    if (const PluginInfo* cpu = c.find("cpu"); cpu && cpu->kind == "compute_backend") {
+      out.plugin = cpu;
+      out.pos = m.train.pos;
+    }
   return out;
 }
 

@@ -90,4 +90,14 @@ void validate_against(Manifest& m, const Catalog& c);
 // validate_against), e.g. keras' backend = "cpu" -> the `cpu` compute backend.
 std::vector<const PluginInfo*> referenced_plugins(const PluginUse& use, const Catalog& c);
 
+// The compute backend a job selects (after validate_against): the last one a [[plugins]] entry
+// names through an option (keras' backend = "cuda"; `pos` is that value), else for a [train]
+// job the installed `cpu` (`pos`: [train]); `plugin` is null when the job selects none. Every
+// node loads it and the config's compute.backend names it.
+struct SelectedBackend {
+  const PluginInfo* plugin = nullptr;
+  SourcePos pos;
+};
+SelectedBackend selected_compute_backend(const Manifest& m, const Catalog& c);
+
 }  // namespace skyforge

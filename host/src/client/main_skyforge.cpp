@@ -17,6 +17,7 @@
 #include "catalog.hpp"
 #include "loader.hpp"
 #include "manifest.hpp"
+#include "plugin_resolution.hpp"
 #include "run.hpp"
 #include "services.hpp"
 
@@ -95,6 +96,10 @@ void check_plugins_accept_their_options(const Manifest& m, const Catalog& catalo
   if (!problems.empty()) throw ManifestError(std::move(problems));
 }
 
+void print_problems(const ManifestError& e) {
+  std::cerr << e.what() << (std::string(e.what()).back() == '\n' ? "" : "\n");
+}
+
 // Loads, checks and validates a manifest against the installed plugins; prints errors.
 bool load_checked(const std::string& path, Manifest& m, std::unique_ptr<Catalog>& catalog) {
   try {
@@ -104,7 +109,7 @@ bool load_checked(const std::string& path, Manifest& m, std::unique_ptr<Catalog>
     check_plugins_accept_their_options(m, *catalog);
     return true;
   } catch (const ManifestError& e) {
-    std::cerr << e.what() << (std::string(e.what()).back() == '\n' ? "" : "\n");
+    print_problems(e);
     return false;
   }
 }
@@ -143,6 +148,12 @@ int cmd_run(int argc, char** argv) {
   Manifest m;
   std::unique_ptr<Catalog> catalog;
   if (!load_checked(manifest, m, catalog)) return kExitUsage;
+  try {
+    check_compute_backend_runs_here(m, *catalog);
+  } catch (const ManifestError& e) {
+    print_problems(e);
+    return kExitUsage;
+  }
   return run_job(m, *catalog, opt);
 }
 
@@ -268,7 +279,7 @@ int cmd_plugins(int argc, char** argv) {
       const Manifest m = load_manifest(manifest);
       extra.insert(extra.end(), m.job.plugin_path.begin(), m.job.plugin_path.end());
     } catch (const ManifestError& e) {
-      std::cerr << e.what() << (std::string(e.what()).back() == '\n' ? "" : "\n");
+      print_problems(e);
       return kExitUsage;
     }
   }

@@ -1,5 +1,7 @@
 #include "plugin_resolution.hpp"
 
+#include "services.hpp"
+
 #include <algorithm>
 #include <sstream>
 #include <utility>
@@ -70,25 +72,47 @@ NodePlugins node_plugins(const Manifest& m, const Catalog& catalog,
   auto listed = [&](const std::string& name) {
     return std::any_of(fws.begin(), fws.end(), [&](const msg::PluginSpec& f) { return f.name == name; });
   };
-  for (const auto& use : m.plugins) {
-    for (const PluginInfo* ref : referenced_plugins(use, catalog)) {
-      if (ref->kind == "compute_backend") config["compute.backend"] = ref->name;
+  for (const auto& use : m.plugins)
+    for (const PluginInfo* ref : referenced_plugins(use, catalog))
       if (!listed(ref->name)) fws.push_back(with_defaults(*ref));
-    }
-  }
   // [train] with no plugin naming a backend runs on the `cpu` backend (validate_against checked
   // that it is installed).
-  if (m.train.present && !config.count("compute.backend"))
-    if (const PluginInfo* cpu = catalog.find("cpu"); cpu && cpu->kind == "compute_backend") {
-      config["compute.backend"] = cpu->name;
-      if (!listed(cpu->name)) fws.push_back(with_defaults(*cpu));
-    }
+  if (const PluginInfo* backend = selected_compute_backend(m, catalog).plugin) {
+    config["compute.backend"] = backend->name;
+    if (!listed(backend->name)) fws.push_back(with_defaults(*backend));
+  }
   if (app) {
     out.app.name = app->name;
     out.app.library = app->path;
     out.app.options = m.job.app_options;  // [job.options], defaults added by validate_against
   }
   return out;
+}
+
+void check_compute_backend_runs_here(const Manifest& m, const Catalog& catalog) {
+  if (m.pool.provider != "local") return;
+  const SelectedBackend selected = selected_compute_backend(m, catalog);
+  if (!selected.plugin) return;
+  const PluginInfo& b = *selected.plugin;
+  // With the options the nodes will give it.
+  msg::PluginSpec spec = with_defaults(b);
+  for (const auto& use : m.plugins)
+    if (use.name == b.name) spec.options = use.options;
+  Services services([](int32_t, const std::string&) {});
+  Loader loader(services.table());
+  auto refuse = [&](const std::string& why) {
+    return ManifestError(selected.pos.str() + ": compute backend '" + b.name +
+                         "' cannot run on this machine, where the `local` provider starts the nodes: " + why +
+                         " (nothing was started)");
+  };
+  try {
+    auto backend = create_plugin(loader, catalog, b.name, SF_KIND_COMPUTE_BACKEND, spec.options);
+    backend->call_optional(&sf_compute_hooks::probe, "probe");
+  } catch (const PluginError& e) {
+    throw refuse(e.what());
+  } catch (const LoadError& e) {  // e.g. a library it links is missing here: the nodes would fail alike
+    throw refuse(e.what());
+  }
 }
 
 }  // namespace skyforge

@@ -45,4 +45,11 @@ NodePlugins node_plugins(const Manifest& m, const Catalog& catalog,
                          const std::vector<std::unique_ptr<PluginInstance>>& created, const LoadedPlugin* app,
                          std::map<std::string, std::string>& config);
 
+// Before anything is provisioned, when the pool's nodes are processes on this machine (the
+// `local` provider): the selected compute backend's probe (abi.h, sf_compute_hooks::probe), with
+// the options the nodes will give it. Throws ManifestError at the manifest value that selects
+// the backend when it cannot be loaded or created here or says it cannot run here (`skyforge
+// run` exits 2). Other providers' nodes run the probe themselves before their job starts.
+void check_compute_backend_runs_here(const Manifest& m, const Catalog& catalog);
+
 }  // namespace skyforge

@@ -320,6 +320,10 @@ void Worker::setup_plugins(EnvMap& env) {
       compute_backends_.push_back(loader_->create(p, f.options));
       auto& b = compute_backends_.back();
       services_.add_compute_backend(p.name, b->hooks<sf_compute_hooks>(), b->self());
+      // The selected backend says now, before any hook of the job runs, when it cannot run on
+      // this node (no driver, no device): abi.h, sf_compute_hooks::probe.
+      if (auto sel = job.config.find("compute.backend"); sel != job.config.end() && sel->second == p.name)
+        b->call_optional(&sf_compute_hooks::probe, "probe");
       continue;
     }
     frameworks_.push_back(loader_->create(p, f.options));

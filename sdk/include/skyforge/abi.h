@@ -26,7 +26,7 @@
  * Threads: the host calls one plugin instance's hooks from one thread at a time, in the order
  * of a run (docs/architecture.md), except where a hook table says which hooks may run
  * concurrently (provider: bootstrap per node, terminate, worker_alive and worker_exit beside anything;
- * app: task, one thread per slot). Services may be called from any thread. Callbacks the host
+ * app: task, one thread per slot; compute backend: probe beside anything). Services may be called from any thread. Callbacks the host
  * lends (sinks, sf_env, sf_image_editor, sf_node_sink, services) never unwind into the
  * plugin: they return normally, and report failures through their status or last_error.
  *
@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 2
+#define SKYFORGE_ABI_MINOR 3
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -303,7 +303,7 @@ typedef struct sf_app_hooks {
   sf_status (*task)(void* self, const char* input, size_t input_size, uint32_t slot, sf_sink result);
 } sf_app_hooks;
 
-/* ---- compute backends (docs/compute-backends.md; ABI 1.1) --------------------------- */
+/* ---- compute backends (docs/compute-backends.md; ABI 1.1, probe 1.3) ---------------- */
 /* An engine owns a whole training step (forward, backward, gradient allreduce, optimizer
  * update), so a backend is free to fuse and overlap. Tensors are float32, row-major, images
  * NHWC; labels int32 class indices. */
@@ -335,9 +335,9 @@ typedef struct sf_step_result {
   uint64_t samples;  /* samples in the global batch */
 } sf_step_result;
 
-/* Every hook is required (the host refuses a compute backend without them at load). One
- * engine's hooks are called from one thread at a time; engines of one backend may be used from
- * different threads. */
+/* Every hook but probe is required (the host refuses a compute backend without them at load).
+ * One engine's hooks are called from one thread at a time; engines of one backend may be used
+ * from different threads. */
 typedef struct sf_compute_hooks {
   uint32_t struct_size;
   /* comm may be NULL (one replica). With comm->size > 1 the engine is data-parallel: rank 0's
@@ -363,6 +363,13 @@ typedef struct sf_compute_hooks {
    * step), as opaque bytes the same backend reads back with load_state. */
   sf_status (*state_dict)(void* self, void* engine, sf_sink out);
   sf_status (*load_state)(void* self, void* engine, const char* data, size_t size);
+  /* ABI 1.3. Optional. Whether an engine can run in this process: SF_OK, or
+   * SF_ERR_UNSUPPORTED with last_error(self) naming what is missing (no driver, no device, a
+   * device the backend was not built for). Cheap and side-effect free; thread-safe. The client
+   * calls it before it provisions a pool whose nodes are processes on its own machine (the
+   * `local` provider), so such a run stops before anything starts; every node calls it for the
+   * selected backend before its job starts. */
+  sf_status (*probe)(void* self);
 } sf_compute_hooks;
 
 /* ---- the descriptor every plugin returns --------------------------------------------- */

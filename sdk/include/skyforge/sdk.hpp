@@ -461,6 +461,10 @@ class ComputeBackend : public PluginBase {
   using PluginBase::PluginBase;
   // comm is NULL or size 1 for one replica.
   virtual std::unique_ptr<Engine> create_engine(const ModelSpec& spec, const Communicator& comm) = 0;
+  // Whether an engine can run in this process (abi.h, sf_compute_hooks::probe; ABI 1.3): return
+  // when it can, throw skyforge::Error(why, SF_ERR_UNSUPPORTED) naming what is missing. Cheap,
+  // side-effect free, thread-safe. Not overridden: the hook is absent (the host assumes yes).
+  virtual void probe() {}
 };
 
 // ---- the C glue -------------------------------------------------------------------------
@@ -688,6 +692,8 @@ const sf_compute_hooks* compute_hooks() {
     t.load_state = [](void*, void* e, const char* data, size_t n) noexcept {
       return engine_guard(e, [&](Engine& en) { en.load_state(std::string_view(data, n)); });
     };
+    if constexpr (SKYFORGE_OVERRIDES(P, ComputeBackend, probe))
+      t.probe = [](void* s) noexcept { return guard<P>(s, [&](P& p) { p.probe(); }); };
     return t;
   }();
   return &h;
