@@ -26,6 +26,10 @@ class Device {
   Device& operator=(const Device&) = delete;
 
   static const char* build_name();  // "host" or "cuda"
+  // Whether a Device can be made in this process: returns, or throws Error(SF_ERR_UNSUPPORTED)
+  // naming what is missing (no driver, no device, a device older than every architecture this
+  // build carries code for). Cheap, no lasting state; the constructor runs it first.
+  static void probe();
 
   // Memory in the device's address space. Copies and memsets are ordered on stream().
   void* alloc(size_t bytes);

@@ -42,12 +42,28 @@ struct Device::Impl {
   }
 };
 
-Device::Device(const Communicator& comm, const Host& host) : impl_(std::make_unique<Impl>()) {
+// Without a driver the runtime's first call fails (cudaErrorInsufficientDriver, or
+// cudaErrorNoDevice where a driver sees no GPU) and leaves the count 0. A device is usable when
+// one of the built architectures (CMake's CMAKE_CUDA_ARCHITECTURES, lowest SKYFORGE_CUDA_MIN_CC)
+// runs on it: real code for its major at or below its capability, or PTX it can compile.
+void Device::probe() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess)
     throw Error(std::string("cuda: no usable CUDA driver (") + cudaGetErrorString(e) + ")", SF_ERR_UNSUPPORTED);
   if (count == 0) throw Error("cuda: no CUDA device visible (CUDA_VISIBLE_DEVICES?)", SF_ERR_UNSUPPORTED);
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  if (prop.major * 10 + prop.minor < SKYFORGE_CUDA_MIN_CC)
+    throw Error(std::string("cuda: device 0 (") + prop.name + ") has compute capability " +
+                    std::to_string(prop.major) + "." + std::to_string(prop.minor) + "; this build carries code for " +
+                    SKYFORGE_CUDA_ARCHS + " (rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(prop.major) +
+                    std::to_string(prop.minor) + ")",
+                SF_ERR_UNSUPPORTED);
+}
+
+Device::Device(const Communicator& comm, const Host& host) : impl_(std::make_unique<Impl>()) {
+  probe();
   // One node per GPU: the provider narrows CUDA_VISIBLE_DEVICES, so device 0 is this node's.
   check(cudaSetDevice(0), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");

@@ -17,6 +17,7 @@ Device::Device(const Communicator& comm, const Host&) : impl_(std::make_unique<I
 Device::~Device() = default;
 
 const char* Device::build_name() { return "host"; }
+void Device::probe() {}  // host memory is always there
 
 void* Device::alloc(size_t bytes) {
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);

@@ -1,14 +1,39 @@
-# Fails when a binary is linked against CUDA, cuBLAS, cuDNN or NCCL (ldd): only the cuda
-# backend may load them (docs/compute-backends.md, "The cuda engine (in progress)").
-# Usage: cmake -DBINARIES="a;b" -P check_no_cuda.cmake
-foreach(bin IN LISTS BINARIES)
+# Only the cuda backend may load CUDA, cuBLAS, cuDNN or NCCL (docs/compute-backends.md, "The
+# cuda engine"): fails when one of BINARIES, or a plugin under PLUGIN_DIR other than cuda_backend/,
+# links one of them (ldd); with CUDA_PLUGIN, fails unless that one does (so the check can see).
+# Usage: cmake -DBINARIES="a;b" [-DPLUGIN_DIR=dir] [-DCUDA_PLUGIN=libcuda_backend.so] -P check_no_cuda.cmake
+set(_cuda_libs "lib(cuda|cudart|cublas|cublasLt|cudnn|nccl)[^ ]*")
+function(linked_cuda bin out_var)
   execute_process(COMMAND ldd ${bin} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "ldd ${bin} failed: ${err}")
   endif()
-  string(REGEX MATCHALL "lib(cuda|cudart|cublas|cublasLt|cudnn|nccl)[^ ]*" hits "${out}")
+  string(REGEX MATCHALL "${_cuda_libs}" hits "${out}")
+  set(${out_var} "${hits}" PARENT_SCOPE)
+endfunction()
+
+if(PLUGIN_DIR)
+  file(GLOB_RECURSE _plugins "${PLUGIN_DIR}/*.so")
+  if(NOT _plugins)
+    message(FATAL_ERROR "no plugin under ${PLUGIN_DIR}")
+  endif()
+  foreach(p IN LISTS _plugins)
+    if(NOT p MATCHES "/cuda_backend/[^/]*$")
+      list(APPEND BINARIES ${p})
+    endif()
+  endforeach()
+endif()
+foreach(bin IN LISTS BINARIES)
+  linked_cuda(${bin} hits)
   if(hits)
     message(FATAL_ERROR "${bin} links ${hits}")
   endif()
   message(STATUS "${bin}: no CUDA library")
 endforeach()
+if(CUDA_PLUGIN)
+  linked_cuda(${CUDA_PLUGIN} hits)
+  if(NOT hits MATCHES "cublas" OR NOT hits MATCHES "nccl")
+    message(FATAL_ERROR "${CUDA_PLUGIN} should link cuBLAS and NCCL, ldd shows: ${hits}")
+  endif()
+  message(STATUS "${CUDA_PLUGIN}: ${hits}")
+endif()
