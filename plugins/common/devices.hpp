@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "accelerator.hpp"
+#include <skyforge/accelerator.hpp>
 #include "placement.hpp"
 
 namespace skyforge::fw {

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "accelerator.hpp"
+#include <skyforge/accelerator.hpp>
 #include "devices.hpp"
 #include "fanout.hpp"
 #include "jax_env.hpp"

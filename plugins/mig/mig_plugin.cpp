@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include "accelerator.hpp"
+#include <skyforge/accelerator.hpp>
 #include "fanout.hpp"
 #include "mig_env.hpp"
 
@@ -64,9 +64,9 @@ class Mig : public skyforge::Framework {
   }
 
   void around_app_enter(const skyforge::InstanceInfo& info, const skyforge::Env& env) override {
-    fw::AcceleratorSpec spec;
+    skyforge::AcceleratorSpec spec;
     try {
-      spec = fw::parse_accelerator(info.accelerator);
+      spec = skyforge::parse_accelerator(info.accelerator);
     } catch (const std::invalid_argument& e) {
       throw skyforge::Error(std::string("mig: ") + e.what(), SF_ERR_INVALID);
     }

@@ -15,7 +15,7 @@
 
 #include <stdexcept>
 
-#include "accelerator.hpp"
+#include <skyforge/accelerator.hpp>
 #include "devices.hpp"
 #include "fanout.hpp"
 #include "rendezvous.hpp"

@@ -1,5 +1,7 @@
 #include "local_provider.hpp"
 
+#include "gpus.hpp"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -139,6 +141,16 @@ Provisioned LocalProvider::provision(const PoolSpec& spec) {
                     " nodes per pool; " + std::to_string(spec.nodes) + " were asked for",
                 SF_ERR_INVALID);
 
+  AcceleratorSpec accelerator;
+  try {
+    accelerator = parse_accelerator(spec.accelerator);
+  } catch (const std::invalid_argument& e) {
+    throw Error(std::string("local provider: [pool] ") + e.what(), SF_ERR_INVALID);
+  }
+  const VisibleGpus visible = visible_gpus(std::getenv("CUDA_VISIBLE_DEVICES"));
+  const GpuPlacement gpus = place_gpus(accelerator, spec.accelerator, spec.nodes, visible);
+  if (!gpus.warning.empty()) host().warn(gpus.warning);
+
   // Orphans of a node's processes (what a command started, once its worker is gone) come to
   // this process rather than to init, so stop_groups' waitpid(-group) reaps them: a zombie
   // still counts as a member of its group, and init may take a second or more to reap it.
@@ -169,6 +181,8 @@ Provisioned LocalProvider::provision(const PoolSpec& spec) {
       n->index = i;
       n->id = "node-" + std::to_string(i);
       n->dir = pool_dir_ / n->id;
+      n->gpus = gpus.per_node[i];
+      n->gpus_pci_order = visible.pci_order;
       Node& ref = *n;
       nodes_.push_back(std::move(n));
       make_private_dir(ref.dir);
@@ -337,7 +351,12 @@ void LocalProvider::start_worker(const std::string& node_id, const std::vector<s
   if (net_) ns = net_->open_netns(n.index);
   SpawnSpec s;
   s.argv = argv;
-  s.env = environment_with(env);  // values (the pool secret among them) never reach argv or a log
+  std::map<std::string, std::string> node_env = env;
+  if (!n.gpus.empty()) {
+    node_env["CUDA_VISIBLE_DEVICES"] = n.gpus;  // its own share only
+    if (n.gpus_pci_order) node_env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
+  }
+  s.env = environment_with(node_env);  // values (the pool secret among them) never reach argv or a log
   s.cwd = n.dir.string();
   s.netns_fd = ns.get();
   s.stdout_fd = out.get();

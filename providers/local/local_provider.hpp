@@ -65,6 +65,8 @@ class LocalProvider : public Provider {
     std::string id;
     std::filesystem::path dir;
     std::string address;
+    std::string gpus;  // its worker's CUDA_VISIBLE_DEVICES (gpus.hpp); empty: inherited as is
+    bool gpus_pci_order = false;  // indices in PCI order: CUDA_DEVICE_ORDER=PCI_BUS_ID too
     bool dir_made = false;
     bool net_made = false;
     bool gone = false;  // terminated

@@ -47,7 +47,13 @@ class SkyforgeRunTest : public ::testing::Test {
     std::ofstream(p) << text;
     return p;
   }
-  std::map<std::string, std::string> env() const { return {{"TMPDIR", tmp_.string()}}; }
+  // The environment `skyforge` runs in, beside this process's: TMPDIR and what a test puts in
+  // extra_env_.
+  std::map<std::string, std::string> env() const {
+    std::map<std::string, std::string> e = extra_env_;
+    e["TMPDIR"] = tmp_.string();
+    return e;
+  }
   // `skyforge <args>` under this test's TMPDIR: started, or run to the end.
   std::unique_ptr<Child> start_skyforge(const std::vector<std::string>& args) const {
     std::vector<std::string> argv = {SKYFORGE_BIN};
@@ -59,6 +65,7 @@ class SkyforgeRunTest : public ::testing::Test {
   }
 
   fs::path root_, tmp_;
+  std::map<std::string, std::string> extra_env_;
 
  private:
   std::string name_;

@@ -322,6 +322,37 @@ TEST_F(E2E, AComputeBackendThatCannotRunHereStopsTheRunBeforeAnythingStarts) {
   EXPECT_EQ(count(o.out, "] ran"), 2) << o.out;
 }
 
+// `[pool] accelerator` on the local provider: each node's worker (and so its command and a
+// compute backend in it) sees only its own share of the machine's GPUs. Without a GPU here, the
+// machine's list is what CUDA_VISIBLE_DEVICES restricts it to, which the provider honours.
+TEST_F(E2E, EachLocalNodeSeesOnlyItsOwnGpus) {
+  extra_env_["CUDA_VISIBLE_DEVICES"] = "GPU-a,GPU-b,GPU-c,GPU-d";
+  auto m = write("gpus.toml", "[pool]\nnodes = 2\naccelerator = \"A100:2\"\n[job]\ncommand = [\"true\"]\n");
+  for (int node = 0; node < 2; ++node) {
+    Output o = run({"env", "--node", std::to_string(node), m.string()});
+    ASSERT_EQ(o.exit_code, 0) << o.err;
+    EXPECT_NE(o.out.find(node == 0 ? "\nCUDA_VISIBLE_DEVICES=GPU-a,GPU-b\n" : "\nCUDA_VISIBLE_DEVICES=GPU-c,GPU-d\n"),
+              std::string::npos)
+        << o.out;
+  }
+  auto too_many = write("gpus3.toml", "[pool]\nnodes = 3\naccelerator = \"A100:2\"\n[job]\ncommand = [\"true\"]\n");
+  Output o = run({"run", too_many.string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("local provider: [pool] accelerator = \"A100:2\" asks for 2 GPUs per node, 6 for 3 nodes; "
+                       "this machine offers 4 (CUDA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c,GPU-d)"),
+            std::string::npos)
+      << o.err;
+
+  // A machine that offers no GPU: the run goes on with a warning, CUDA_VISIBLE_DEVICES untouched.
+  extra_env_["CUDA_VISIBLE_DEVICES"] = "";
+  o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.err.find("asks for 2 GPUs per node, and this machine offers none (CUDA_VISIBLE_DEVICES=); "
+                       "CUDA_VISIBLE_DEVICES left as it is"),
+            std::string::npos)
+      << o.err;
+}
+
 TEST_F(E2E, PoolSecretIsNeverVisibleToTheCommandOrInTheWorkersEnviron) {
   // The command's own environment, and the worker's (its parent) as /proc shows it.
   auto m = write("secret.toml", command_manifest(2,

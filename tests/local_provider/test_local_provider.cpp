@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "gpus.hpp"
 #include "local_provider.hpp"
 #include "netns.hpp"
 #include "process.hpp"
@@ -672,3 +673,59 @@ TEST_F(LocalProviderTest, NetnsWithoutPrivilegesIsRefusedWithAClearMessage) {
 }
 
 }  // namespace
+
+// ---- GPU placement (gpus.hpp): pure, then through provision + start_worker ----------------
+
+TEST(LocalGpus, VisibleGpusHonourCudaVisibleDevicesElseCountTheDriversGpus) {
+  using skyforge::local::visible_gpus;
+  auto v = visible_gpus("GPU-a, GPU-b,3");
+  EXPECT_EQ(v.ids, (std::vector<std::string>{"GPU-a", "GPU-b", "3"}));
+  EXPECT_EQ(v.source, "CUDA_VISIBLE_DEVICES=GPU-a, GPU-b,3");
+  EXPECT_FALSE(v.pci_order);  // the user's list, in the user's CUDA_DEVICE_ORDER
+  EXPECT_EQ(visible_gpus("0,1,,2").ids, (std::vector<std::string>{"0", "1"}));  // CUDA stops at the gap
+  EXPECT_TRUE(visible_gpus("").ids.empty());                                   // set but empty: none
+
+  char tmpl[] = "/tmp/skyforge-gpus-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const fs::path driver = tmpl;
+  for (const char* bus : {"0000:07:00.0", "0000:0f:00.0", "0000:47:00.0"}) fs::create_directory(driver / bus);
+  v = visible_gpus(nullptr, driver);
+  EXPECT_EQ(v.ids, (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(v.source, driver.string() + " lists 3");
+  EXPECT_TRUE(v.pci_order);  // the driver names its GPUs by PCI bus id
+  fs::remove_all(driver);
+  v = visible_gpus(nullptr, driver);
+  EXPECT_TRUE(v.ids.empty());
+  EXPECT_EQ(v.source, "CUDA_VISIBLE_DEVICES is unset and " + driver.string() + " does not exist (no NVIDIA driver)");
+}
+
+TEST(LocalGpus, EachNodeGetsItsOwnShareOrProvisionFailsNamingWhatIsMissing) {
+  using skyforge::parse_accelerator;
+  using skyforge::local::place_gpus;
+  using skyforge::local::VisibleGpus;
+  const VisibleGpus four{{"GPU-a", "GPU-b", "GPU-c", "GPU-d"}, "CUDA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c,GPU-d"};
+  auto placed = place_gpus(parse_accelerator("A100:2"), "A100:2", 2, four);
+  EXPECT_EQ(placed.per_node, (std::vector<std::string>{"GPU-a,GPU-b", "GPU-c,GPU-d"}));
+  EXPECT_EQ(placed.warning, "");
+  EXPECT_EQ(place_gpus(parse_accelerator("cuda"), "cuda", 3, four).per_node,
+            (std::vector<std::string>{"GPU-a", "GPU-b", "GPU-c"}));
+  // No accelerator, or MIG devices (the mig plugin places those): nothing is set.
+  EXPECT_EQ(place_gpus(parse_accelerator(""), "", 2, four).per_node, (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(place_gpus(parse_accelerator("A100(mig=3g.40gb)"), "A100(mig=3g.40gb)", 2, VisibleGpus{}).per_node,
+            (std::vector<std::string>{"", ""}));
+  // A machine with no GPU at all: nothing is set, and the warning says why.
+  placed = place_gpus(parse_accelerator("H100:8"), "H100:8", 1, VisibleGpus{{}, "CUDA_VISIBLE_DEVICES="});
+  EXPECT_EQ(placed.per_node, (std::vector<std::string>{""}));
+  EXPECT_EQ(placed.warning, "local provider: [pool] accelerator = \"H100:8\" asks for 8 GPUs per node, and this "
+                            "machine offers none (CUDA_VISIBLE_DEVICES=); CUDA_VISIBLE_DEVICES left as it is");
+  try {
+    place_gpus(parse_accelerator("A100:2"), "A100:2", 3, four);
+    ADD_FAILURE() << "6 GPUs out of 4";
+  } catch (const skyforge::Error& e) {
+    EXPECT_EQ(e.status(), SF_ERR_INVALID);
+    EXPECT_STREQ(e.what(),
+                 "local provider: [pool] accelerator = \"A100:2\" asks for 2 GPUs per node, 6 for 3 nodes; this "
+                 "machine offers 4 (CUDA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c,GPU-d)");
+  }
+}
+

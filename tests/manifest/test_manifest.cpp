@@ -94,6 +94,7 @@ TEST(Manifest, FullManifestRoundTrip) {
   EXPECT_EQ(m.pool.nodes, 4u);
   EXPECT_EQ(m.pool.concurrency, 2u);
   EXPECT_EQ(m.pool.accelerator, "A100:1");
+  EXPECT_EQ(m.pool.accelerator_count, 1u);
   ASSERT_EQ(m.pool.provider_options, (OptionList{{"isolation", "netns"}}));
   EXPECT_EQ(m.pool.provider_option_types, (std::vector<std::string>{"string"}));
   ASSERT_EQ(m.pool.provider_option_pos.size(), 1u);
@@ -188,6 +189,15 @@ TEST(Manifest, WrongTypesNameExpectedAndActual) {
   EXPECT_EQ(problem_of("[pool]\naccelerator = true\n" + kJob),
             "job.toml:2:15: [pool] accelerator: expected a string, got a boolean (true)");
   EXPECT_EQ(problem_of("pool = 3\n" + kJob), "job.toml:1:8: pool: expected a table ([pool]), got an integer (3)");
+}
+
+TEST(Manifest, AcceleratorSpecIsCheckedAtItsLine) {
+  EXPECT_EQ(problem_of("[pool]\naccelerator = \"A100:0\"\n" + kJob),
+            "job.toml:2:15: [pool] accelerator 'A100:0': count '0' is not a positive integer (expected NAME, "
+            "NAME:COUNT per node or NAME(mig=PROFILE), e.g. \"A100:2\")");
+  EXPECT_EQ(problem_of("[pool]\naccelerator = \"A100(foo=1)\"\n" + kJob),
+            "job.toml:2:15: [pool] accelerator 'A100(foo=1)': unknown parameter 'foo' (known: mig) (expected NAME, "
+            "NAME:COUNT per node or NAME(mig=PROFILE), e.g. \"A100:2\")");
 }
 
 TEST(Manifest, IntegerOverflowIsRefused) {

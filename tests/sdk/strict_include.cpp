@@ -1,6 +1,7 @@
 // data.hpp is compiled into every native app, often under strict warning flags: this
 // translation unit instantiates each template of the header under -Wpedantic -Wconversion
 // -Wsign-conversion -Wshadow -Werror (see CMakeLists.txt), so a warning in the header fails the build.
+#include <skyforge/accelerator.hpp>  // read by the host, providers and framework plugins
 #include <skyforge/data.hpp>
 #include <skyforge/layer_schema.hpp>  // read by every compute backend and the Keras-style API
 

@@ -7,6 +7,8 @@
 #include "toml_reader.hpp"
 #include "train_table.hpp"
 
+#include <skyforge/accelerator.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -149,10 +151,18 @@ void read_pool(Reader& r, const Value& t, PoolSpecM& pool) {
   if (auto n = r.integer(t, "nodes", "[pool]", 1, kU32)) pool.nodes = static_cast<uint32_t>(*n);
   if (auto n = r.integer(t, "concurrency", "[pool]", 1, kU32)) pool.concurrency = static_cast<uint32_t>(*n);
   if (auto s = r.string(t, "accelerator", "[pool]")) {
-    if (has_control_char(*s))
-      r.error(r.pos(*Reader::find(t, "accelerator")), "[pool] accelerator: must not contain control characters");
-    else
-      pool.accelerator = *s;
+    const SourcePos at = r.pos(*Reader::find(t, "accelerator"));
+    if (has_control_char(*s)) {
+      r.error(at, "[pool] accelerator: must not contain control characters");
+    } else {
+      try {
+        pool.accelerator_count = parse_accelerator(*s).count;
+        pool.accelerator = *s;
+      } catch (const std::invalid_argument& e) {
+        r.error(at, std::string("[pool] ") + e.what() +
+                        " (expected NAME, NAME:COUNT per node or NAME(mig=PROFILE), e.g. \"A100:2\")");
+      }
+    }
   }
 }
 

@@ -78,7 +78,8 @@ struct PoolSpecM {
   std::string provider = "local";
   uint32_t nodes = 1;
   uint32_t concurrency = 1;
-  std::string accelerator;
+  std::string accelerator;         // the spec as written (skyforge/accelerator.hpp)
+  uint32_t accelerator_count = 0;  // accelerators per node it asks for (0: none)
   OptionList provider_options;                     // the [provider] table
   std::vector<SourcePos> provider_option_pos;      // parallel to provider_options
   std::vector<std::string> provider_option_types;  // parallel to provider_options

@@ -490,7 +490,7 @@ void PoolRun::send_jobs() {
     j.id.local_rank = seen[nodes_[i].address]++;
     j.id.local_world_size = per_addr[nodes_[i].address];
     j.id.accelerator = m_.pool.accelerator;
-    j.id.accelerators = m_.pool.accelerator.empty() ? 0 : 1;
+    j.id.accelerators = m_.pool.accelerator_count;
     j.id.concurrency = m_.pool.concurrency;
     j.id.pool_id = pool_id_;
     j.id.store_addr = store_addr;

@@ -1,18 +1,37 @@
-#include "accelerator.hpp"
+// The manifest's `[pool] accelerator` spec, as the host's manifest check, providers and
+// framework plugins read it (docs/manifest.md). Header-only; pure.
+//
+//   ""                      no accelerator
+//   "A100"                  one A100 per node
+//   "H100:8"                eight per node
+//   "A100(mig=3g.40gb)"     one A100, used through its MIG devices of profile 3g.40gb
+//   "A100:2(mig=1g.10gb)"   (the count may also follow the parenthesis: "A100(mig=1g.10gb):2")
+#pragma once
 
 #include <charconv>
+#include <cstdint>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 
-namespace skyforge::fw {
+namespace skyforge {
 
-namespace {
-std::string_view trim(std::string_view s) {
+struct AcceleratorSpec {
+  std::string name;         // "A100"; empty: none
+  uint32_t count = 0;       // per node; 1 when a name is given without a count
+  std::string mig_profile;  // "3g.40gb"; empty: whole GPUs
+};
+
+// parse_accelerator(spec): throws std::invalid_argument on a malformed spec (bad count, unknown
+// key in parentheses), with a message that quotes the spec.
+namespace accelerator_detail {
+inline std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
 }
 
-uint32_t parse_count(std::string_view text, std::string_view spec) {
+inline uint32_t parse_count(std::string_view text, std::string_view spec) {
   text = trim(text);
   uint32_t n = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
@@ -21,9 +40,11 @@ uint32_t parse_count(std::string_view text, std::string_view spec) {
                                 "' is not a positive integer");
   return n;
 }
-}  // namespace
+}  // namespace accelerator_detail
 
-AcceleratorSpec parse_accelerator(std::string_view spec) {
+inline AcceleratorSpec parse_accelerator(std::string_view spec) {
+  using accelerator_detail::parse_count;
+  using accelerator_detail::trim;
   AcceleratorSpec a;
   std::string_view s = trim(spec);
   if (s.empty()) return a;
@@ -69,4 +90,4 @@ AcceleratorSpec parse_accelerator(std::string_view spec) {
   return a;
 }
 
-}  // namespace skyforge::fw
+}  // namespace skyforge
