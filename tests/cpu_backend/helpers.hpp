@@ -1,12 +1,10 @@
-// Shared helpers of the cpu backend tests: model specs and an in-process communicator.
+// Shared helpers of the cpu backend tests: model specs, and the SDK's in-process communicator.
 #pragma once
 
 #include "cpu_engine.hpp"
 
-#include <barrier>
-#include <cstring>
-#include <functional>
-#include <thread>
+#include <skyforge/thread_group.hpp>
+
 #include <vector>
 
 namespace cpu_test {
@@ -60,89 +58,7 @@ inline ModelSpec convnet(uint64_t seed = 1, uint32_t threads = 0) {
   return m;
 }
 
-// A communicator over threads of this process: every rank's buffer is summed in rank order,
-// so results are identical on every rank (the sf_communicator contract).
-class ThreadGroup {
- public:
-  explicit ThreadGroup(uint32_t size) : size_(size), bar_(size), ptrs_(size), ranks_(size) {
-    for (uint32_t r = 0; r < size; ++r) {
-      ranks_[r].group = this;
-      sf_communicator& c = ranks_[r].comm;
-      c.struct_size = sizeof(sf_communicator);
-      c.ctx = &ranks_[r];
-      c.rank = r;
-      c.size = size;
-      c.allreduce = &allreduce;
-      c.broadcast = &broadcast;
-      c.allgather = &allgather;
-      c.barrier = &barrier;
-      c.last_error = [](void*) -> const char* { return ""; };
-    }
-  }
-  const sf_communicator* comm(uint32_t rank) const { return &ranks_[rank].comm; }
-  size_t allreduce_calls(uint32_t rank) const { return ranks_[rank].allreduces; }
-  // Runs fn(rank) on `size` threads and joins them.
-  void run(const std::function<void(uint32_t)>& fn) {
-    std::vector<std::thread> t;
-    for (uint32_t r = 0; r < size_; ++r) t.emplace_back(fn, r);
-    for (auto& th : t) th.join();
-  }
-
- private:
-  struct Rank {
-    ThreadGroup* group = nullptr;
-    sf_communicator comm{};
-    size_t allreduces = 0;
-  };
-  template <class T>
-  static void sum(Rank* me, T* data, size_t n) {
-    ThreadGroup& g = *me->group;
-    std::vector<T> tmp(n, T{});
-    for (uint32_t r = 0; r < g.size_; ++r) {
-      const T* p = static_cast<const T*>(g.ptrs_[r]);
-      for (size_t i = 0; i < n; ++i) tmp[i] += p[i];
-    }
-    g.bar_.arrive_and_wait();
-    std::memcpy(data, tmp.data(), n * sizeof(T));
-  }
-  static sf_status allreduce(void* ctx, void* data, size_t n, sf_dtype dt, sf_reduce_op op) {
-    auto* me = static_cast<Rank*>(ctx);
-    if (op != SF_REDUCE_SUM) return SF_ERR_UNSUPPORTED;
-    ++me->allreduces;
-    me->group->ptrs_[me->comm.rank] = data;
-    me->group->bar_.arrive_and_wait();
-    if (dt == SF_DTYPE_F32) sum(me, static_cast<float*>(data), n);
-    else if (dt == SF_DTYPE_F64) sum(me, static_cast<double*>(data), n);
-    else return SF_ERR_UNSUPPORTED;
-    return SF_OK;
-  }
-  static sf_status broadcast(void* ctx, void* data, size_t bytes, uint32_t root) {
-    auto* me = static_cast<Rank*>(ctx);
-    ThreadGroup& g = *me->group;
-    g.ptrs_[me->comm.rank] = data;
-    g.bar_.arrive_and_wait();
-    if (me->comm.rank != root) std::memcpy(data, g.ptrs_[root], bytes);
-    g.bar_.arrive_and_wait();
-    return SF_OK;
-  }
-  static sf_status allgather(void* ctx, const void* in, size_t bytes, void* out) {
-    auto* me = static_cast<Rank*>(ctx);
-    ThreadGroup& g = *me->group;
-    g.ptrs_[me->comm.rank] = const_cast<void*>(in);
-    g.bar_.arrive_and_wait();
-    for (uint32_t r = 0; r < g.size_; ++r) std::memcpy(static_cast<char*>(out) + r * bytes, g.ptrs_[r], bytes);
-    g.bar_.arrive_and_wait();
-    return SF_OK;
-  }
-  static sf_status barrier(void* ctx) {
-    static_cast<Rank*>(ctx)->group->bar_.arrive_and_wait();
-    return SF_OK;
-  }
-
-  uint32_t size_;
-  std::barrier<> bar_;
-  std::vector<void*> ptrs_;
-  std::vector<Rank> ranks_;
-};
+// The in-process communicator of the SDK (skyforge/thread_group.hpp).
+using skyforge::ThreadGroup;
 
 }  // namespace cpu_test

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_check.hpp"
 #include "catalog.hpp"
 #include "loader.hpp"
 #include "manifest.hpp"
@@ -36,6 +37,7 @@ const char* kMainHelp =
     "  validate <job.toml>   check the manifest and its plugins without starting anything\n"
     "  env <job.toml>        print the environment a node's command gets (debug a script by hand)\n"
     "  plugins               list installed plugins (kind, name, version, ABI, path)\n"
+    "  backend-check <name>  run a compute backend through the conformance suite\n"
     "\n"
     "`skyforge <command> --help` describes a command's options. Plugins are searched in the\n"
     "manifest's job.plugin_path, then $SKYFORGE_PLUGIN_PATH, then the install directory.\n";
@@ -296,6 +298,41 @@ int cmd_plugins(int argc, char** argv) {
   return 0;
 }
 
+int cmd_backend_check(int argc, char** argv) {
+  po::options_description desc(
+      "usage: skyforge backend-check [options] <name>\n\n"
+      "Runs the compute backend <name> through the conformance suite (docs/compute-backends.md,\n"
+      "\"Checking a backend\"): per-layer gradients against finite differences, 1 rank against 2,\n"
+      "state_dict round trips, bad input, and agreement with a reference backend. Exits 0 when no\n"
+      "check failed, 1 when one did, 2 when the backend cannot be found or cannot run here.\n\noptions");
+  BackendCheckOptions o;
+  std::vector<std::string> kv;
+  desc.add_options()("name", po::value(&o.backend), "the compute backend")(
+      "option,o", po::value(&kv)->composing(), "KEY=VALUE: an option of the backend (repeatable)")(
+      "plugin-path,p", po::value(&o.plugin_path)->composing(), "a directory searched for plugins first (repeatable)")(
+      "against", po::value(&o.against)->default_value("cpu"), "the reference backend; \"\" for none");
+  po::positional_options_description pos;
+  pos.add("name", 1);
+  auto p = parse("backend-check", argc, argv, desc, &pos);
+  if (p.help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (o.backend.empty()) {
+    std::cerr << "skyforge backend-check: missing <name>\n" << desc;
+    return kExitUsage;
+  }
+  for (const auto& item : kv) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "skyforge backend-check: --option " << item << ": expected KEY=VALUE\n";
+      return kExitUsage;
+    }
+    o.options.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  return run_backend_check(o, std::cout, std::cerr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -319,6 +356,7 @@ int main(int argc, char** argv) {
     if (cmd == "validate") return cmd_validate(argc - 1, argv + 1);
     if (cmd == "plugins") return cmd_plugins(argc - 1, argv + 1);
     if (cmd == "env") return cmd_env(argc - 1, argv + 1);
+    if (cmd == "backend-check") return cmd_backend_check(argc - 1, argv + 1);
     std::cerr << "skyforge: unknown command '" << cmd << "'\n\n" << kMainHelp;
     return kExitUsage;
   } catch (const po::error& e) {

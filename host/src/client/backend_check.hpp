@@ -1,0 +1,37 @@
+// `skyforge backend-check NAME`: the conformance suite every compute backend passes
+// (docs/compute-backends.md, "Checking a backend"). It drives the backend's .so through the C
+// ABI only, as a node does — no backend internals, no pool — so a third party's backend is
+// checked exactly like `cpu`:
+//   - gradients: every layer of the schema (skyforge/layer_schema.hpp) in a small model, the
+//     gradient one SGD step applies against central finite differences of the training loss;
+//     dropout: inference is the identity, training is not;
+//   - data parallel: rank 0's initial weights reach every rank, ranks stay bit-identical, and
+//     2 ranks follow 1 rank on the same global batch (skyforge/thread_group.hpp);
+//   - state: state_dict -> load_state resumes bit for bit; damaged or foreign state is refused
+//     and leaves the engine as it was;
+//   - bad input: an empty batch, a label out of range and a bad model are refused with a message,
+//     and the engine still works afterwards;
+//   - agreement: the same models, seed and batches on the reference backend (`cpu`) give the
+//     same losses and weights within the documented tolerance.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace skyforge {
+
+struct BackendCheckOptions {
+  std::string backend;                                        // plugin name, as in the manifest
+  std::vector<std::pair<std::string, std::string>> options;   // its options (plugin.toml checks them)
+  std::vector<std::string> plugin_path;                       // searched before the default dirs
+  std::string against = "cpu";                                // reference backend; "" or `backend`: none
+};
+
+// Prints one line per check (PASS / SKIP / FAIL, what was measured) and a summary to `out`.
+// Returns 0 when no check failed, 1 when one did, 2 when the backend cannot be found, loaded or
+// run on this machine (its probe's reason goes to `err`).
+int run_backend_check(const BackendCheckOptions& options, std::ostream& out, std::ostream& err);
+
+}  // namespace skyforge

@@ -1,0 +1,86 @@
+// `skyforge backend-check` (docs/compute-backends.md, "Checking a backend"), run for real: the
+// cpu backend and the cuda engine's host build pass it; a backend with one deliberate defect
+// fails exactly the check that covers it; a backend that cannot run here is refused with exit 2.
+#include <gtest/gtest.h>
+
+#include <skyforge/layer_schema.hpp>
+
+#include <regex>
+
+#include "process.hpp"
+
+using skyforge::test::Child;
+using skyforge::test::Output;
+
+namespace {
+
+Output check(std::vector<std::string> args) {
+  args.insert(args.begin(), {SKYFORGE_BIN, "backend-check"});
+  return Child(args, {}).wait(120);
+}
+Output check_fixture(std::vector<std::string> args) {
+  args.insert(args.begin(), {"--plugin-path", FIXTURES});
+  return check(std::move(args));
+}
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(BackendCheck, CpuPassesEveryCheckAndEveryLayerOfTheSchemaIsChecked) {
+  Output o = check({"cpu"});
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  for (const auto& def : skyforge::schema::catalogue())
+    EXPECT_NE(o.out.find("PASS  layer " + std::string(def.type) + ": "), std::string::npos) << def.type << "\n" << o.out;
+  for (const char* c : {"PASS  data parallel: replicas bit-identical", "PASS  state: resumes bit for bit",
+                        "PASS  bad input: refused"})
+    EXPECT_NE(o.out.find(c), std::string::npos) << c << "\n" << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 0) << o.out;
+  EXPECT_NE(o.out.find(" passed, 0 skipped, 0 failed\n"), std::string::npos) << o.out;
+}
+
+TEST(BackendCheck, TheCudaEnginesHostBuildPassesAndAgreesWithCpu) {
+  Output o = check_fixture({"cuda_host"});
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex("PASS  agrees with cpu: initial weights equal to cpu's; after 10 "
+                                                  "steps mlp loss \\S+, weights \\S+; convnet loss \\S+, weights \\S+\n")))
+      << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 0) << o.out;
+}
+
+TEST(BackendCheck, EachDefectFailsTheCheckThatCoversIt) {
+  Output o = check_fixture({"defective", "--option", "defect=gradient"});
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex("FAIL  layer dense: parameter [0-9]+ of 53: the step applied gradient "
+                                                  "\\S+, finite differences give \\S+\n")))
+      << o.out;
+  EXPECT_NE(o.out.find("FAIL  agrees with cpu: mlp: loss "), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("PASS  data parallel"), std::string::npos) << o.out;  // the defect is the same on every rank
+
+  o = check_fixture({"defective", "-o", "defect=state"});
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.out.find("FAIL  state: "), std::string::npos) << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 1) << o.out;
+
+  o = check_fixture({"defective", "-o", "defect=labels"});
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.out.find("FAIL  bad input: train_step accepted label 4 for 4 classes\n"), std::string::npos) << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 1) << o.out;
+}
+
+TEST(BackendCheck, ABackendThatIsMissingOrCannotRunHereExits2) {
+  Output o = check({"no_such_backend"});
+  EXPECT_EQ(o.exit_code, 2) << o.out << o.err;
+  EXPECT_EQ(o.err, "skyforge backend-check: no compute backend named 'no_such_backend' (see `skyforge plugins`)\n");
+#ifdef HAVE_CUDA_PLUGIN
+  o = check({"cuda"});
+  if (o.exit_code == 0) GTEST_SKIP() << "this machine has a usable CUDA device: the cuda backend passed\n" << o.out;
+  EXPECT_EQ(o.exit_code, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find("skyforge backend-check: compute backend 'cuda' cannot run here: plugin 'cuda' probe: cuda: "),
+            std::string::npos)
+      << o.err;
+#endif
+}
