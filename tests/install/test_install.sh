@@ -109,6 +109,7 @@ build_template() {  # build_template DIR PLUGIN
 }
 build_template framework-plugin my_framework
 build_template app my_app
+build_template compute-backend my_backend
 
 # ---- 3. run their jobs with the installed host -----------------------------------------------
 step "skyforge run templates/framework-plugin/job.toml"
@@ -154,6 +155,23 @@ skyforge run-map-installed run "$work/map.toml"
 expect_ok run-map-installed
 expect_line run-map-installed "[task 1] => egrofyks"
 
+# The template compute backend passes the conformance suite (what it has no kernels for is
+# skipped), agrees with the installed cpu backend, and trains the main job's MLP on 2 nodes.
+step "skyforge backend-check my_backend"
+skyforge backend-check backend-check my_backend --plugin-path "$work/compute-backend/build/plugins"
+expect_ok backend-check
+expect_match backend-check '^PASS  layer dense: 40 of 53 parameters'"'"' gradients agree with finite differences'
+expect_match backend-check '^PASS  data parallel: replicas bit-identical'
+expect_match backend-check '^PASS  agrees with cpu: after 10 steps, mlp: same initial weights, loss '
+expect_match backend-check '^[0-9]+ passed, [0-9]+ skipped, 0 failed$'
+
+step "skyforge run templates/compute-backend/job.toml"
+skyforge run-backend run "$work/compute-backend/job.toml"
+expect_ok run-backend
+expect_match run-backend '^\[node 0\] Test loss: [0-9.]+ - test accuracy: 0\.[6-9][0-9]* \(10000 samples\)$'
+hashes=$(sed -nE 's/^\[node [01]\] => .*"weights_fnv1a64": "([0-9a-f]+)".*$/\1/p' "$work/run-backend.out" | sort -u)
+[[ $(echo "$hashes" | wc -l) -eq 1 && -n $hashes ]] || { show run-backend; fail "my_backend's replicas differ: $hashes"; }
+
 step "skyforge plugins"
 SKYFORGE_PLUGIN_PATH=$plugin_path skyforge plugins plugins
 expect_ok plugins
@@ -171,4 +189,4 @@ expect_match run-torch '^\[node 1\] rank=1 world=2 master=[^:]+:[0-9]+$'
 masters=$(sed -nE 's/^\[node [01]\] rank=[01] world=2 master=(.*)$/\1/p' "$work/run-torch.out" | sort -u | wc -l)
 [[ $masters -eq 1 ]] || { show run-torch; fail "the ranks disagree on MASTER_ADDR:MASTER_PORT"; }
 
-echo "PASS: installed SDK builds both templates and the installed host runs them"
+echo "PASS: installed SDK builds the three templates and the installed host runs them"
