@@ -5,6 +5,9 @@ Run with Debian's interpreter (the one PyTorch imports under):
 
     /usr/bin/python3 bench/train_vs_pytorch.py [--models mlp,convnet] [--epochs-mlp 5]
         [--epochs-convnet 1] [--rounds 1] [--skyforge build/bin/skyforge] [--json FILE]
+        [--backend cpu|cuda]
+
+(--backend cuda: the GPU table, bench/train_vs_pytorch_cuda.py.)
 
 or `cmake --build build --target bench_train`.
 
@@ -457,11 +460,18 @@ def main():
                     help="run every configuration this many times, interleaved (round 1 of each, then round 2 "
                          "...); report medians and ranges, ratios taken within each round")
     ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu",
+                    help="cpu (this table) or cuda: skyforge's cuda backend vs PyTorch eager and torch.compile on "
+                         "the same GPU, batch 64 and 1024 (bench/train_vs_pytorch_cuda.py)")
     ap.add_argument("--_cell", help=argparse.SUPPRESS)
+    ap.add_argument("--_cuda-cell", dest="cuda_cell", help=argparse.SUPPRESS)
     ap.add_argument("--_torch-rank", dest="torch_rank", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._cell:
         return cell(json.loads(a._cell))
+    if a.cuda_cell:
+        import train_vs_pytorch_cuda
+        return train_vs_pytorch_cuda.cell(sys.modules[__name__], json.loads(a.cuda_cell))
     if a.torch_rank:
         return torch_rank(json.loads(a.torch_rank))
 
@@ -479,6 +489,9 @@ def main():
         raise SystemExit(f"train_vs_pytorch: {skyforge} is not an executable (build it, or pass --skyforge)")
     for m in models:  # fail early on an edited example
         derive_manifest(m, 1, epochs[m])
+    if a.backend == "cuda":
+        import train_vs_pytorch_cuda
+        sys.exit(train_vs_pytorch_cuda.main(sys.modules[__name__], a, models, epochs, skyforge))
 
     import numpy
     import torch

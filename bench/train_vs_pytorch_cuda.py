@@ -1,0 +1,211 @@
+"""The GPU half of bench/train_vs_pytorch.py (`--backend cuda`): skyforge's cuda backend vs
+PyTorch on the same GPU, measured in the same run.
+
+For each model (mlp, convnet: the examples, as the CPU bench checks them) and global batch (64,
+1024), the same data, Adam(1e-3), sparse categorical cross-entropy from logits, x/255:
+
+  skyforge cuda 1 GPU     `skyforge run` of the example with backend = "cuda", [pool]
+                          accelerator = "cuda", nodes = 1.
+  skyforge cuda N GPUs    the same with nodes = N (every GPU of the machine, when N >= 2): one
+                          node per GPU, data-parallel over NCCL.
+  PyTorch eager 1 GPU     a plain loop with the dataset on the device (uploaded once), batches
+                          gathered there, losses read back once per epoch.
+  PyTorch compile 1 GPU   the same model under torch.compile (when this torch has it).
+
+Figures: samples/s (60000 x epochs / training-loop time, the slowest process), test accuracy,
+and peak device memory: the largest `used_memory` nvidia-smi reports for the configuration's
+processes, polled every 0.1 s (the CUDA context included, on both sides alike). Then, when
+nccl-tests' `all_reduce_perf` is on PATH, NCCL's own allreduce bus bandwidth on every GPU,
+the figure skyforge's gradient allreduce (NCCL underneath) is to be held against.
+
+Targets (docs/compute-backends.md): >= 2x PyTorch eager at batch 64, >= 1x at batch 1024.
+Without a usable GPU it says why and exits 2: nothing is estimated.
+"""
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BATCHES = (64, 1024)
+
+
+def gpu_memory_poller(root_pid, peak, stop, interval=0.1):
+    """peak[0] = max MiB nvidia-smi reports for root_pid's descendants (and itself)."""
+    def descendants():
+        out, todo = {root_pid}, [root_pid]
+        while todo:
+            p = todo.pop()
+            try:
+                kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+            except OSError:
+                continue
+            for k in kids:
+                out.add(int(k))
+                todo.append(int(k))
+        return out
+    while not stop.wait(interval):
+        try:
+            q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        mine = descendants()
+        used = sum(int(m) for p, m in re.findall(r"^\s*(\d+),\s*(\d+)", q, re.M) if int(p) in mine)
+        peak[0] = max(peak[0], used)
+
+
+def preflight(skyforge):
+    """Why this machine cannot run the GPU bench, or None."""
+    problems = []
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            problems.append(f"PyTorch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)")
+    except ImportError as e:
+        problems.append(f"PyTorch cannot be imported ({e})")
+    p = subprocess.run([skyforge, "backend-check", "cuda", "--against", ""], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    if p.returncode == 2:
+        problems.append("skyforge's cuda backend cannot run here: " + p.stderr.strip().splitlines()[-1])
+    elif p.returncode != 0:
+        problems.append("skyforge backend-check cuda failed:\n" + p.stdout)
+    return problems
+
+
+def derive(base, model, nodes, epochs, batch):
+    text = base.derive_manifest(model, nodes, epochs)
+    text, n = re.subn(r'^backend\s*=\s*"cpu"\s*$', 'backend = "cuda"', text, count=1, flags=re.M)
+    assert n == 1, "the example selects no cpu backend"
+    text = re.sub(r"^batch_size\s*=.*$", f"batch_size = {batch}", text, count=1, flags=re.M)
+    return re.sub(r"^\[pool\]\s*$", '[pool]\naccelerator = "cuda"', text, count=1, flags=re.M)
+
+
+def run_skyforge(base, spec):
+    with tempfile.TemporaryDirectory(prefix="train_vs_pytorch_cuda.") as tmp:
+        manifest = Path(tmp) / "job.toml"
+        manifest.write_text(derive(base, spec["model"], spec["procs"], spec["epochs"], spec["batch"]))
+        p = subprocess.run([spec["skyforge"], "run", str(manifest)], cwd=tmp, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    nodes = [json.loads(m.group(2)) for m in re.finditer(r"^\[node (\d+)\] => (\{.*\})\s*$", p.stdout, re.M)]
+    if p.returncode != 0 or len(nodes) != spec["procs"]:
+        sys.stderr.write(p.stdout[-4000:] + p.stderr[-4000:])
+        raise SystemExit(f"skyforge run failed (exit {p.returncode}, {len(nodes)} result lines)")
+    return {"train_seconds": max(r["train_seconds"] for r in nodes), "samples": base.TRAIN_SAMPLES * spec["epochs"],
+            "test_accuracy": nodes[0]["test_accuracy"],
+            "replicas_agree": len({r["weights_fnv1a64"] for r in nodes}) == 1}
+
+
+def run_torch(base, spec):
+    import torch
+    import torch.nn.functional as F
+    dev = torch.device("cuda", 0)
+    xtr, ytr, xte, yte = (torch.from_numpy(a).to(dev) for a in base.load_fashion_mnist())
+    torch.manual_seed(base.SEED)
+    net = base.build_torch_model(spec["model"]).to(dev)
+    model = torch.compile(net) if spec["compile"] else net
+    opt = torch.optim.Adam(net.parameters(), lr=base.LEARNING_RATE, betas=(0.9, 0.999), eps=1e-7)
+    n, batch = ytr.shape[0], spec["batch"]
+    steps = -(-n // batch)
+    gen = torch.Generator(device=dev).manual_seed(base.SEED)
+    if spec["compile"]:  # compile outside the timed loop, as a user's warm-up would
+        xb, yb = xtr[:batch], ytr[:batch]
+        F.cross_entropy(model(xb), yb).backward()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(spec["epochs"]):
+        model.train()
+        perm = torch.randperm(n, generator=gen, device=dev)
+        for s in range(steps):
+            idx = perm[s * batch:(s + 1) * batch]
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
+            loss.backward()
+            opt.step()
+    torch.cuda.synchronize()
+    train_s = time.perf_counter() - t0
+    net.eval()
+    with torch.no_grad():
+        correct = sum(int((net(xte[i:i + 1024]).argmax(1) == yte[i:i + 1024]).sum()) for i in range(0, yte.shape[0], 1024))
+    return {"train_seconds": train_s, "samples": n * spec["epochs"], "test_accuracy": correct / yte.shape[0],
+            "torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
+
+
+def cell(base, spec):
+    """One configuration in this (fresh) process; the peak device memory of its processes."""
+    peak, stop = [0], threading.Event()
+    poller = threading.Thread(target=gpu_memory_poller, args=(os.getpid(), peak, stop), daemon=True)
+    poller.start()
+    res = run_skyforge(base, spec) if spec["kind"] == "skyforge" else run_torch(base, spec)
+    stop.set()
+    poller.join()
+    res["peak_device_mib"] = peak[0]
+    print("CELL_RESULT " + json.dumps(res), flush=True)
+
+
+def nccl_bus_bandwidth(gpus):
+    exe = shutil.which("all_reduce_perf")
+    if not exe:
+        return None, "nccl-tests' all_reduce_perf is not on PATH"
+    p = subprocess.run([exe, "-b", "8M", "-e", "256M", "-f", "2", "-g", str(gpus)], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    m = re.search(r"Avg bus bandwidth\s*:\s*([0-9.]+)", p.stdout)
+    return (float(m.group(1)), None) if m else (None, "all_reduce_perf printed no average bus bandwidth")
+
+
+def main(base, args, models, epochs, skyforge):
+    problems = preflight(skyforge)
+    if problems:
+        print("train_vs_pytorch --backend cuda: no GPU figures on this machine:\n  " + "\n  ".join(problems),
+              file=sys.stderr)
+        return 2
+    import torch
+    gpus = torch.cuda.device_count()
+    print(f"GPU: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, skyforge {skyforge}")
+    configs = [("sky1", "skyforge cuda 1 GPU", "skyforge", 1, False)]
+    if gpus >= 2:
+        configs.append(("skyN", f"skyforge cuda {gpus} GPUs", "skyforge", gpus, False))
+    configs.append(("torch", "PyTorch eager 1 GPU", "torch", 1, False))
+    if hasattr(torch, "compile"):
+        configs.append(("compile", "PyTorch torch.compile 1 GPU", "torch", 1, True))
+    cells = []
+    for rnd in range(1, args.rounds + 1):
+        for m in models:
+            for batch in BATCHES:
+                for key, label, kind, procs, compiled in configs:
+                    spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs, "batch": batch,
+                            "compile": compiled, "epochs": epochs[m], "skyforge": skyforge}
+                    print(f"  round {rnd}: {m} batch {batch}: {label} ...", file=sys.stderr, flush=True)
+                    p = subprocess.run([sys.executable, str(Path(base.__file__).resolve()), "--_cuda-cell",
+                                        json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+                    r = re.search(r"^CELL_RESULT (\{.*\})$", p.stdout, re.M)
+                    if p.returncode != 0 or not r:
+                        raise SystemExit(f"train_vs_pytorch --backend cuda: {label} ({m}, batch {batch}) failed")
+                    res = json.loads(r.group(1))
+                    res.update(spec, round=rnd, samples_per_second=res["samples"] / res["train_seconds"])
+                    cells.append(res)
+    hdr = f"{'model':8s} {'batch':>5s} {'configuration':30s} {'samples/s':>10s} {'test acc':>8s} {'peak MiB':>8s}  vs eager"
+    print("\n" + hdr + "\n" + "-" * len(hdr))
+    for m in models:
+        for batch in BATCHES:
+            rows = [c for c in cells if c["model"] == m and c["batch"] == batch]
+            eager = statistics.median(c["samples_per_second"] for c in rows if c["key"] == "torch")
+            for key, label, *_ in configs:
+                rs = [c for c in rows if c["key"] == key]
+                sps = statistics.median(c["samples_per_second"] for c in rs)
+                print(f"{m:8s} {batch:5d} {label:30s} {sps:10.0f} {statistics.median(c['test_accuracy'] for c in rs):8.4f} "
+                      f"{max(c['peak_device_mib'] for c in rs):8d}  {sps / eager:.2f}x")
+    bw, why = nccl_bus_bandwidth(gpus)
+    print(f"\nNCCL allreduce bus bandwidth (nccl-tests, 8 MiB-256 MiB, {gpus} GPU(s)): "
+          + (f"{bw:.1f} GB/s" if bw is not None else f"not measured: {why}"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"backend": "cuda", "gpus": gpus, "cells": cells,
+                                               "nccl_bus_bandwidth_gbs": bw}, indent=2) + "\n")
+    return 0
