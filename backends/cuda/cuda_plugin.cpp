@@ -4,6 +4,8 @@
 // `skyforge plugins` work on any machine), probe() says what is missing before a run starts.
 #include "engine.hpp"
 
+#include <cstdlib>
+
 namespace {
 
 class CudaBackend : public skyforge::ComputeBackend {
@@ -18,10 +20,30 @@ class CudaBackend : public skyforge::ComputeBackend {
   void probe() override { skyforge::cuda::Device::probe(); }
   std::unique_ptr<skyforge::Engine> create_engine(const skyforge::ModelSpec& spec,
                                                   const skyforge::Communicator& comm) override {
-    return skyforge::cuda::make_engine(spec, comm, host(), opts_);
+    skyforge::cuda::EngineOptions o = opts_;
+    o.collective_timeout_s = collective_timeout_s();
+    return skyforge::cuda::make_engine(spec, comm, host(), o);
   }
 
  private:
+  // The pool's collective timeout (docs/runtime-api.md): job.collective_timeout, else
+  // SKYFORGE_COLLECTIVE_TIMEOUT, else 300 s; NCCL gets the same as the pool's communicator.
+  double collective_timeout_s() const {
+    std::string v = host().config("job.collective_timeout").value_or("");
+    const char* what = "job.collective_timeout";
+    if (v.empty()) {
+      const char* env = std::getenv("SKYFORGE_COLLECTIVE_TIMEOUT");
+      v = env ? env : "";
+      what = "SKYFORGE_COLLECTIVE_TIMEOUT";
+    }
+    if (v.empty()) return 300;
+    char* end = nullptr;
+    const double s = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end || !(s > 0) || s > 1e7)
+      throw skyforge::Error(std::string(what) + " = '" + v + "': expected a positive number of seconds", SF_ERR_INVALID);
+    return s;
+  }
+
   skyforge::cuda::EngineOptions opts_;
 };
 

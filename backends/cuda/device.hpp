@@ -19,8 +19,10 @@ class Device {
  public:
   // comm: the pool's communicator (rank, size; the host build's collectives). host: its
   // services (the CUDA build's NCCL rendezvous through kv_set/kv_get; unused by the host build).
-  // Throws Error(SF_ERR_UNSUPPORTED) when no device can be used.
-  Device(const Communicator& comm, const Host& host);
+  // collective_timeout_s: how long the CUDA build waits for a collective before it declares a
+  // peer lost, aborts the NCCL communicator and fails (the pool's collective timeout; the host
+  // build's communicator has its own). Throws Error(SF_ERR_UNSUPPORTED) when no device can be used.
+  Device(const Communicator& comm, const Host& host, double collective_timeout_s = 300);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -43,11 +45,19 @@ class Device {
   void gemm(bool trans_a, bool trans_b, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
             const float* B, size_t ldb, float beta, float* C, size_t ldc);
 
-  // In-place sum of n floats of device memory over every rank; broadcast of device bytes from root.
+  // In-place sum of n floats of device memory over every rank, ordered after everything the
+  // stream has been given so far. The CUDA build runs it on a stream of its own, so kernels
+  // enqueued after it (the rest of the backward pass) overlap it, as PyTorch DDP's buckets do;
+  // join_collectives() orders the stream after every allreduce so far (before the update).
   void allreduce_sum(float* p, size_t n);
+  void join_collectives();
+  // Device bytes from root to every rank (in stream order).
   void broadcast(void* p, size_t bytes, uint32_t root);
 
   kernels::Stream stream() const { return stream_; }
+  // Waits for the stream. With NCCL, a collective that is still not done after the collective
+  // timeout, or that NCCL reports failed, aborts the communicator (ncclCommAbort: the kernels
+  // waiting on a lost peer return) and throws Error naming what happened, instead of hanging.
   void synchronize();
 
  private:

@@ -7,8 +7,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace skyforge::cuda {
 
@@ -32,13 +35,57 @@ std::atomic<uint64_t> g_generation{0};
 }  // namespace
 
 struct Device::Impl {
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;       // every kernel, copy and GEMM
+  cudaStream_t collectives = nullptr;  // NCCL's allreduces, overlapping the stream's backward
+  cudaEvent_t ready = nullptr;         // recorded on `stream` before an allreduce
+  cudaEvent_t summed = nullptr;        // recorded on `collectives` at join_collectives
   cublasHandle_t blas = nullptr;
   ncclComm_t nccl = nullptr;
+  std::chrono::milliseconds timeout{300000};
   ~Impl() {
     if (nccl) ncclCommDestroy(nccl);
     if (blas) cublasDestroy(blas);
+    if (summed) cudaEventDestroy(summed);
+    if (ready) cudaEventDestroy(ready);
+    if (collectives) cudaStreamDestroy(collectives);
     if (stream) cudaStreamDestroy(stream);
+  }
+
+  // The communicator is non-blocking (ncclConfig_t::blocking = 0): its calls return
+  // ncclInProgress while they work, and a wait polls NCCL's asynchronous error, so a lost peer
+  // ends in ncclCommAbort and an error, never in a hang.
+  [[noreturn]] void abort_nccl(const std::string& why) {
+    ncclCommAbort(nccl);
+    nccl = nullptr;
+    throw Error("cuda: " + why + "; the NCCL communicator was aborted (a lost or stuck peer?)", SF_ERR);
+  }
+  void check_nccl(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess && r != ncclInProgress)
+      abort_nccl(std::string(what) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nccl) + ")");
+  }
+  // Until NCCL has no call in progress (communicator set-up), or the stream is done.
+  void wait(const char* what, bool for_stream) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (for_stream) {
+        const cudaError_t e = cudaStreamQuery(stream);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) check(e, what);
+      }
+      if (nccl) {
+        ncclResult_t state = ncclSuccess;
+        check_nccl(ncclCommGetAsyncError(nccl, &state), what);
+        if (state != ncclSuccess && state != ncclInProgress)
+          abort_nccl(std::string(what) + ": NCCL reported " + ncclGetErrorString(state));
+        if (!for_stream && state == ncclSuccess) return;
+      } else if (!for_stream) {
+        return;
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        abort_nccl(std::string(what) + ": not done after the collective timeout of " +
+                   std::to_string(timeout.count() / 1000.0) + " s");
+      std::this_thread::yield();
+    }
   }
 };
 
@@ -62,8 +109,10 @@ void Device::probe() {
                 SF_ERR_UNSUPPORTED);
 }
 
-Device::Device(const Communicator& comm, const Host& host) : impl_(std::make_unique<Impl>()) {
+Device::Device(const Communicator& comm, const Host& host, double collective_timeout_s)
+    : impl_(std::make_unique<Impl>()) {
   probe();
+  impl_->timeout = std::chrono::milliseconds(static_cast<int64_t>(std::max(collective_timeout_s, 0.001) * 1000.0));
   // One node per GPU: the provider narrows CUDA_VISIBLE_DEVICES, so device 0 is this node's.
   check(cudaSetDevice(0), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -82,8 +131,19 @@ Device::Device(const Communicator& comm, const Host& host) : impl_(std::make_uni
       if (v.size() != sizeof(id)) throw Error("cuda: malformed NCCL unique id under " + key, SF_ERR);
       std::memcpy(&id, v.data(), sizeof(id));
     }
-    check(ncclCommInitRank(&impl_->nccl, static_cast<int>(comm.size()), id, static_cast<int>(comm.rank())),
-          "ncclCommInitRank");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r =
+        ncclCommInitRankConfig(&impl_->nccl, static_cast<int>(comm.size()), id, static_cast<int>(comm.rank()), &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      if (impl_->nccl) ncclCommAbort(impl_->nccl);
+      impl_->nccl = nullptr;
+      throw Error(std::string("cuda: ncclCommInitRankConfig: ") + ncclGetErrorString(r), SF_ERR);
+    }
+    impl_->wait("ncclCommInitRank", false);
+    check(cudaStreamCreateWithFlags(&impl_->collectives, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&impl_->ready, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&impl_->summed, cudaEventDisableTiming), "cudaEventCreate");
   }
 }
 Device::~Device() = default;
@@ -125,12 +185,26 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
 
 void Device::allreduce_sum(float* p, size_t n) {
   if (!impl_->nccl || n == 0) return;
-  check(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, impl_->nccl, impl_->stream), "ncclAllReduce");
+  check(cudaEventRecord(impl_->ready, impl_->stream), "cudaEventRecord");
+  check(cudaStreamWaitEvent(impl_->collectives, impl_->ready, 0), "cudaStreamWaitEvent");
+  impl_->check_nccl(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, impl_->nccl, impl_->collectives), "ncclAllReduce");
+}
+void Device::join_collectives() {
+  if (!impl_->nccl) return;
+  check(cudaEventRecord(impl_->summed, impl_->collectives), "cudaEventRecord");
+  check(cudaStreamWaitEvent(impl_->stream, impl_->summed, 0), "cudaStreamWaitEvent");
 }
 void Device::broadcast(void* p, size_t bytes, uint32_t root) {
   if (!impl_->nccl || bytes == 0) return;
-  check(ncclBroadcast(p, p, bytes, ncclUint8, static_cast<int>(root), impl_->nccl, impl_->stream), "ncclBroadcast");
+  impl_->check_nccl(ncclBroadcast(p, p, bytes, ncclUint8, static_cast<int>(root), impl_->nccl, impl_->stream),
+                    "ncclBroadcast");
 }
-void Device::synchronize() { check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize"); }
+void Device::synchronize() {
+  if (!impl_->nccl) {
+    check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
+    return;
+  }
+  impl_->wait("waiting for the stream", true);
+}
 
 }  // namespace skyforge::cuda

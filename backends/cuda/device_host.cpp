@@ -13,7 +13,7 @@ struct Device::Impl {
   Communicator comm;
 };
 
-Device::Device(const Communicator& comm, const Host&) : impl_(std::make_unique<Impl>(Impl{comm})) {}
+Device::Device(const Communicator& comm, const Host&, double) : impl_(std::make_unique<Impl>(Impl{comm})) {}
 Device::~Device() = default;
 
 const char* Device::build_name() { return "host"; }
@@ -46,6 +46,7 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
 }
 
 void Device::allreduce_sum(float* p, size_t n) { impl_->comm.allreduce(p, n, SF_REDUCE_SUM); }
+void Device::join_collectives() {}  // the pool's allreduce returns when done
 void Device::broadcast(void* p, size_t bytes, uint32_t root) { impl_->comm.broadcast(p, bytes, root); }
 void Device::synchronize() {}
 

@@ -125,7 +125,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     invalid("unknown optimizer '" + optimizer_ + "' (known: adam, sgd)");
   }
 
-  dev_ = std::make_unique<Device>(comm_, host);
+  dev_ = std::make_unique<Device>(comm_, host, eopt_.collective_timeout_s);
 
   // Every layer through the schema: options with defaults, output shape, parameter count.
   Shape shape = input_shape_;
@@ -476,6 +476,7 @@ StepResult CudaEngine::compute(const float* x_host, const int32_t* y_host, uint3
       }
     }
     if (dp && hi > 0) dev_->allreduce_sum(grads_.get(), hi);
+    if (dp) dev_->join_collectives();  // the update reads every summed gradient
   }
   double sums[2];
   dev_->download(sums, sums_.get(), sizeof(sums));

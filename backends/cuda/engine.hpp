@@ -23,7 +23,8 @@
 namespace skyforge::cuda {
 
 struct EngineOptions {
-  size_t bucket_bytes = 4u << 20;  // gradient allreduce bucket size
+  size_t bucket_bytes = 4u << 20;     // gradient allreduce bucket size
+  double collective_timeout_s = 300;  // CUDA build: a collective not done by then aborts NCCL
 };
 
 struct Layer;
