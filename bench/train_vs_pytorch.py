@@ -316,6 +316,21 @@ def derive_manifest(model, nodes, epochs, independent=False):
 
 
 # ---- one configuration, in a fresh wrapper process ------------------------------------------------
+def descendants(pid):
+    """Every process below pid, from /proc's children lists."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        for k in kids:
+            out.append(int(k))
+            todo.append(int(k))
+    return out
+
+
 class RssPoller(threading.Thread):
     """Max VmHWM over every descendant of this process, polled (cross-check of ru_maxrss)."""
 
@@ -324,21 +339,8 @@ class RssPoller(threading.Thread):
         self.interval, self.peak_kib, self.pids = interval, 0, set()
         self.stop = threading.Event()
 
-    def descendants(self, pid):
-        out, todo = [], [pid]
-        while todo:
-            p = todo.pop()
-            try:
-                kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-            except OSError:
-                continue
-            for k in kids:
-                out.append(int(k))
-                todo.append(int(k))
-        return out
-
     def sample(self):
-        for pid in self.descendants(os.getpid()):
+        for pid in descendants(os.getpid()):
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):

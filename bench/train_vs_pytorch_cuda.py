@@ -36,27 +36,15 @@ from pathlib import Path
 BATCHES = (64, 1024)
 
 
-def gpu_memory_poller(root_pid, peak, stop, interval=0.1):
-    """peak[0] = max MiB nvidia-smi reports for root_pid's descendants (and itself)."""
-    def descendants():
-        out, todo = {root_pid}, [root_pid]
-        while todo:
-            p = todo.pop()
-            try:
-                kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-            except OSError:
-                continue
-            for k in kids:
-                out.add(int(k))
-                todo.append(int(k))
-        return out
+def gpu_memory_poller(base, root_pid, peak, stop, interval=0.1):
+    """peak[0] = max MiB nvidia-smi reports for root_pid and its descendants."""
     while not stop.wait(interval):
         try:
             q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=5).stdout
         except (OSError, subprocess.TimeoutExpired):
             continue
-        mine = descendants()
+        mine = {root_pid, *base.descendants(root_pid)}
         used = sum(int(m) for p, m in re.findall(r"^\s*(\d+),\s*(\d+)", q, re.M) if int(p) in mine)
         peak[0] = max(peak[0], used)
 
@@ -141,7 +129,7 @@ def run_torch(base, spec):
 def cell(base, spec):
     """One configuration in this (fresh) process; the peak device memory of its processes."""
     peak, stop = [0], threading.Event()
-    poller = threading.Thread(target=gpu_memory_poller, args=(os.getpid(), peak, stop), daemon=True)
+    poller = threading.Thread(target=gpu_memory_poller, args=(base, os.getpid(), peak, stop), daemon=True)
     poller.start()
     res = run_skyforge(base, spec) if spec["kind"] == "skyforge" else run_torch(base, spec)
     stop.set()

@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -57,6 +58,24 @@ Parsed parse(const std::string& cmd, int argc, char** argv, po::options_descript
   po::notify(p.vm);
   p.help = p.vm.count("help") > 0;
   return p;
+}
+
+// `skyforge <cmd> [options] <arg>`: parses with `positional` (an option of desc, bound to
+// `value`) as the one positional argument. Returns 0 after printing --help, kExitUsage when the
+// argument is missing, nullopt when the command goes on.
+std::optional<int> parse_command(const std::string& cmd, int argc, char** argv, po::options_description& desc,
+                                 const char* positional, const std::string& value, const char* shown) {
+  po::positional_options_description pos;
+  pos.add(positional, 1);
+  if (parse(cmd, argc, argv, desc, &pos).help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (value.empty()) {
+    std::cerr << "skyforge " << cmd << ": missing " << shown << "\n" << desc;
+    return kExitUsage;
+  }
+  return std::nullopt;
 }
 
 // Where a plugin's own refusal of its options points: at the option its message names (as a
@@ -132,17 +151,7 @@ int cmd_run(int argc, char** argv) {
       "timings", po::bool_switch(&opt.timings), "print phase timings (ms) and map batch round trips on stderr")(
       "join-timeout", po::value(&opt.join_timeout_ms)->default_value(60000),
       "ms to wait for every worker to join and become ready");
-  po::positional_options_description pos;
-  pos.add("manifest", 1);
-  auto p = parse("run", argc, argv, desc, &pos);
-  if (p.help) {
-    std::cout << desc;
-    return 0;
-  }
-  if (manifest.empty()) {
-    std::cerr << "skyforge run: missing <job.toml>\n" << desc;
-    return kExitUsage;
-  }
+  if (auto done = parse_command("run", argc, argv, desc, "manifest", manifest, "<job.toml>")) return *done;
   if (opt.pipeline < 1) {
     std::cerr << "skyforge run: --pipeline must be >= 1\n";
     return kExitUsage;
@@ -167,17 +176,7 @@ int cmd_validate(int argc, char** argv) {
       "otherwise, printing each problem as file:line:col.\n\noptions");
   std::string manifest;
   desc.add_options()("manifest", po::value(&manifest), "the job manifest");
-  po::positional_options_description pos;
-  pos.add("manifest", 1);
-  auto p = parse("validate", argc, argv, desc, &pos);
-  if (p.help) {
-    std::cout << desc;
-    return 0;
-  }
-  if (manifest.empty()) {
-    std::cerr << "skyforge validate: missing <job.toml>\n" << desc;
-    return kExitUsage;
-  }
+  if (auto done = parse_command("validate", argc, argv, desc, "manifest", manifest, "<job.toml>")) return *done;
   Manifest m;
   std::unique_ptr<Catalog> catalog;
   if (!load_checked(manifest, m, catalog)) return kExitUsage;
@@ -204,17 +203,7 @@ int cmd_env(int argc, char** argv) {
       "node,n", po::value(&node)->default_value(0), "which node's environment to print")(
       "json", po::bool_switch(&json), "print a JSON object instead of NAME=value lines")(
       "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugins' debug-level logs (info and above always show)");
-  po::positional_options_description pos;
-  pos.add("manifest", 1);
-  auto p = parse("env", argc, argv, desc, &pos);
-  if (p.help) {
-    std::cout << desc;
-    return 0;
-  }
-  if (manifest.empty()) {
-    std::cerr << "skyforge env: missing <job.toml>\n" << desc;
-    return kExitUsage;
-  }
+  if (auto done = parse_command("env", argc, argv, desc, "manifest", manifest, "<job.toml>")) return *done;
   Manifest m;
   std::unique_ptr<Catalog> catalog;
   if (!load_checked(manifest, m, catalog)) return kExitUsage;
@@ -311,17 +300,7 @@ int cmd_backend_check(int argc, char** argv) {
       "option,o", po::value(&kv)->composing(), "KEY=VALUE: an option of the backend (repeatable)")(
       "plugin-path,p", po::value(&o.plugin_path)->composing(), "a directory searched for plugins first (repeatable)")(
       "against", po::value(&o.against)->default_value("cpu"), "the reference backend; \"\" for none");
-  po::positional_options_description pos;
-  pos.add("name", 1);
-  auto p = parse("backend-check", argc, argv, desc, &pos);
-  if (p.help) {
-    std::cout << desc;
-    return 0;
-  }
-  if (o.backend.empty()) {
-    std::cerr << "skyforge backend-check: missing <name>\n" << desc;
-    return kExitUsage;
-  }
+  if (auto done = parse_command("backend-check", argc, argv, desc, "name", o.backend, "<name>")) return *done;
   for (const auto& item : kv) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0) {
