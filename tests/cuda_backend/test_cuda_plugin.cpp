@@ -4,6 +4,7 @@
 // manifest line that selects it. On a machine with a usable device this test skips (Gpu.* run).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -57,4 +58,56 @@ TEST_F(CudaPlugin, WithoutADeviceItIsListedValidatesAndRunStopsBeforeProvisionin
                             "[(]nothing was started[)]\n");
   EXPECT_TRUE(std::regex_match(o.err, expected)) << o.err;
   EXPECT_EQ(o.out, "");  // no node said anything: none was started
+}
+
+// ---- on a GPU (label gpu: `ctest --test-dir build -L gpu`; skipped visibly without one) ---------
+
+namespace {
+
+class GpuE2E : public SkyforgeRunTest {
+ protected:
+  GpuE2E() : SkyforgeRunTest("skyforge-cuda-gpu") {}
+  // The main job on `backend` for `steps` steps of one epoch, its manifest edited by `edit`.
+  Output run_main_job(const std::string& backend, int steps, int nodes, const std::string& pool_extra = "") {
+    std::string text = main_job_on_cuda();
+    text = std::regex_replace(text, std::regex("backend = \"cuda\""), "backend = \"" + backend + "\"");
+    text = std::regex_replace(text, std::regex("\nnodes = [0-9]+"), "\nnodes = " + std::to_string(nodes) + pool_extra);
+    text = std::regex_replace(text, std::regex("\nepochs = 1"), "\nepochs = 1\nsteps_per_epoch = " + std::to_string(steps));
+    return skyforge({"run", write(backend + std::to_string(nodes) + ".toml", text).string()}, 600);
+  }
+  // The result line of node `node`: {"node": 0, ..., "loss": ..., "weights_fnv1a64": "..."}.
+  static std::string field(const std::string& out, int node, const std::string& key) {
+    std::smatch m;
+    const std::regex line("\\[node " + std::to_string(node) + "\\] => \\{.*\"" + key + "\": \"?([^,\"}]+)");
+    return std::regex_search(out, m, line) ? m[1].str() : "";
+  }
+};
+
+}  // namespace
+
+// The main job's MLP, 200 steps on 1 GPU and on the cpu backend from the same seed and batches:
+// the same loss to 1e-3 relative and test accuracy within 0.005.
+TEST_F(GpuE2E, TheMainJobOnOneGpuTrainsLikeCpu) {
+  Output gpu = run_main_job("cuda", 200, 1);
+  if (gpu.exit_code == 2) GTEST_SKIP() << "no usable GPU: " << gpu.err;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  Output cpu = run_main_job("cpu", 200, 1);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const double lg = std::stod(field(gpu.out, 0, "loss")), lc = std::stod(field(cpu.out, 0, "loss"));
+  EXPECT_LE(std::fabs(lg - lc) / lc, 1e-3) << "cuda " << lg << ", cpu " << lc;
+  const double ag = std::stod(field(gpu.out, 0, "test_accuracy")), ac = std::stod(field(cpu.out, 0, "test_accuracy"));
+  EXPECT_LE(std::fabs(ag - ac), 0.005) << "cuda " << ag << ", cpu " << ac;
+}
+
+// Two nodes, one GPU each (the local provider's placement), data-parallel over NCCL: the replicas
+// end bit-identical.
+TEST_F(GpuE2E, TwoNodesOneGpuEachEndWithIdenticalReplicas) {
+  Output o = run_main_job("cuda", 100, 2, "\naccelerator = \"cuda\"");
+  if (o.exit_code == 2) GTEST_SKIP() << "no usable GPU: " << o.err;
+  if (o.exit_code != 0 && o.err.find("this machine offers 1 ") != std::string::npos)
+    GTEST_SKIP() << "one GPU only: " << o.err;
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  const std::string h0 = field(o.out, 0, "weights_fnv1a64"), h1 = field(o.out, 1, "weights_fnv1a64");
+  EXPECT_FALSE(h0.empty()) << o.out;
+  EXPECT_EQ(h0, h1) << o.out;
 }
