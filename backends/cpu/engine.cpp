@@ -2,6 +2,8 @@
 // state_dict.
 #include "kernels.hpp"
 
+#include <skyforge/layer_schema.hpp>
+
 #include <omp.h>
 #include <sched.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -239,11 +241,11 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
   exec_.threads = spec.threads > 0             ? static_cast<int>(spec.threads)
                   : opt.default_threads > 0 ? static_cast<int>(opt.default_threads)
                                             : usable_cores();
-  if (input_shape_.empty() || numel(input_shape_) == 0)
-    invalid("model input_shape " + shape_str(input_shape_) + " is empty or has a zero dimension");
-  if (spec.layers.empty()) invalid("the model has no layers");
-  if (!spec.loss.empty() && spec.loss != "sparse_categorical_crossentropy")
-    invalid("unknown loss '" + spec.loss + "' (known: sparse_categorical_crossentropy, from logits)");
+  try {
+    schema::check_model(input_shape_, spec.layers.size(), spec.loss);
+  } catch (const schema::LayerError& e) {
+    invalid(e.what());
+  }
   const OptimizerConfig ocfg = parse_optimizer(spec.optimizer, spec.optimizer_options);
 
   Shape shape = input_shape_;
@@ -259,11 +261,11 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
     arch_ += l->describe();
     layers_.push_back(std::move(l));
   }
-  if (shape.size() != 1)
-    invalid("layer " + std::to_string(layers_.size() - 1) + " (" + layers_.back()->type + "): the model's output " +
-            shape_str(shape) +
-            " must be (classes,) for sparse_categorical_crossentropy; add flatten or global_average_pooling2d");
-  classes_ = shape[0];
+  try {
+    classes_ = schema::classes_of(shape, layers_.size() - 1, layers_.back()->type);
+  } catch (const schema::LayerError& e) {
+    invalid(e.what());
+  }
   arch_ += ';';
   arch_ += ocfg.name;
 

@@ -92,11 +92,11 @@ struct Layer {
 
 CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Host& host, const EngineOptions& opt)
     : comm_(comm), eopt_(opt), input_shape_(spec.input_shape), seed_(spec.seed) {
-  if (input_shape_.empty() || numel(input_shape_) == 0)
-    invalid("model input_shape " + shape_text(input_shape_) + " is empty or has a zero dimension");
-  if (spec.layers.empty()) invalid("the model has no layers");
-  if (!spec.loss.empty() && spec.loss != "sparse_categorical_crossentropy")
-    invalid("unknown loss '" + spec.loss + "' (known: sparse_categorical_crossentropy, from logits)");
+  try {
+    schema::check_model(input_shape_, spec.layers.size(), spec.loss);
+  } catch (const schema::LayerError& e) {
+    invalid(e.what());
+  }
   optimizer_ = spec.optimizer.empty() ? "adam" : spec.optimizer;
   const Options& oo = spec.optimizer_options;
   auto only = [&](std::initializer_list<const char*> known) {
@@ -205,11 +205,11 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     shape = s.output;
     layers_.push_back(std::move(l));
   }
-  if (shape.size() != 1)
-    invalid("layer " + std::to_string(layers_.size() - 1) + " (" + layers_.back()->type + "): the model's output " +
-            shape_text(shape) +
-            " must be (classes,) for sparse_categorical_crossentropy; add flatten or global_average_pooling2d");
-  classes_ = shape[0];
+  try {
+    classes_ = schema::classes_of(shape, layers_.size() - 1, layers_.back()->type);
+  } catch (const schema::LayerError& e) {
+    invalid(e.what());
+  }
   arch_ += ";" + optimizer_;
 
   // A relu right after batch_normalization is fused into it (the kernels' relu flag), as the

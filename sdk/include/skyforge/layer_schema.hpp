@@ -441,6 +441,28 @@ inline const LayerDef* find(std::string_view type) {
   return nullptr;
 }
 
+// What every backend checks of a whole model besides its layers (LayerConfig::infer checks
+// those): an input shape with no zero dimension, at least one layer, the one loss there is
+// ("" means it). Throws LayerError.
+inline void check_model(const std::vector<uint32_t>& input_shape, size_t layers, std::string_view loss) {
+  bool empty = input_shape.empty();
+  for (uint32_t d : input_shape) empty = empty || d == 0;
+  if (empty) throw LayerError("model input_shape " + detail::shape_text(input_shape) + " is empty or has a zero dimension");
+  if (layers == 0) throw LayerError("the model has no layers");
+  if (!loss.empty() && loss != "sparse_categorical_crossentropy")
+    throw LayerError("unknown loss '" + std::string(loss) + "' (known: sparse_categorical_crossentropy, from logits)");
+}
+
+// The classes of a model whose last layer (index `last`, of `type`) outputs `output`: it must be
+// (classes,) for sparse_categorical_crossentropy. Throws LayerError naming the layer.
+inline uint32_t classes_of(const std::vector<uint32_t>& output, size_t last, std::string_view type) {
+  if (output.size() != 1)
+    throw LayerError("layer " + std::to_string(last) + " (" + std::string(type) + "): the model's output " +
+                     detail::shape_text(output) +
+                     " must be (classes,) for sparse_categorical_crossentropy; add flatten or global_average_pooling2d");
+  return output[0];
+}
+
 inline std::vector<std::string> type_names() {
   std::vector<std::string> out;
   for (const LayerDef& d : catalogue()) out.emplace_back(d.type);
