@@ -86,11 +86,14 @@ class Layer {
   // Preallocate scratch for up to `batch` samples (called when the batch capacity grows).
   virtual void reserve(uint32_t /*batch*/) {}
   virtual void forward(const float* x, float* y, uint32_t batch, bool training) = 0;
+  // The run's seed and the optimizer step the next training forward belongs to (dropout's
+  // masks are a function of both: docs/kernels.md, "Dropout").
+  virtual void begin_step(uint64_t /*seed*/, uint64_t /*step*/) {}
   // Gradients: dy (mutable scratch, may be overwritten) -> dx (nullptr: not needed, the first
   // layer) and the layer's parameter gradients, which are OVERWRITTEN (not accumulated) with the
   // sum over the batch of dL/dparam. x and y are the buffers of the last training forward.
   virtual void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) = 0;
-  // Non-trainable state (BN moving statistics, dropout generator) for state_dict.
+  // Non-trainable state (BN moving statistics) for state_dict.
   virtual void save_state(ByteWriter& /*w*/) const {}
   virtual void load_state(ByteReader& /*r*/) {}
   // Fuses a ReLU layer that follows this one: the forward then applies max(., 0) to its output
@@ -211,6 +214,7 @@ class CpuEngine : public Engine {
   std::vector<float> params_, grads_;
   std::unique_ptr<Optimizer> opt_;
   uint64_t step_ = 0;
+  uint64_t seed_ = 0;  // the run's seed: dropout masks (from the spec, or from a loaded state)
   uint32_t capacity_ = 0;
   std::vector<std::vector<float>> acts_;  // acts_[i]: output of layer i (empty when fused away)
   std::vector<float*> out_;               // where layer i's output lives

@@ -102,7 +102,7 @@ double parse_real(const Options& o, const std::string& opt, const std::string& k
 }
 
 constexpr char kMagic[8] = {'S', 'F', 'C', 'P', 'U', 'E', 'N', 'G'};
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;  // 1: dropout layers also held a 32-byte generator
 
 }  // namespace
 
@@ -237,7 +237,7 @@ CpuEngine::~CpuEngine() {
 }
 
 CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const EngineOptions& opt)
-    : comm_(comm), eopt_(opt), input_shape_(spec.input_shape) {
+    : comm_(comm), eopt_(opt), input_shape_(spec.input_shape), seed_(spec.seed) {
   exec_.threads = spec.threads > 0             ? static_cast<int>(spec.threads)
                   : opt.default_threads > 0 ? static_cast<int>(opt.default_threads)
                                             : usable_cores();
@@ -350,6 +350,7 @@ const float* CpuEngine::forward(const float* x, uint32_t batch, bool training, P
       continue;
     }
     const auto t0 = prof ? Profile::clock::now() : Profile::clock::time_point{};
+    if (training) layers_[i]->begin_step(seed_, step_);
     layers_[i]->forward(in, out_[i], batch, training);
     if (prof) prof->fwd[i] += Profile::since(t0);
     in = out_[i];
@@ -468,14 +469,18 @@ void CpuEngine::set_params(const float* in, uint64_t count) {
   if (count) std::memcpy(params_.data(), in, count * sizeof(float));
 }
 
-// state_dict format, version 1 (native byte order, little-endian on every supported target):
+// state_dict format, version 2 (native byte order, little-endian on every supported target):
 //   char[8] "SFCPUENG" | u32 version | u32 reserved (0)
 //   u64 n + arch text (layer descriptions and optimizer name: loads only into the same model)
 //   u64 step
+//   u64 seed                           (the run's: dropout masks follow it, not the new engine's)
 //   u64 n + f32[n] parameters          (n = param_count)
 //   u64 n + f32[n] optimizer slots     (sgd: 0 or velocity; adam: m then v)
 //   u32 n_layers, then each layer's state in order (batch_normalization: u64 C + moving_mean,
-//       u64 C + moving_variance; dropout: its 32-byte generator state; others: nothing)
+//       u64 C + moving_variance; others: nothing)
+// Version 1 (before dropout's masks became a function of seed and step) had no seed and a
+// 32-byte generator state per dropout layer: load_state reads and drops the generator and keeps
+// the engine's seed, so those checkpoints resume (with the new masks).
 std::string CpuEngine::state_dict() const {
   ByteWriter w;
   w.raw(kMagic, sizeof(kMagic));
@@ -484,6 +489,7 @@ std::string CpuEngine::state_dict() const {
   w.put<uint64_t>(arch_.size());
   w.raw(arch_.data(), arch_.size());
   w.put<uint64_t>(step_);
+  w.put<uint64_t>(seed_);
   w.floats(params_.data(), params_.size());
   w.floats(opt_->slots_data(), opt_->slot_count());
   w.put<uint32_t>(static_cast<uint32_t>(layers_.size()));
@@ -519,8 +525,8 @@ void CpuEngine::load_state(std::string_view bytes) {
   r.raw(magic, sizeof(magic), "magic");
   if (std::memcmp(magic, kMagic, sizeof(magic)) != 0) invalid("cpu state: not a cpu backend state (bad magic)");
   const uint32_t version = r.get<uint32_t>("version");
-  if (version != kStateVersion)
-    invalid("cpu state: version " + std::to_string(version) + " is not supported (this backend reads version " +
+  if (version != kStateVersion && version != 1)
+    invalid("cpu state: version " + std::to_string(version) + " is not supported (this backend reads versions 1 to " +
             std::to_string(kStateVersion) + ")");
   r.get<uint32_t>("reserved");
   const uint64_t alen = r.get<uint64_t>("architecture");
@@ -529,6 +535,7 @@ void CpuEngine::load_state(std::string_view bytes) {
   r.raw(arch.data(), alen, "architecture");
   if (arch != arch_) invalid("cpu state: saved from a different model or optimizer (" + first_difference(arch, arch_) + ")");
   const uint64_t step = r.get<uint64_t>("step");
+  const uint64_t seed = version >= 2 ? r.get<uint64_t>("seed") : seed_;
   std::vector<float> params(params_.size()), slots(opt_->slot_count());
   r.floats(params.data(), params.size(), "parameters");
   r.floats(slots.data(), slots.size(), "optimizer slots");
@@ -541,7 +548,13 @@ void CpuEngine::load_state(std::string_view bytes) {
     return std::move(w.out);
   }();
   try {
-    for (auto& l : layers_) l->load_state(r);
+    for (auto& l : layers_) {
+      if (version == 1 && l->type == "dropout") {
+        char generator[32];
+        r.raw(generator, sizeof generator, "dropout generator (version 1)");
+      }
+      l->load_state(r);
+    }
     if (r.left() != 0) invalid("cpu state: " + std::to_string(r.left()) + " unexpected trailing bytes");
   } catch (...) {
     ByteReader b(backup);
@@ -549,6 +562,7 @@ void CpuEngine::load_state(std::string_view bytes) {
     throw;
   }
   step_ = step;
+  seed_ = seed;
   if (!params.empty()) std::memcpy(params_.data(), params.data(), params.size() * sizeof(float));
   if (!slots.empty()) std::memcpy(opt_->slots(), slots.data(), slots.size() * sizeof(float));
 }

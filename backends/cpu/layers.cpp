@@ -1,6 +1,7 @@
 // The cpu backend's layers (Keras semantics, NHWC, float32) and the loss.
 #include "kernels.hpp"
 
+#include <skyforge/kernels/philox.hpp>
 #include <skyforge/layer_schema.hpp>
 
 #include <cmath>
@@ -514,14 +515,21 @@ class Flatten final : public Layer {
 };
 
 // Inverted dropout: training keeps each value with probability 1 - rate and scales it by
-// 1 / (1 - rate); inference is the identity. Masks come from this layer's own pinned generator
-// (seeded from the model seed, the layer index and the replica's rank).
+// 1 / (1 - rate); inference is the identity. The mask is the kernels' Philox function of (model
+// seed, optimizer step, layer index, replica rank) (kernels/include/skyforge/kernels/philox.hpp,
+// docs/kernels.md): the cuda engine draws the very same masks, so the two backends agree on
+// models with dropout, and a resumed run needs no generator state.
 class Dropout final : public Layer {
  public:
   float rate = 0.f;
-  Rng rng{0};
-  bool frozen = false;
+  skyforge::kernels::DropoutKey key;  // layer and rank set at creation; seed and step by begin_step
+  bool frozen = false;      // tests: keep the first mask (finite differences need one function)
 
+  void begin_step(uint64_t seed, uint64_t step) override {
+    if (frozen && has_mask_) return;
+    key.seed = seed;
+    key.step = step;
+  }
   void reserve(uint32_t batch) override {
     if (mask_.size() < batch * numel(in_shape)) mask_.resize(batch * numel(in_shape), 1.f);
   }
@@ -533,23 +541,21 @@ class Dropout final : public Layer {
       return;
     }
     reserve(batch);
-    if (!frozen || !has_mask_) {
+    if (!frozen || !has_mask_ || mask_n_ != n) {
+      // One Philox block gives the keep bits of 4 consecutive elements; any split of the blocks
+      // over threads gives the same mask.
       const float scale = 1.f / (1.f - rate);
-      Rng r = rng;  // a local copy: stores into mask_ may alias a member, which kept it in memory
+      const uint32_t cut = skyforge::kernels::dropout_cut(rate);
       float* m = mask_.data();
-      // uniform01 is k / 2^24 for the top 24 bits k of a draw, so u < rate <=> k < ceil(rate * 2^24):
-      // the same masks as `uniform01(r) < rate ? 0 : scale`, selected with bit operations (a coin
-      // flip per element mispredicts a branch half the time).
-      const uint64_t cut = static_cast<uint64_t>(std::ceil(static_cast<double>(rate) * 16777216.0));
-      uint32_t sbits;
-      std::memcpy(&sbits, &scale, sizeof(sbits));
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t keep = static_cast<uint32_t>((r.next() >> 40) >= cut);
-        const uint32_t bits = sbits & (0u - keep);
-        std::memcpy(m + i, &bits, sizeof(bits));
-      }
-      rng = r;
+      const skyforge::kernels::DropoutKey kk = key;
+      k::for_range((n + 3) / 4, exec_, [&](size_t b, size_t e) {
+        for (size_t j = b; j < e; ++j) {
+          const skyforge::kernels::Philox4x32 w = skyforge::kernels::dropout_block(kk, j);
+          for (size_t t = 0; t < 4 && 4 * j + t < n; ++t) m[4 * j + t] = (w.v[t] >> 8) >= cut ? scale : 0.f;
+        }
+      });
       has_mask_ = true;
+      mask_n_ = n;
     }
     const float* m = mask_.data();
     k::for_range(n, exec_, [&](size_t b, size_t e) {
@@ -571,15 +577,11 @@ class Dropout final : public Layer {
       for (size_t i = b; i < e; ++i) dx[i] = dy[i] * m[i];
     });
   }
-  void save_state(ByteWriter& w) const override {
-    static_assert(std::is_trivially_copyable_v<Rng> && sizeof(Rng) == 32, "Rng state is four 64-bit words");
-    w.raw(&rng, sizeof(Rng));
-  }
-  void load_state(ByteReader& r) override { r.raw(&rng, sizeof(Rng), "dropout generator"); }
   std::string describe() const override { return Layer::describe() + "/r" + std::to_string(rate); }
 
  private:
   std::vector<float> mask_;
+  size_t mask_n_ = 0;
   bool has_mask_ = false, active_ = false;
 };
 
@@ -683,11 +685,6 @@ class MaxPool final : public Layer {
   std::vector<int32_t> arg_;  // flat input index (within the sample) of each output's maximum
 };
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  Rng r(a ^ (b * 0x9e3779b97f4a7c15ULL));
-  return r.next();
-}
-
 }  // namespace
 
 // The layer's options and shape come from the SDK's layer schema (skyforge/layer_schema.hpp,
@@ -748,7 +745,9 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t
   } else if (t == "dropout") {
     auto l = std::make_unique<Dropout>();
     l->rate = static_cast<float>(c.real("rate"));
-    l->rng = Rng(mix(mix(seed, 0x64726f706f7574ULL + index), rank));
+    if (index >= skyforge::kernels::kDropoutMaxLayer || rank >= skyforge::kernels::kDropoutMaxRank)
+      c.fail("dropout masks are keyed by layer and rank below 65536");
+    l->key = skyforge::kernels::DropoutKey{seed, 0, static_cast<uint32_t>(index), rank};
     layer = std::move(l);
   } else if (t == "flatten") {
     layer = std::make_unique<Flatten>();

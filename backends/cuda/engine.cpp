@@ -50,7 +50,7 @@ double number(const std::string& opt, const Options& o, const char* key, double 
 }
 
 constexpr char kMagic[8] = {'S', 'F', 'C', 'U', 'D', 'E', 'N', 'G'};
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;  // 2: the run's seed after the step
 
 }  // namespace
 
@@ -560,6 +560,7 @@ std::string CudaEngine::state_dict() const {
   u64(arch_.size());
   raw(arch_.data(), arch_.size());
   u64(step_);
+  u64(seed_);
   floats(params_.get(), n_params_);
   floats(slots_.get(), n_slots_);
   u32(static_cast<uint32_t>(layers_.size()));
@@ -611,6 +612,7 @@ void CudaEngine::load_state(std::string_view b) {
   pos += alen;
   if (arch != arch_) invalid("cuda state: saved from a different model or optimizer (saved " + arch + ", this engine " + arch_ + ")");
   const uint64_t step = u64("step");
+  const uint64_t seed = u64("seed");
   const std::vector<float> params = floats(n_params_, "parameters");
   const std::vector<float> slots = floats(n_slots_, "optimizer slots");
   const uint32_t nl = u32("layer count");
@@ -624,6 +626,7 @@ void CudaEngine::load_state(std::string_view b) {
     }
   if (pos != b.size()) invalid("cuda state: " + std::to_string(b.size() - pos) + " unexpected trailing bytes");
   step_ = step;
+  seed_ = seed;  // dropout masks follow the run, not this engine's spec
   dev_->upload(params_.get(), params.data(), params.size() * sizeof(float));
   dev_->upload(slots_.get(), slots.data(), slots.size() * sizeof(float));
   size_t j = 0;

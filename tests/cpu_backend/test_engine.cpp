@@ -393,6 +393,32 @@ TEST(Determinism, StateDictResumesIdentically) {
   }
 }
 
+// Checkpoints of version 1 (before dropout masks came from the seed: a 32-byte generator per
+// dropout layer, no seed) still load: the generator is read and dropped, the engine keeps its
+// own seed. Built here from a version-2 state of the convnet, whose only dropout layer comes
+// after every batch_normalization, so its generator is the state's last 32 bytes.
+TEST(Determinism, VersionOneStatesStillLoad) {
+  Synthetic d(16, 10);
+  CpuEngine a(convnet(3, 1), skyforge::Communicator());
+  a.train_step(d.x.data(), d.y.data(), 8);
+  const std::string v2 = a.state_dict();
+  ASSERT_EQ(v2[8], 2);
+  uint64_t alen;
+  std::memcpy(&alen, v2.data() + 16, 8);
+  const size_t seed_at = 24 + alen + 8;  // after magic, version, reserved, arch, step
+  std::string v1 = v2.substr(0, seed_at) + v2.substr(seed_at + 8) + std::string(32, '\x5a');
+  v1[8] = 1;
+  CpuEngine b(convnet(3, 1), skyforge::Communicator());
+  b.load_state(v1);
+  EXPECT_EQ(b.step(), 1u);
+  EXPECT_EQ(params_of(a), params_of(b));
+  const auto ra = a.train_step(d.x.data() + 8 * 784, d.y.data() + 8, 8);
+  const auto rb = b.train_step(d.x.data() + 8 * 784, d.y.data() + 8, 8);
+  EXPECT_EQ(ra.loss, rb.loss);  // same seed, so the same masks
+  EXPECT_NE(error_of([&] { b.load_state(v1.substr(0, v1.size() - 1)); }).find("dropout generator (version 1)"),
+            std::string::npos);
+}
+
 TEST(Determinism, LoadStateRejectsBadInput) {
   CpuEngine e(convnet(1, 1), skyforge::Communicator());
   const std::string good = e.state_dict();
@@ -403,9 +429,9 @@ TEST(Determinism, LoadStateRejectsBadInput) {
   EXPECT_NE(error_of([&] { e.load_state(std::string_view(good).substr(0, good.size() - 5)); }).find("truncated"),
             std::string::npos);
   EXPECT_NE(error_of([&] { e.load_state(good + "xx"); }).find("trailing"), std::string::npos);
-  std::string v2 = good;
-  v2[8] = 2;
-  EXPECT_NE(error_of([&] { e.load_state(v2); }).find("version 2"), std::string::npos);
+  std::string v3 = good;
+  v3[8] = 3;
+  EXPECT_NE(error_of([&] { e.load_state(v3); }).find("version 3 is not supported"), std::string::npos);
   CpuEngine other(mlp(1, 1), skyforge::Communicator());
   EXPECT_NE(error_of([&] { other.load_state(good); }).find("different model"), std::string::npos);
   ModelSpec sgd = convnet(1, 1);

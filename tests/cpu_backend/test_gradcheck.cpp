@@ -10,6 +10,8 @@
 // from their kinks and ties so the difference never crosses one.
 #include "helpers.hpp"
 
+#include <skyforge/kernels/philox.hpp>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -274,13 +276,24 @@ TEST(GradCheck, DropoutFixedMask) {
   EXPECT_EQ(y, x);
 }
 
-TEST(GradCheck, DropoutDrawsFreshMasks) {
+TEST(GradCheck, DropoutMasksAreThePhiloxFunctionOfSeedStepLayerAndRank) {
   auto l = make(layer("dropout", {{"rate", "0.5"}}), {64});
-  auto x = uniform(64, 17, 1, 2);
-  std::vector<float> a(64), b(64);
-  l->forward(x.data(), a.data(), 1, true);
-  l->forward(x.data(), b.data(), 1, true);
-  EXPECT_NE(a, b);
+  auto x = uniform(2 * 64, 17, 1, 2);
+  std::vector<float> a(2 * 64), b(2 * 64), c(2 * 64);
+  l->begin_step(7, 0);
+  l->forward(x.data(), a.data(), 2, true);
+  l->begin_step(7, 1);
+  l->forward(x.data(), b.data(), 2, true);
+  EXPECT_NE(a, b);  // a fresh mask every step
+  l->begin_step(7, 0);
+  l->forward(x.data(), c.data(), 2, true);
+  EXPECT_EQ(a, c);  // a function of (seed, step): no generator state
+  // Element i is kept iff the kernels' dropout_keep says so (kernels/include/skyforge/kernels/
+  // philox.hpp), the function the cuda engine's masks come from; make() builds layer 0, rank 0.
+  const skyforge::kernels::DropoutKey key{7, 0, 0, 0};
+  const uint32_t cut = skyforge::kernels::dropout_cut(0.5f);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i] != 0.f, skyforge::kernels::dropout_keep(key, i, cut)) << i;
 }
 
 TEST(GradCheck, MaxPoolingValid) {

@@ -116,8 +116,7 @@ TEST(CudaEngine, MlpTrainsLikeCpuSgdNesterov) {
 }
 
 // The convnet of the Keras distributed-training guide (conv2d same/valid with strides,
-// batch_normalization + relu, global_average_pooling2d), without its dropout: the cpu backend
-// draws its own dropout masks.
+// batch_normalization + relu, global_average_pooling2d), without its dropout.
 ModelSpec convnet_without_dropout(uint64_t seed) {
   ModelSpec m = convnet(seed);
   m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(), [](const LayerSpec& l) { return l.type == "dropout"; }),
@@ -127,6 +126,12 @@ ModelSpec convnet_without_dropout(uint64_t seed) {
 
 TEST(CudaEngine, ConvnetTrainsLikeCpu) {
   expect_agreement("convnet adam", convnet_without_dropout(6), 32, kConvParamTol);
+}
+
+// The whole convnet of the example, its dropout included: both backends draw the kernels'
+// Philox masks from (seed, step, layer, rank), so they train the same model.
+TEST(CudaEngine, ConvnetWithDropoutTrainsLikeCpu) {
+  expect_agreement("convnet with dropout, adam", convnet(6), 32, kConvParamTol);
 }
 
 // max_pooling2d, 'valid' and 'same' with overlapping windows, between convolutions.
@@ -223,6 +228,20 @@ TEST(CudaEngine, TwoNodesFollowCpuOnTwoNodes) {
     std::printf("2 nodes, cuda vs cpu: params %.3g (absolute)\n", d);
     EXPECT_LE(d, tol);
   }
+}
+
+// The convnet with its dropout on 2 nodes, where each rank draws its own masks (rank is in the key).
+TEST(CudaEngine, ConvnetWithDropoutOnTwoNodesFollowsCpuOnTwoNodes) {
+  ModelSpec conv = convnet(16);
+  conv.optimizer = "sgd";  // see TwoNodesFollowCpuOnTwoNodes
+  conv.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  const auto [gl, gp] = train_two(conv, [](const ModelSpec& s, Communicator c) { return cu::make_engine(s, c); }, 32, 8);
+  const auto [cl, cp] = train_two(conv, [](const ModelSpec& s, Communicator c) { return cpu::make_engine(s, c); }, 32, 8);
+  for (size_t s = 0; s < gl[0].size(); ++s) EXPECT_NEAR(gl[0][s], cl[0][s], kLossTol * cl[0][s]);
+  const double d = max_abs_diff(gp[0], cp[0]);
+  std::printf("2 nodes with dropout, cuda vs cpu: params %.3g (absolute)\n", d);
+  EXPECT_LE(d, kParamTol);
+  EXPECT_EQ(gp[0], gp[1]);  // replicas bit-identical
 }
 
 // Bucketing changes when the gradients go out, never their values.
