@@ -8,10 +8,12 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
+
+#include <unistd.h>
 
 namespace skyforge::cuda {
 
@@ -28,10 +30,6 @@ void check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw Error(std::string("cuda: ") + what + ": " + ncclGetErrorString(r), SF_ERR);
 }
 
-// Engines are created in the same order on every rank, so the n-th one's NCCL id lives under the
-// same key everywhere.
-std::atomic<uint64_t> g_generation{0};
-
 }  // namespace
 
 struct Device::Impl {
@@ -41,9 +39,27 @@ struct Device::Impl {
   cudaEvent_t summed = nullptr;        // recorded on `collectives` at join_collectives
   cublasHandle_t blas = nullptr;
   ncclComm_t nccl = nullptr;
+  bool failed = false;   // a collective failed or timed out: the communicator is aborted
+  std::string failure;   // why, for every later call
   std::chrono::milliseconds timeout{300000};
+
   ~Impl() {
-    if (nccl) ncclCommDestroy(nccl);
+    if (nccl) {
+      // A healthy communicator is finalized (its pending work flushed with the peers) within
+      // the collective timeout; one that failed, or does not finalize in time, is aborted.
+      bool clean = false;
+      if (!failed) {
+        const ncclResult_t r = ncclCommFinalize(nccl);
+        if (r == ncclSuccess || r == ncclInProgress) {
+          try {
+            settle("ncclCommFinalize");
+            clean = true;
+          } catch (const std::exception&) {  // settle aborted it
+          }
+        }
+      }
+      if (nccl) (clean ? ncclCommDestroy : ncclCommAbort)(nccl);
+    }
     if (blas) cublasDestroy(blas);
     if (summed) cudaEventDestroy(summed);
     if (ready) cudaEventDestroy(ready);
@@ -51,48 +67,76 @@ struct Device::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  // The communicator is non-blocking (ncclConfig_t::blocking = 0): its calls return
-  // ncclInProgress while they work, and a wait polls NCCL's asynchronous error, so a lost peer
-  // ends in ncclCommAbort and an error, never in a hang.
+  // The communicator is non-blocking (ncclConfig_t::blocking = 0). NCCL's rule: after a call
+  // returns ncclInProgress, poll ncclCommGetAsyncError until ncclSuccess before any other NCCL
+  // call or stream work that depends on it. Every wait is bounded by the collective timeout; a
+  // lost peer ends in ncclCommAbort and an error, never in a hang, and the device refuses every
+  // collective afterwards.
   [[noreturn]] void abort_nccl(const std::string& why) {
-    ncclCommAbort(nccl);
+    if (nccl) ncclCommAbort(nccl);
     nccl = nullptr;
-    throw Error("cuda: " + why + "; the NCCL communicator was aborted (a lost or stuck peer?)", SF_ERR);
+    failed = true;
+    failure = "cuda: " + why + "; the NCCL communicator was aborted (a lost or stuck peer?)";
+    throw Error(failure, SF_ERR);
   }
-  void check_nccl(ncclResult_t r, const char* what) {
-    if (r != ncclSuccess && r != ncclInProgress)
-      abort_nccl(std::string(what) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nccl) + ")");
+  void usable() const {
+    if (failed) throw Error(failure + " (earlier)", SF_ERR);
   }
-  // Until NCCL has no call in progress (communicator set-up), or the stream is done.
-  void wait(const char* what, bool for_stream) {
+  void pause(int& spins) {
+    if (++spins < 1000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  // Until NCCL's state is ncclSuccess (a call returned ncclInProgress).
+  void settle(const char* what) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int spins = 0;
     for (;;) {
-      if (for_stream) {
-        const cudaError_t e = cudaStreamQuery(stream);
-        if (e == cudaSuccess) return;
-        if (e != cudaErrorNotReady) check(e, what);
-      }
-      if (nccl) {
-        ncclResult_t state = ncclSuccess;
-        check_nccl(ncclCommGetAsyncError(nccl, &state), what);
-        if (state != ncclSuccess && state != ncclInProgress)
-          abort_nccl(std::string(what) + ": NCCL reported " + ncclGetErrorString(state));
-        if (!for_stream && state == ncclSuccess) return;
-      } else if (!for_stream) {
-        return;
-      }
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(nccl, &state);
+      if (r != ncclSuccess) abort_nccl(std::string(what) + ": ncclCommGetAsyncError: " + ncclGetErrorString(r));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) abort_nccl(std::string(what) + ": NCCL reported " + ncclGetErrorString(state));
       if (std::chrono::steady_clock::now() > deadline)
         abort_nccl(std::string(what) + ": not done after the collective timeout of " +
                    std::to_string(timeout.count() / 1000.0) + " s");
-      std::this_thread::yield();
+      pause(spins);
+    }
+  }
+  // An NCCL call's result: an error aborts; ncclInProgress is waited out.
+  void check_nccl(ncclResult_t r, const char* what) {
+    if (r == ncclInProgress) return settle(what);
+    if (r != ncclSuccess)
+      abort_nccl(std::string(what) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nccl) + ")");
+  }
+  // Until the stream is done, watching NCCL meanwhile (a collective on it may wait on a peer).
+  void wait_stream(const char* what) {
+    usable();
+    settle(what);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int spins = 0;
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) {
+        failed = true;  // a CUDA error on the stream: the destructor must not finalize with peers
+        check(e, what);
+      }
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(nccl, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
+        abort_nccl(std::string(what) + ": NCCL reported " + ncclGetErrorString(state));
+      if (std::chrono::steady_clock::now() > deadline)
+        abort_nccl(std::string(what) + ": not done after the collective timeout of " +
+                   std::to_string(timeout.count() / 1000.0) + " s");
+      pause(spins);
     }
   }
 };
 
 // Without a driver the runtime's first call fails (cudaErrorInsufficientDriver, or
-// cudaErrorNoDevice where a driver sees no GPU) and leaves the count 0. A device is usable when
-// one of the built architectures (CMake's CMAKE_CUDA_ARCHITECTURES, lowest SKYFORGE_CUDA_MIN_CC)
-// runs on it: real code for its major at or below its capability, or PTX it can compile.
+// cudaErrorNoDevice where a driver sees no GPU) and leaves the count 0. A device runs this build
+// when CMAKE_CUDA_ARCHITECTURES carries real code of its major at or below its capability
+// (SKYFORGE_CUDA_REAL_ARCHS) or PTX at or below it (SKYFORGE_CUDA_PTX_ARCHS), which the driver
+// compiles at load.
 void Device::probe() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -101,50 +145,76 @@ void Device::probe() {
   if (count == 0) throw Error("cuda: no CUDA device visible (CUDA_VISIBLE_DEVICES?)", SF_ERR_UNSUPPORTED);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  if (prop.major * 10 + prop.minor < SKYFORGE_CUDA_MIN_CC)
+  const int cc = prop.major * 10 + prop.minor;
+  bool runs = false;
+  for (int a : {SKYFORGE_CUDA_REAL_ARCHS}) runs = runs || (a > 0 && a / 10 == prop.major && a <= cc);
+  for (int a : {SKYFORGE_CUDA_PTX_ARCHS}) runs = runs || (a > 0 && a <= cc);
+  if (!runs)
     throw Error(std::string("cuda: device 0 (") + prop.name + ") has compute capability " +
                     std::to_string(prop.major) + "." + std::to_string(prop.minor) + "; this build carries code for " +
-                    SKYFORGE_CUDA_ARCHS + " (rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(prop.major) +
-                    std::to_string(prop.minor) + ")",
+                    SKYFORGE_CUDA_ARCHS + " (rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(cc) + ")",
                 SF_ERR_UNSUPPORTED);
 }
+
+namespace {
+// Where a rank's GPU is: its host and PCI bus id, fixed-size for an allgather.
+struct GpuPlace {
+  char host[64] = {};
+  char bus[32] = {};
+};
+}  // namespace
 
 Device::Device(const Communicator& comm, const Host& host, double collective_timeout_s)
     : impl_(std::make_unique<Impl>()) {
   probe();
   impl_->timeout = std::chrono::milliseconds(static_cast<int64_t>(std::max(collective_timeout_s, 0.001) * 1000.0));
-  // One node per GPU: the provider narrows CUDA_VISIBLE_DEVICES, so device 0 is this node's.
-  check(cudaSetDevice(0), "cudaSetDevice");
+  // One GPU per rank. The local provider gives each node its own (CUDA_VISIBLE_DEVICES), so a
+  // node sees one and uses device 0; where a process sees several, its local rank picks one
+  // (the rank, off a pool: several ranks in one process, as `skyforge backend-check` makes).
+  int count = 1;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  uint32_t local = comm.rank();
+  if (host.on_node()) local = host.instance_info().local_rank;
+  const int device = static_cast<int>(local % static_cast<uint32_t>(count));
+  check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.handle = impl_->stream;
   check(cublasCreate(&impl_->blas), "cublasCreate");
   check(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
-  const uint64_t gen = g_generation.fetch_add(1);
-  if (comm.size() > 1) {
-    ncclUniqueId id;
-    const std::string key = "skyforge.cuda.nccl_id." + std::to_string(gen);
-    if (comm.rank() == 0) {
-      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-      host.kv_set(key, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
-    } else {
-      const std::string v = host.kv_get(key);
-      if (v.size() != sizeof(id)) throw Error("cuda: malformed NCCL unique id under " + key, SF_ERR);
-      std::memcpy(&id, v.data(), sizeof(id));
-    }
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t r =
-        ncclCommInitRankConfig(&impl_->nccl, static_cast<int>(comm.size()), id, static_cast<int>(comm.rank()), &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      if (impl_->nccl) ncclCommAbort(impl_->nccl);
-      impl_->nccl = nullptr;
-      throw Error(std::string("cuda: ncclCommInitRankConfig: ") + ncclGetErrorString(r), SF_ERR);
-    }
-    impl_->wait("ncclCommInitRank", false);
-    check(cudaStreamCreateWithFlags(&impl_->collectives, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaEventCreateWithFlags(&impl_->ready, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&impl_->summed, cudaEventDisableTiming), "cudaEventCreate");
-  }
+  if (comm.size() <= 1) return;
+
+  // NCCL cannot put two ranks on one GPU: every rank learns where every other one is, and all
+  // refuse together (a refusal on one rank alone would leave the others waiting in NCCL's init).
+  GpuPlace mine;
+  gethostname(mine.host, sizeof mine.host - 1);
+  check(cudaDeviceGetPCIBusId(mine.bus, sizeof mine.bus, device), "cudaDeviceGetPCIBusId");
+  std::vector<GpuPlace> all(comm.size());
+  comm.allgather(&mine, sizeof mine, all.data());
+  for (size_t a = 0; a < all.size(); ++a)
+    for (size_t b = a + 1; b < all.size(); ++b)
+      if (std::strcmp(all[a].host, all[b].host) == 0 && std::strcmp(all[a].bus, all[b].bus) == 0)
+        throw Error("cuda: ranks " + std::to_string(a) + " and " + std::to_string(b) + " would share GPU " + all[a].bus +
+                        " on " + all[a].host + ", and NCCL needs one GPU per rank (one node per GPU: [pool] "
+                        "accelerator = \"cuda\")",
+                    SF_ERR_UNSUPPORTED);
+
+  // Rank 0's unique id over the pool's communicator, with a flag so that its failure fails
+  // every rank at once.
+  struct {
+    int32_t ok = 0;
+    ncclUniqueId id{};
+  } root;
+  if (comm.rank() == 0) root.ok = ncclGetUniqueId(&root.id) == ncclSuccess;
+  comm.broadcast(&root, sizeof root, 0);
+  if (!root.ok) throw Error("cuda: ncclGetUniqueId failed on rank 0", SF_ERR);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t r = ncclCommInitRankConfig(&impl_->nccl, static_cast<int>(comm.size()), root.id,
+                                                static_cast<int>(comm.rank()), &config);
+  impl_->check_nccl(r, "ncclCommInitRankConfig");
+  check(cudaStreamCreateWithFlags(&impl_->collectives, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaEventCreateWithFlags(&impl_->ready, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&impl_->summed, cudaEventDisableTiming), "cudaEventCreate");
 }
 Device::~Device() = default;
 
@@ -184,27 +254,30 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
 }
 
 void Device::allreduce_sum(float* p, size_t n) {
+  impl_->usable();
   if (!impl_->nccl || n == 0) return;
   check(cudaEventRecord(impl_->ready, impl_->stream), "cudaEventRecord");
   check(cudaStreamWaitEvent(impl_->collectives, impl_->ready, 0), "cudaStreamWaitEvent");
   impl_->check_nccl(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, impl_->nccl, impl_->collectives), "ncclAllReduce");
 }
 void Device::join_collectives() {
+  impl_->usable();
   if (!impl_->nccl) return;
   check(cudaEventRecord(impl_->summed, impl_->collectives), "cudaEventRecord");
   check(cudaStreamWaitEvent(impl_->stream, impl_->summed, 0), "cudaStreamWaitEvent");
 }
 void Device::broadcast(void* p, size_t bytes, uint32_t root) {
+  impl_->usable();
   if (!impl_->nccl || bytes == 0) return;
   impl_->check_nccl(ncclBroadcast(p, p, bytes, ncclUint8, static_cast<int>(root), impl_->nccl, impl_->stream),
                     "ncclBroadcast");
 }
 void Device::synchronize() {
-  if (!impl_->nccl) {
+  if (!impl_->nccl && !impl_->failed) {
     check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
     return;
   }
-  impl_->wait("waiting for the stream", true);
+  impl_->wait_stream("waiting for the stream");
 }
 
 }  // namespace skyforge::cuda

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 namespace {
@@ -71,6 +72,8 @@ class MyEngine : public skyforge::Engine {
       } else {
         throw Error(c.where() + ": my_backend has no kernels for this layer", SF_ERR_UNSUPPORTED);
       }
+      arch_ += ";" + l.type + "/" + std::to_string(L.in) + "->" + std::to_string(s.output.back());
+      for (const auto& [key, value] : c.options()) arch_ += "/" + key + "=" + value;
       shape = s.output;
       feats = 1;
       for (uint32_t d : shape) feats *= d;
@@ -82,6 +85,7 @@ class MyEngine : public skyforge::Engine {
     params_ = skyforge::initial_weights(spec.input_shape, configs, spec.seed);
     grads_.assign(n_params_, 0.f);
     set_optimizer(spec.optimizer, spec.optimizer_options);
+    arch_ += ";" + std::string(adam_ ? "adam" : "sgd");
     comm_.broadcast(params_.data(), params_.size() * sizeof(float), 0);  // every replica starts from rank 0's
   }
 
@@ -105,11 +109,14 @@ class MyEngine : public skyforge::Engine {
     if (n != n_params_) throw Error("set_params: the model has " + std::to_string(n_params_) + " parameters", SF_ERR_INVALID);
     params_.assign(in, in + n);
   }
-  // Magic, parameter count, step, parameters, optimizer slots: the same model reads it back.
+  // Magic, the architecture (layers and optimizer), parameter and slot counts, step, parameters,
+  // optimizer slots: only the same model reads it back.
   std::string state_dict() const override {
     std::string s = "MYBACKND";
     auto put = [&](const void* p, size_t n) { s.append(static_cast<const char*>(p), n); };
-    const uint64_t n = n_params_, slots = slots_.size();
+    const uint64_t n = n_params_, slots = slots_.size(), alen = arch_.size();
+    put(&alen, 8);
+    put(arch_.data(), alen);
     put(&n, 8);
     put(&slots, 8);
     put(&step_, 8);
@@ -118,31 +125,53 @@ class MyEngine : public skyforge::Engine {
     return s;
   }
   void load_state(std::string_view b) override {
-    uint64_t n = 0, slots = 0, step = 0;
-    if (b.size() < 32 || b.substr(0, 8) != "MYBACKND") throw Error("load_state: not a my_backend state", SF_ERR_INVALID);
-    std::memcpy(&n, b.data() + 8, 8);
-    std::memcpy(&slots, b.data() + 16, 8);
-    std::memcpy(&step, b.data() + 24, 8);
-    if (n != n_params_ || slots != slots_.size())
-      throw Error("load_state: saved from another model (" + std::to_string(n) + " parameters, this one has " +
-                      std::to_string(n_params_) + ")",
+    uint64_t alen = 0, n = 0, slots = 0, step = 0;
+    if (b.size() < 16 || b.substr(0, 8) != "MYBACKND") throw Error("load_state: not a my_backend state", SF_ERR_INVALID);
+    std::memcpy(&alen, b.data() + 8, 8);
+    if (alen > b.size() - 16 || b.size() - 16 - alen < 24) throw Error("load_state: truncated", SF_ERR_INVALID);
+    if (b.substr(16, alen) != arch_)
+      throw Error("load_state: saved from another model (" + std::string(b.substr(16, alen)) + "; this one is " + arch_ +
+                      ")",
                   SF_ERR_INVALID);
-    if (b.size() != 32 + (n + slots) * sizeof(float)) throw Error("load_state: truncated or oversized", SF_ERR_INVALID);
-    std::memcpy(params_.data(), b.data() + 32, n * sizeof(float));
-    std::memcpy(slots_.data(), b.data() + 32 + n * sizeof(float), slots * sizeof(float));
+    const size_t at = 16 + alen;
+    std::memcpy(&n, b.data() + at, 8);
+    std::memcpy(&slots, b.data() + at + 8, 8);
+    std::memcpy(&step, b.data() + at + 16, 8);
+    if (n != n_params_ || slots != slots_.size() || b.size() != at + 24 + (n + slots) * sizeof(float))
+      throw Error("load_state: truncated or oversized", SF_ERR_INVALID);
+    std::memcpy(params_.data(), b.data() + at + 24, n * sizeof(float));
+    std::memcpy(slots_.data(), b.data() + at + 24 + n * sizeof(float), slots * sizeof(float));
     step_ = step;
   }
 
  private:
+  // Keras' defaults; an option this optimizer does not have, or a value out of its range, is
+  // refused with its name (a typo must not train with a default silently).
   void set_optimizer(const std::string& name, const skyforge::Options& o) {
-    adam_ = name != "sgd";
-    if (name != "sgd" && name != "adam") throw Error("unknown optimizer '" + name + "'", SF_ERR_INVALID);
-    lr_ = std::stod(o.get("learning_rate", adam_ ? "0.001" : "0.01"));
-    momentum_ = std::stod(o.get("momentum", "0"));
-    b1_ = std::stod(o.get("beta_1", "0.9"));
-    b2_ = std::stod(o.get("beta_2", "0.999"));
-    eps_ = std::stod(o.get("epsilon", "1e-7"));
-    if (o.get_bool("nesterov", false)) throw Error("sgd: nesterov is not implemented", SF_ERR_UNSUPPORTED);
+    if (name != "sgd" && name != "adam") throw Error("unknown optimizer '" + name + "' (known: sgd, adam)", SF_ERR_INVALID);
+    adam_ = name == "adam";
+    const std::vector<std::string> known = adam_ ? std::vector<std::string>{"learning_rate", "beta_1", "beta_2", "epsilon"}
+                                                 : std::vector<std::string>{"learning_rate", "momentum", "nesterov"};
+    for (const auto& [key, value] : o.all())
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        throw Error("optimizer " + name + ": unknown option '" + key + "'", SF_ERR_INVALID);
+    auto number = [&](const char* key, double fallback, double lo, double hi) {
+      const std::string v = o.get(key, "");
+      if (v.empty()) return fallback;
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end || !(x >= lo && x < hi))
+        throw Error("optimizer " + name + ": " + key + " = '" + v + "' is outside [" + std::to_string(lo) + ", " +
+                        std::to_string(hi) + ")",
+                    SF_ERR_INVALID);
+      return x;
+    };
+    lr_ = number("learning_rate", adam_ ? 0.001 : 0.01, 1e-30, 1e30);
+    momentum_ = number("momentum", 0, 0, 1);
+    b1_ = number("beta_1", 0.9, 0, 1);
+    b2_ = number("beta_2", 0.999, 0, 1);
+    eps_ = number("epsilon", 1e-7, 1e-30, 1e30);
+    if (o.get_bool("nesterov", false)) throw Error("sgd: nesterov is not implemented here", SF_ERR_UNSUPPORTED);
     slots_.assign(adam_ ? 2 * n_params_ : momentum_ > 0 ? n_params_ : 0, 0.f);
   }
 
@@ -265,6 +294,7 @@ class MyEngine : public skyforge::Engine {
   }
 
   skyforge::Communicator comm_;
+  std::string arch_ = "my_backend";  // what state_dict saves and load_state compares
   std::vector<Layer> layers_;
   size_t in_ = 0, n_params_ = 0;
   uint32_t classes_ = 0;

@@ -66,6 +66,15 @@ TEST(BackendCheck, EachDefectFailsTheCheckThatCoversIt) {
   EXPECT_NE(o.out.find("FAIL  state: "), std::string::npos) << o.out;
   EXPECT_EQ(count(o.out, "FAIL"), 1) << o.out;
 
+  // Rank 1 throws while rank 0 waits for it in the engine's first broadcast: the suite reports
+  // it instead of hanging (the ThreadGroup's collectives fail once a rank has left).
+  o = check_fixture({"defective", "-o", "defect=rank"});
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.out.find("FAIL  data parallel: rank 0: "), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("rank 1: keras: engine_create failed: defective: rank 1 makes no engine"), std::string::npos)
+      << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 1) << o.out;
+
   o = check_fixture({"defective", "-o", "defect=labels"});
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   EXPECT_NE(o.out.find("FAIL  bad input: train_step accepted label 4 for 4 classes\n"), std::string::npos) << o.out;

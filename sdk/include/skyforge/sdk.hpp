@@ -181,6 +181,14 @@ class Communicator {
   void barrier() const {
     if (size() > 1) check(c_->barrier(c_->ctx), "barrier");
   }
+  // out (size() * bytes) = rank 0's `in`, then rank 1's, ...
+  void allgather(const void* in, size_t bytes, void* out) const {
+    if (size() <= 1) {
+      if (bytes) std::memcpy(out, in, bytes);
+      return;
+    }
+    check(c_->allgather(c_->ctx, in, bytes, out), "allgather");
+  }
 
   template <class T>
   static constexpr sf_dtype dtype() {

@@ -10,7 +10,9 @@
 
 #include <skyforge/abi.h>
 
+#include <atomic>
 #include <barrier>
+#include <exception>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -32,7 +34,9 @@ class ThreadGroup {
       c.broadcast = &broadcast;
       c.allgather = &allgather;
       c.barrier = &barrier;
-      c.last_error = [](void*) -> const char* { return "ThreadGroup: only SF_REDUCE_SUM of f32 and f64"; };
+      c.last_error = [](void*) -> const char* {
+        return "ThreadGroup: a rank left the group, or not SF_REDUCE_SUM of f32/f64";
+      };
     }
   }
   ThreadGroup(const ThreadGroup&) = delete;
@@ -42,12 +46,25 @@ class ThreadGroup {
   // Rank `rank`'s communicator; lives as long as the group. Use it from that rank's thread only.
   const sf_communicator* comm(uint32_t rank) const { return &ranks_[rank].comm; }
   size_t allreduce_calls(uint32_t rank) const { return ranks_[rank].allreduces; }
-  // Runs fn(rank) on `size` threads and joins them. Every rank must make the same collective
-  // calls in the same order (a rank that throws instead deadlocks the others: catch inside fn).
+  // Runs fn(rank) on `size` threads and joins them. Every rank makes the same collective calls
+  // in the same order; a rank whose fn throws leaves the group (the others' collectives then
+  // fail with SF_ERR instead of waiting for it forever), and run() rethrows the first exception.
   void run(const std::function<void(uint32_t)>& fn) {
     std::vector<std::thread> t;
-    for (uint32_t r = 0; r < size_; ++r) t.emplace_back(fn, r);
+    std::vector<std::exception_ptr> errors(size_);
+    for (uint32_t r = 0; r < size_; ++r)
+      t.emplace_back([&, r] {
+        try {
+          fn(r);
+        } catch (...) {
+          errors[r] = std::current_exception();
+          broken_ = true;
+          bar_.arrive_and_drop();
+        }
+      });
     for (auto& th : t) th.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
   }
 
  private:
@@ -67,12 +84,15 @@ class ThreadGroup {
     g.bar_.arrive_and_wait();
     std::memcpy(data, tmp.data(), n * sizeof(T));
   }
+  // After a barrier: a rank has left, so nobody reads its (maybe dead) buffer.
+  bool left() const { return broken_; }
   static sf_status allreduce(void* ctx, void* data, size_t n, sf_dtype dt, sf_reduce_op op) {
     auto* me = static_cast<Rank*>(ctx);
     if (op != SF_REDUCE_SUM || (dt != SF_DTYPE_F32 && dt != SF_DTYPE_F64)) return SF_ERR_UNSUPPORTED;
     ++me->allreduces;
     me->group->ptrs_[me->comm.rank] = data;
     me->group->bar_.arrive_and_wait();
+    if (me->group->left()) return SF_ERR;
     if (dt == SF_DTYPE_F32) sum(me, static_cast<float*>(data), n);
     else sum(me, static_cast<double*>(data), n);
     return SF_OK;
@@ -82,6 +102,7 @@ class ThreadGroup {
     ThreadGroup& g = *me->group;
     g.ptrs_[me->comm.rank] = data;
     g.bar_.arrive_and_wait();
+    if (g.left()) return SF_ERR;
     if (me->comm.rank != root) std::memcpy(data, g.ptrs_[root], bytes);
     g.bar_.arrive_and_wait();
     return SF_OK;
@@ -91,16 +112,19 @@ class ThreadGroup {
     ThreadGroup& g = *me->group;
     g.ptrs_[me->comm.rank] = const_cast<void*>(in);
     g.bar_.arrive_and_wait();
+    if (g.left()) return SF_ERR;
     for (uint32_t r = 0; r < g.size_; ++r) std::memcpy(static_cast<char*>(out) + r * bytes, g.ptrs_[r], bytes);
     g.bar_.arrive_and_wait();
     return SF_OK;
   }
   static sf_status barrier(void* ctx) {
-    static_cast<Rank*>(ctx)->group->bar_.arrive_and_wait();
-    return SF_OK;
+    ThreadGroup& g = *static_cast<Rank*>(ctx)->group;
+    g.bar_.arrive_and_wait();
+    return g.left() ? SF_ERR : SF_OK;
   }
 
   uint32_t size_;
+  std::atomic<bool> broken_{false};  // a rank left: every collective from now on fails
   std::barrier<> bar_;
   std::vector<void*> ptrs_;
   std::vector<Rank> ranks_;
