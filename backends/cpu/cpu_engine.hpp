@@ -11,6 +11,7 @@
 // contiguous slices (reverse layer order = from the end of the buffer).
 #pragma once
 
+#include <skyforge/engine_state.hpp>
 #include <skyforge/sdk.hpp>
 
 #include <cstddef>
@@ -93,8 +94,9 @@ class Layer {
   // layer) and the layer's parameter gradients, which are OVERWRITTEN (not accumulated) with the
   // sum over the batch of dL/dparam. x and y are the buffers of the last training forward.
   virtual void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) = 0;
-  // Non-trainable state (BN moving statistics) for state_dict.
-  virtual void save_state(ByteWriter& /*w*/) const {}
+  // Non-trainable state (BN moving statistics: mean, then variance) for state_dict, and the
+  // reader of version-1 cpu states (ByteReader).
+  virtual void moving(std::vector<std::vector<float>*>& /*out*/) {}
   virtual void load_state(ByteReader& /*r*/) {}
   // Fuses a ReLU layer that follows this one: the forward then applies max(., 0) to its output
   // and the backward masks dy by that output. Returns false when the layer cannot.
@@ -182,12 +184,16 @@ class CpuEngine : public Engine {
   uint64_t param_count() const override { return params_.size(); }
   void get_params(float* out, uint64_t count) const override;
   void set_params(const float* in, uint64_t count) override;
+  // skyforge/engine_state.hpp: the backend-neutral layout; load_state also reads the cpu
+  // backend's own version-1 format (load_state_v1).
   std::string state_dict() const override;
   void load_state(std::string_view bytes) override;
 
   // Introspection for tests and tools.
   int threads() const { return exec_.threads; }
   uint64_t step() const { return step_; }
+  // The architecture text of the version-1 format (tests build such states by hand).
+  const std::string& v1_architecture() const { return legacy_arch_; }
   size_t num_layers() const { return layers_.size(); }
   Layer& layer(size_t i) { return *layers_[i]; }
   uint32_t classes() const { return classes_; }
@@ -198,6 +204,8 @@ class CpuEngine : public Engine {
  private:
   void ensure_capacity(uint32_t batch);
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
+  EngineState shape_of_state();  // this engine's state, sized, with no values
+  void load_state_v1(std::string_view bytes);
   // prof: where to add this call's times (train_step's calls only; null otherwise).
   const float* forward(const float* x, uint32_t batch, bool training, Profile* prof = nullptr);
   StepResult compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward,
@@ -221,7 +229,8 @@ class CpuEngine : public Engine {
   std::vector<uint8_t> fused_;            // layer i is a relu fused into layer i - 1
   std::vector<uint8_t> view_;             // layer i is a view: out_[i] is its input (read-only)
   std::vector<float> gbuf_[2];            // ping-pong gradient buffers
-  std::string arch_;                      // describe() of every layer + optimizer
+  std::string arch_;                      // schema::architecture_text: what a state must match
+  std::string legacy_arch_;               // describe() of every layer + optimizer: version-1 states
   std::unique_ptr<Profile> prof_;         // SKYFORGE_CPU_PROFILE
 };
 

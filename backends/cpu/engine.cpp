@@ -2,6 +2,7 @@
 // state_dict.
 #include "kernels.hpp"
 
+#include <skyforge/engine_state.hpp>
 #include <skyforge/layer_schema.hpp>
 
 #include <omp.h>
@@ -102,7 +103,6 @@ double parse_real(const Options& o, const std::string& opt, const std::string& k
 }
 
 constexpr char kMagic[8] = {'S', 'F', 'C', 'P', 'U', 'E', 'N', 'G'};
-constexpr uint32_t kStateVersion = 2;  // 1: dropout layers also held a 32-byte generator
 
 }  // namespace
 
@@ -250,15 +250,15 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
 
   Shape shape = input_shape_;
   size_t total = 0;
-  arch_ = "input" + shape_str(input_shape_);
+  legacy_arch_ = "input" + shape_str(input_shape_);
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     auto l = make_layer(spec.layers[i], shape, i, spec.seed, comm_.rank());
     l->set_exec(exec_);
     param_offset_.push_back(total);
     total += l->param_size();
     shape = l->out_shape;
-    arch_ += ';';
-    arch_ += l->describe();
+    legacy_arch_ += ';';
+    legacy_arch_ += l->describe();
     layers_.push_back(std::move(l));
   }
   try {
@@ -266,8 +266,16 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
   } catch (const schema::LayerError& e) {
     invalid(e.what());
   }
-  arch_ += ';';
-  arch_ += ocfg.name;
+  legacy_arch_ += ';';
+  legacy_arch_ += ocfg.name;
+  {
+    std::vector<schema::LayerConfig> configs;  // make_layer checked them: parsing cannot fail now
+    for (size_t i = 0; i < spec.layers.size(); ++i) {
+      const auto& given = spec.layers[i].options.all();
+      configs.push_back(schema::parse(spec.layers[i].type, {given.begin(), given.end()}, i));
+    }
+    arch_ = schema::architecture_text(input_shape_, configs, ocfg.name);
+  }
 
   params_.assign(total, 0.f);
   grads_.assign(total, 0.f);
@@ -469,87 +477,92 @@ void CpuEngine::set_params(const float* in, uint64_t count) {
   if (count) std::memcpy(params_.data(), in, count * sizeof(float));
 }
 
-// state_dict format, version 2 (native byte order, little-endian on every supported target):
-//   char[8] "SFCPUENG" | u32 version | u32 reserved (0)
-//   u64 n + arch text (layer descriptions and optimizer name: loads only into the same model)
-//   u64 step
-//   u64 seed                           (the run's: dropout masks follow it, not the new engine's)
-//   u64 n + f32[n] parameters          (n = param_count)
-//   u64 n + f32[n] optimizer slots     (sgd: 0 or velocity; adam: m then v)
-//   u32 n_layers, then each layer's state in order (batch_normalization: u64 C + moving_mean,
-//       u64 C + moving_variance; others: nothing)
-// Version 1 (before dropout's masks became a function of seed and step) had no seed and a
-// 32-byte generator state per dropout layer: load_state reads and drops the generator and keeps
-// the engine's seed, so those checkpoints resume (with the new masks).
-std::string CpuEngine::state_dict() const {
-  ByteWriter w;
-  w.raw(kMagic, sizeof(kMagic));
-  w.put<uint32_t>(kStateVersion);
-  w.put<uint32_t>(0);
-  w.put<uint64_t>(arch_.size());
-  w.raw(arch_.data(), arch_.size());
-  w.put<uint64_t>(step_);
-  w.put<uint64_t>(seed_);
-  w.floats(params_.data(), params_.size());
-  w.floats(opt_->slots_data(), opt_->slot_count());
-  w.put<uint32_t>(static_cast<uint32_t>(layers_.size()));
-  for (const auto& l : layers_) l->save_state(w);
-  return std::move(w.out);
+// state_dict: the backend-neutral engine state (skyforge/engine_state.hpp), what the cuda engine
+// writes and reads too, so a checkpoint moves between the two.
+EngineState CpuEngine::shape_of_state() {
+  EngineState s;
+  s.architecture = arch_;
+  s.params.resize(params_.size());
+  s.slots.resize(opt_->slot_count());
+  std::vector<std::vector<float>*> moving;
+  for (const auto& l : layers_) l->moving(moving);
+  for (const auto* m : moving) s.moving.emplace_back(m->size());
+  return s;
 }
 
-namespace {
-std::string first_difference(const std::string& saved, const std::string& mine) {
-  auto split = [](const std::string& s) {
-    std::vector<std::string> v;
-    size_t a = 0;
-    for (size_t i = 0; i <= s.size(); ++i)
-      if (i == s.size() || s[i] == ';') {
-        v.push_back(s.substr(a, i - a));
-        a = i + 1;
-      }
-    return v;
-  };
-  const auto a = split(saved), b = split(mine);
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const std::string x = i < a.size() ? a[i] : "<none>", y = i < b.size() ? b[i] : "<none>";
-    if (x != y) return "item " + std::to_string(i) + ": saved " + x + ", this engine " + y;
-  }
-  return "";
+std::string CpuEngine::state_dict() const {
+  EngineState s;
+  s.architecture = arch_;
+  s.seed = seed_;
+  s.step = step_;
+  s.params = params_;
+  s.slots.assign(opt_->slots_data(), opt_->slots_data() + opt_->slot_count());
+  std::vector<std::vector<float>*> moving;
+  for (const auto& l : layers_) l->moving(moving);
+  for (const auto* m : moving) s.moving.push_back(*m);
+  return write_engine_state(s);
 }
-}  // namespace
 
 void CpuEngine::load_state(std::string_view bytes) {
+  if (!is_engine_state(bytes)) return load_state_v1(bytes);
   // Validate everything before touching the engine: a failed load leaves it unchanged.
+  EngineState s;
+  try {
+    s = read_engine_state(bytes, shape_of_state());
+  } catch (const std::invalid_argument& e) {
+    invalid(std::string("cpu: ") + e.what());
+  }
+  step_ = s.step;
+  seed_ = s.seed;  // dropout masks follow the run, not this engine's spec
+  params_ = std::move(s.params);
+  if (!s.slots.empty()) std::memcpy(opt_->slots(), s.slots.data(), s.slots.size() * sizeof(float));
+  std::vector<std::vector<float>*> moving;
+  for (const auto& l : layers_) l->moving(moving);
+  for (size_t i = 0; i < moving.size(); ++i) *moving[i] = std::move(s.moving[i]);
+  for (size_t i = 0; i < layers_.size(); ++i)  // params_ was replaced: rebind the layers
+    layers_[i]->bind(params_.data() + param_offset_[i], grads_.data() + param_offset_[i]);
+}
+
+// The cpu backend's own format before the neutral one (version 1, native byte order):
+//   char[8] "SFCPUENG" | u32 version (1) | u32 reserved (0)
+//   u64 n + arch text (describe() of every layer and the optimizer name)
+//   u64 step
+//   u64 n + f32[n] parameters | u64 n + f32[n] optimizer slots
+//   u32 n_layers, then each layer's state in order (batch_normalization: u64 C + moving_mean,
+//       u64 C + moving_variance; dropout: a 32-byte generator state; others: nothing)
+// Checkpoints written before this layout went away still resume: the dropout generator is read
+// and dropped (masks are a function of the seed now) and the engine keeps its own seed.
+void CpuEngine::load_state_v1(std::string_view bytes) {
   ByteReader r(bytes);
   char magic[8];
   r.raw(magic, sizeof(magic), "magic");
   if (std::memcmp(magic, kMagic, sizeof(magic)) != 0) invalid("cpu state: not a cpu backend state (bad magic)");
   const uint32_t version = r.get<uint32_t>("version");
-  if (version != kStateVersion && version != 1)
-    invalid("cpu state: version " + std::to_string(version) + " is not supported (this backend reads versions 1 to " +
-            std::to_string(kStateVersion) + ")");
+  if (version != 1)
+    invalid("cpu state: version " + std::to_string(version) + " is not supported (this backend reads version 1 of "
+            "its own format and the engine state of skyforge/engine_state.hpp)");
   r.get<uint32_t>("reserved");
   const uint64_t alen = r.get<uint64_t>("architecture");
   if (alen > r.left()) invalid("cpu state: truncated architecture");
   std::string arch(alen, '\0');
   r.raw(arch.data(), alen, "architecture");
-  if (arch != arch_) invalid("cpu state: saved from a different model or optimizer (" + first_difference(arch, arch_) + ")");
+  if (arch != legacy_arch_)
+    invalid("cpu state: saved from a different model or optimizer (" +
+            engine_state_detail::first_difference(arch, legacy_arch_) + ")");
   const uint64_t step = r.get<uint64_t>("step");
-  const uint64_t seed = version >= 2 ? r.get<uint64_t>("seed") : seed_;
   std::vector<float> params(params_.size()), slots(opt_->slot_count());
   r.floats(params.data(), params.size(), "parameters");
   r.floats(slots.data(), slots.size(), "optimizer slots");
   const uint32_t nl = r.get<uint32_t>("layer count");
   if (nl != layers_.size())
     invalid("cpu state: " + std::to_string(nl) + " layers saved, this model has " + std::to_string(layers_.size()));
-  const std::string backup = [&] {
-    ByteWriter w;
-    for (const auto& l : layers_) l->save_state(w);
-    return std::move(w.out);
-  }();
+  std::vector<std::vector<float>*> moving;
+  for (const auto& l : layers_) l->moving(moving);
+  std::vector<std::vector<float>> backup;
+  for (const auto* m : moving) backup.push_back(*m);
   try {
     for (auto& l : layers_) {
-      if (version == 1 && l->type == "dropout") {
+      if (l->type == "dropout") {
         char generator[32];
         r.raw(generator, sizeof generator, "dropout generator (version 1)");
       }
@@ -557,12 +570,10 @@ void CpuEngine::load_state(std::string_view bytes) {
     }
     if (r.left() != 0) invalid("cpu state: " + std::to_string(r.left()) + " unexpected trailing bytes");
   } catch (...) {
-    ByteReader b(backup);
-    for (auto& l : layers_) l->load_state(b);
+    for (size_t i = 0; i < moving.size(); ++i) *moving[i] = backup[i];
     throw;
   }
   step_ = step;
-  seed_ = seed;
   if (!params.empty()) std::memcpy(params_.data(), params.data(), params.size() * sizeof(float));
   if (!slots.empty()) std::memcpy(opt_->slots(), slots.data(), slots.size() * sizeof(float));
 }

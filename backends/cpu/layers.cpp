@@ -449,9 +449,9 @@ class BatchNorm final : public Layer {
   std::string describe() const override {
     return Layer::describe() + (scale ? "/scale" : "") + (center ? "/center" : "");
   }
-  void save_state(ByteWriter& w) const override {
-    w.floats(moving_mean.data(), C);
-    w.floats(moving_var.data(), C);
+  void moving(std::vector<std::vector<float>*>& out) override {
+    out.push_back(&moving_mean);
+    out.push_back(&moving_var);
   }
   void load_state(ByteReader& r) override {
     r.floats(moving_mean.data(), C, "batch_normalization moving_mean");

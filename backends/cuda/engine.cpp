@@ -49,8 +49,6 @@ double number(const std::string& opt, const Options& o, const char* key, double 
   return d;
 }
 
-constexpr char kMagic[8] = {'S', 'F', 'C', 'U', 'D', 'E', 'N', 'G'};
-constexpr uint32_t kStateVersion = 2;  // 2: the run's seed after the step
 
 }  // namespace
 
@@ -129,14 +127,14 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
 
   // Every layer through the schema: options with defaults, output shape, parameter count.
   Shape shape = input_shape_;
-  arch_ = "input" + shape_text(shape);
+  std::vector<schema::LayerConfig> configs;
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const LayerSpec& ls = spec.layers[i];
     const std::vector<std::pair<std::string, std::string>> options(ls.options.all().begin(), ls.options.all().end());
     schema::LayerShape s;
     auto l = std::make_unique<Layer>();
     try {
-      const schema::LayerConfig c = schema::parse(ls.type, options, i);
+      const schema::LayerConfig& c = configs.emplace_back(schema::parse(ls.type, options, i));
       s = c.infer(shape);
       const std::string& t = ls.type;
       auto activation = [&] {
@@ -189,9 +187,6 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
                                 "max_pooling2d)",
                     SF_ERR_UNSUPPORTED);
       }
-      std::string d = ";" + t + shape_text(shape) + "->" + shape_text(s.output);
-      for (const auto& [key, v] : c.options()) d += "/" + key + "=" + v;
-      arch_ += d;
     } catch (const schema::LayerError& e) {
       invalid(e.what());
     }
@@ -210,7 +205,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   } catch (const schema::LayerError& e) {
     invalid(e.what());
   }
-  arch_ += ";" + optimizer_;
+  arch_ = schema::architecture_text(input_shape_, configs, optimizer_);  // what a state must match
 
   // A relu right after batch_normalization is fused into it (the kernels' relu flag), as the
   // cpu backend does.
@@ -534,106 +529,52 @@ void CudaEngine::set_params(const float* in, uint64_t count) {
   dev_->upload(params_.get(), in, count * sizeof(float));
 }
 
-// state_dict, version 1 (native byte order; docs/compute-backends.md): the cpu backend's layout
-// with its own magic:
-//   char[8] "SFCUDENG" | u32 version | u32 reserved (0)
-//   u64 n + arch text (each layer's type, shapes and canonical options; the optimizer's name)
-//   u64 step
-//   u64 n + f32[n] parameters          (n = param_count, the cpu backend's order)
-//   u64 n + f32[n] optimizer slots     (sgd: none or velocity; adam: m then v)
-//   u32 n_layers, then per layer: batch_normalization: u64 C + moving_mean, u64 C +
-//       moving_variance; others nothing (dropout's mask is a function of seed and step).
+
+// The backend-neutral engine state (skyforge/engine_state.hpp): what the cpu backend writes and
+// reads too, so a checkpoint moves between the two.
+EngineState CudaEngine::shape_of_state() const {
+  EngineState s;
+  s.architecture = arch_;
+  s.params.resize(n_params_);
+  s.slots.resize(n_slots_);
+  for (const auto& l : layers_)
+    if (l->kind == Kind::batchnorm) s.moving.insert(s.moving.end(), 2, std::vector<float>(l->C));
+  return s;
+}
+
 std::string CudaEngine::state_dict() const {
-  std::string o;
-  auto raw = [&](const void* p, size_t n) { o.append(static_cast<const char*>(p), n); };
-  auto u32 = [&](uint32_t v) { raw(&v, 4); };
-  auto u64 = [&](uint64_t v) { raw(&v, 8); };
-  auto floats = [&](const float* dev, size_t n) {
-    std::vector<float> h(n);
-    dev_->download(h.data(), dev, n * sizeof(float));
-    u64(n);
-    raw(h.data(), n * sizeof(float));
-  };
-  raw(kMagic, 8);
-  u32(kStateVersion);
-  u32(0);
-  u64(arch_.size());
-  raw(arch_.data(), arch_.size());
-  u64(step_);
-  u64(seed_);
-  floats(params_.get(), n_params_);
-  floats(slots_.get(), n_slots_);
-  u32(static_cast<uint32_t>(layers_.size()));
+  EngineState s = shape_of_state();
+  s.seed = seed_;
+  s.step = step_;
+  dev_->download(s.params.data(), params_.get(), n_params_ * sizeof(float));
+  dev_->download(s.slots.data(), slots_.get(), n_slots_ * sizeof(float));
+  size_t j = 0;
   for (const auto& l : layers_)
     if (l->kind == Kind::batchnorm) {
-      floats(l->moving_mean.get(), l->C);
-      floats(l->moving_var.get(), l->C);
+      dev_->download(s.moving[j].data(), l->moving_mean.get(), l->C * sizeof(float));
+      dev_->download(s.moving[j + 1].data(), l->moving_var.get(), l->C * sizeof(float));
+      j += 2;
     }
-  return o;
+  return write_engine_state(s);
 }
 
 void CudaEngine::load_state(std::string_view b) {
   // Everything is read and checked on the host before the engine changes.
-  size_t pos = 0;
-  auto raw = [&](void* p, size_t n, const char* what) {
-    if (b.size() - pos < n) invalid(std::string("cuda state: truncated at ") + what);
-    std::memcpy(p, b.data() + pos, n);
-    pos += n;
-  };
-  auto u32 = [&](const char* what) {
-    uint32_t v;
-    raw(&v, 4, what);
-    return v;
-  };
-  auto u64 = [&](const char* what) {
-    uint64_t v;
-    raw(&v, 8, what);
-    return v;
-  };
-  auto floats = [&](size_t n, const char* what) {
-    const uint64_t m = u64(what);
-    if (m != n) invalid(std::string("cuda state: ") + what + " holds " + std::to_string(m) + " values, expected " +
-                        std::to_string(n));
-    std::vector<float> v(n);
-    raw(v.data(), n * sizeof(float), what);
-    return v;
-  };
-  char magic[8];
-  raw(magic, 8, "magic");
-  if (std::memcmp(magic, kMagic, 8) != 0) invalid("cuda state: not a cuda engine state (bad magic)");
-  const uint32_t version = u32("version");
-  if (version != kStateVersion)
-    invalid("cuda state: version " + std::to_string(version) + " is not supported (this engine reads version " +
-            std::to_string(kStateVersion) + ")");
-  u32("reserved");
-  const uint64_t alen = u64("architecture");
-  if (alen > b.size() - pos) invalid("cuda state: truncated architecture");
-  std::string arch(b.substr(pos, alen));
-  pos += alen;
-  if (arch != arch_) invalid("cuda state: saved from a different model or optimizer (saved " + arch + ", this engine " + arch_ + ")");
-  const uint64_t step = u64("step");
-  const uint64_t seed = u64("seed");
-  const std::vector<float> params = floats(n_params_, "parameters");
-  const std::vector<float> slots = floats(n_slots_, "optimizer slots");
-  const uint32_t nl = u32("layer count");
-  if (nl != layers_.size())
-    invalid("cuda state: " + std::to_string(nl) + " layers saved, this model has " + std::to_string(layers_.size()));
-  std::vector<std::vector<float>> stats;
-  for (const auto& l : layers_)
-    if (l->kind == Kind::batchnorm) {
-      stats.push_back(floats(l->C, "batch_normalization moving_mean"));
-      stats.push_back(floats(l->C, "batch_normalization moving_variance"));
-    }
-  if (pos != b.size()) invalid("cuda state: " + std::to_string(b.size() - pos) + " unexpected trailing bytes");
-  step_ = step;
-  seed_ = seed;  // dropout masks follow the run, not this engine's spec
-  dev_->upload(params_.get(), params.data(), params.size() * sizeof(float));
-  dev_->upload(slots_.get(), slots.data(), slots.size() * sizeof(float));
+  EngineState s;
+  try {
+    s = read_engine_state(b, shape_of_state());
+  } catch (const std::invalid_argument& e) {
+    invalid(std::string("cuda: ") + e.what());
+  }
+  step_ = s.step;
+  seed_ = s.seed;  // dropout masks follow the run, not this engine's spec
+  dev_->upload(params_.get(), s.params.data(), n_params_ * sizeof(float));
+  dev_->upload(slots_.get(), s.slots.data(), n_slots_ * sizeof(float));
   size_t j = 0;
   for (const auto& l : layers_)
     if (l->kind == Kind::batchnorm) {
-      dev_->upload(l->moving_mean.get(), stats[j].data(), l->C * sizeof(float));
-      dev_->upload(l->moving_var.get(), stats[j + 1].data(), l->C * sizeof(float));
+      dev_->upload(l->moving_mean.get(), s.moving[j].data(), l->C * sizeof(float));
+      dev_->upload(l->moving_var.get(), s.moving[j + 1].data(), l->C * sizeof(float));
       j += 2;
     }
 }

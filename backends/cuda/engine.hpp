@@ -15,6 +15,8 @@
 
 #include "device.hpp"
 
+#include <skyforge/engine_state.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,7 +44,7 @@ class CudaEngine : public Engine {
   uint64_t param_count() const override { return n_params_; }
   void get_params(float* out, uint64_t count) const override;
   void set_params(const float* in, uint64_t count) override;
-  std::string state_dict() const override;
+  std::string state_dict() const override;  // skyforge/engine_state.hpp: the backend-neutral layout
   void load_state(std::string_view bytes) override;
 
   uint64_t step() const { return step_; }
@@ -73,7 +75,8 @@ class CudaEngine : public Engine {
   Buffer<float> x_, gbuf_[2], loss_, hit_;
   Buffer<int32_t> labels_;
   Buffer<double> ws_, sums_;
-  std::string arch_;
+  std::string arch_;  // schema::architecture_text: what a loaded state must match
+  EngineState shape_of_state() const;  // this engine's state, sized, with no values
 };
 
 std::unique_ptr<Engine> make_engine(const ModelSpec& spec, const Communicator& comm, const Host& host = Host{},

@@ -6,10 +6,12 @@
 //
 // The contract in brief (skyforge/abi.h, sf_compute_hooks): an engine owns the whole step;
 // weights are one flat buffer in the layout every backend shares, initialised from the seed by
-// skyforge::initial_weights; with a communicator of size > 1 rank 0's weights are broadcast and
+// skyforge::initial_weights; state_dict is skyforge/engine_state.hpp's layout (checkpoints move
+// between backends); with a communicator of size > 1 rank 0's weights are broadcast and
 // gradients are summed over ranks, then divided by the global batch; loss and accuracy cover the
 // global batch. Refuse what you cannot do with skyforge::Error(why, SF_ERR_UNSUPPORTED) and bad
 // input with SF_ERR_INVALID: the SDK turns exceptions into statuses.
+#include <skyforge/engine_state.hpp>
 #include <skyforge/initial_weights.hpp>
 #include <skyforge/layer_schema.hpp>
 #include <skyforge/sdk.hpp>
@@ -72,8 +74,6 @@ class MyEngine : public skyforge::Engine {
       } else {
         throw Error(c.where() + ": my_backend has no kernels for this layer", SF_ERR_UNSUPPORTED);
       }
-      arch_ += ";" + l.type + "/" + std::to_string(L.in) + "->" + std::to_string(s.output.back());
-      for (const auto& [key, value] : c.options()) arch_ += "/" + key + "=" + value;
       shape = s.output;
       feats = 1;
       for (uint32_t d : shape) feats *= d;
@@ -83,9 +83,10 @@ class MyEngine : public skyforge::Engine {
     if (shape.size() != 1) throw Error("the model's output must be (classes,)", SF_ERR_INVALID);
     classes_ = shape[0];
     params_ = skyforge::initial_weights(spec.input_shape, configs, spec.seed);
+    seed_ = spec.seed;
     grads_.assign(n_params_, 0.f);
     set_optimizer(spec.optimizer, spec.optimizer_options);
-    arch_ += ";" + std::string(adam_ ? "adam" : "sgd");
+    arch_ = skyforge::schema::architecture_text(spec.input_shape, configs, adam_ ? "adam" : "sgd");
     comm_.broadcast(params_.data(), params_.size() * sizeof(float), 0);  // every replica starts from rank 0's
   }
 
@@ -109,39 +110,27 @@ class MyEngine : public skyforge::Engine {
     if (n != n_params_) throw Error("set_params: the model has " + std::to_string(n_params_) + " parameters", SF_ERR_INVALID);
     params_.assign(in, in + n);
   }
-  // Magic, the architecture (layers and optimizer), parameter and slot counts, step, parameters,
-  // optimizer slots: only the same model reads it back.
+  // The backend-neutral engine state (skyforge/engine_state.hpp): the same bytes the cpu and cuda
+  // backends write and read, so a checkpoint moves between this backend and theirs.
   std::string state_dict() const override {
-    std::string s = "MYBACKND";
-    auto put = [&](const void* p, size_t n) { s.append(static_cast<const char*>(p), n); };
-    const uint64_t n = n_params_, slots = slots_.size(), alen = arch_.size();
-    put(&alen, 8);
-    put(arch_.data(), alen);
-    put(&n, 8);
-    put(&slots, 8);
-    put(&step_, 8);
-    put(params_.data(), n * sizeof(float));
-    put(slots_.data(), slots * sizeof(float));
-    return s;
+    skyforge::EngineState s;
+    s.architecture = arch_;
+    s.seed = seed_;
+    s.step = step_;
+    s.params = params_;
+    s.slots = slots_;
+    return skyforge::write_engine_state(s);
   }
   void load_state(std::string_view b) override {
-    uint64_t alen = 0, n = 0, slots = 0, step = 0;
-    if (b.size() < 16 || b.substr(0, 8) != "MYBACKND") throw Error("load_state: not a my_backend state", SF_ERR_INVALID);
-    std::memcpy(&alen, b.data() + 8, 8);
-    if (alen > b.size() - 16 || b.size() - 16 - alen < 24) throw Error("load_state: truncated", SF_ERR_INVALID);
-    if (b.substr(16, alen) != arch_)
-      throw Error("load_state: saved from another model (" + std::string(b.substr(16, alen)) + "; this one is " + arch_ +
-                      ")",
-                  SF_ERR_INVALID);
-    const size_t at = 16 + alen;
-    std::memcpy(&n, b.data() + at, 8);
-    std::memcpy(&slots, b.data() + at + 8, 8);
-    std::memcpy(&step, b.data() + at + 16, 8);
-    if (n != n_params_ || slots != slots_.size() || b.size() != at + 24 + (n + slots) * sizeof(float))
-      throw Error("load_state: truncated or oversized", SF_ERR_INVALID);
-    std::memcpy(params_.data(), b.data() + at + 24, n * sizeof(float));
-    std::memcpy(slots_.data(), b.data() + at + 24 + n * sizeof(float), slots * sizeof(float));
-    step_ = step;
+    skyforge::EngineState like;
+    like.architecture = arch_;
+    like.params.resize(params_.size());
+    like.slots.resize(slots_.size());
+    skyforge::EngineState s = skyforge::read_engine_state(b, like);  // std::invalid_argument: SF_ERR_INVALID
+    params_ = std::move(s.params);
+    slots_ = std::move(s.slots);
+    step_ = s.step;
+    seed_ = s.seed;
   }
 
  private:
@@ -294,7 +283,8 @@ class MyEngine : public skyforge::Engine {
   }
 
   skyforge::Communicator comm_;
-  std::string arch_ = "my_backend";  // what state_dict saves and load_state compares
+  std::string arch_;  // schema::architecture_text: what a loaded state must match
+  uint64_t seed_ = 0;  // the run's seed (this backend has no dropout; kept for the state)
   std::vector<Layer> layers_;
   size_t in_ = 0, n_params_ = 0;
   uint32_t classes_ = 0;

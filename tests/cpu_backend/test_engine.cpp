@@ -393,30 +393,51 @@ TEST(Determinism, StateDictResumesIdentically) {
   }
 }
 
-// Checkpoints of version 1 (before dropout masks came from the seed: a 32-byte generator per
-// dropout layer, no seed) still load: the generator is read and dropped, the engine keeps its
-// own seed. Built here from a version-2 state of the convnet, whose only dropout layer comes
-// after every batch_normalization, so its generator is the state's last 32 bytes.
+// Checkpoints in the cpu backend's own version-1 format (before the backend-neutral engine state,
+// and before dropout masks came from the seed: a 32-byte generator per dropout layer, no seed)
+// still load: the generator is read and dropped, the engine keeps its own seed. Written here by
+// hand, field by field, as that format has it (backends/cpu/engine.cpp).
 TEST(Determinism, VersionOneStatesStillLoad) {
-  Synthetic d(16, 10);
-  CpuEngine a(convnet(3, 1), skyforge::Communicator());
-  a.train_step(d.x.data(), d.y.data(), 8);
-  const std::string v2 = a.state_dict();
-  ASSERT_EQ(v2[8], 2);
-  uint64_t alen;
-  std::memcpy(&alen, v2.data() + 16, 8);
-  const size_t seed_at = 24 + alen + 8;  // after magic, version, reserved, arch, step
-  std::string v1 = v2.substr(0, seed_at) + v2.substr(seed_at + 8) + std::string(32, '\x5a');
-  v1[8] = 1;
-  CpuEngine b(convnet(3, 1), skyforge::Communicator());
+  ModelSpec m;
+  m.input_shape = {6};
+  m.layers = {layer("dense", {{"units", "8"}}), layer("batch_normalization"), layer("dropout", {{"rate", "0.5"}}),
+              layer("dense", {{"units", "4"}})};
+  m.seed = 3;
+  CpuEngine a(m, skyforge::Communicator());
+  std::vector<float> params(a.param_count());
+  a.get_params(params.data(), params.size());
+  for (float& p : params) p += 0.25f;  // not the initial weights: they must come from the state
+  std::string v1("SFCPUENG", 8);
+  auto put = [&](const void* p, size_t n) { v1.append(static_cast<const char*>(p), n); };
+  auto u32 = [&](uint32_t v) { put(&v, 4); };
+  auto u64 = [&](uint64_t v) { put(&v, 8); };
+  auto floats = [&](const std::vector<float>& v) {
+    u64(v.size());
+    put(v.data(), v.size() * sizeof(float));
+  };
+  u32(1);
+  u32(0);
+  u64(a.v1_architecture().size());
+  put(a.v1_architecture().data(), a.v1_architecture().size());
+  u64(5);                                                   // step
+  floats(params);
+  floats(std::vector<float>(2 * params.size(), 0.f));       // adam m, v
+  u32(4);                                                   // layers
+  floats(std::vector<float>(8, 0.5f));                      // moving mean
+  floats(std::vector<float>(8, 2.f));                       // moving variance
+  v1.append(32, '\x5a');                                    // the dropout generator
+  CpuEngine b(m, skyforge::Communicator());
   b.load_state(v1);
-  EXPECT_EQ(b.step(), 1u);
-  EXPECT_EQ(params_of(a), params_of(b));
-  const auto ra = a.train_step(d.x.data() + 8 * 784, d.y.data() + 8, 8);
-  const auto rb = b.train_step(d.x.data() + 8 * 784, d.y.data() + 8, 8);
-  EXPECT_EQ(ra.loss, rb.loss);  // same seed, so the same masks
+  EXPECT_EQ(b.step(), 5u);
+  EXPECT_EQ(params_of(b), params);
+  // Written again it is the backend-neutral state, which another engine reads back to the same bytes.
+  EXPECT_TRUE(skyforge::is_engine_state(b.state_dict()));
+  CpuEngine c(m, skyforge::Communicator());
+  c.load_state(b.state_dict());
+  EXPECT_EQ(c.state_dict(), b.state_dict());
   EXPECT_NE(error_of([&] { b.load_state(v1.substr(0, v1.size() - 1)); }).find("dropout generator (version 1)"),
             std::string::npos);
+  EXPECT_EQ(params_of(b), params);  // a refused load changed nothing
 }
 
 TEST(Determinism, LoadStateRejectsBadInput) {

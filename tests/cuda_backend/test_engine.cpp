@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 #include <functional>
 #include <memory>
 
@@ -299,7 +300,7 @@ TEST(CudaEngine, BadStateIsRefusedAndChangesNothing) {
       ADD_FAILURE() << "accepted: " << what;
     } catch (const Error& err) {
       EXPECT_EQ(err.status(), SF_ERR_INVALID) << what;
-      EXPECT_NE(std::string(err.what()).find("cuda state"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("cuda: engine state: "), std::string::npos) << err.what();
     }
     EXPECT_EQ(params_of(*e), before) << what;
   };
@@ -309,7 +310,49 @@ TEST(CudaEngine, BadStateIsRefusedAndChangesNothing) {
   magic[0] = 'X';
   refused(magic, "bad magic");
   refused(cu::make_engine(bn_model(11), Communicator{})->state_dict(), "another model");
-  refused(cpu::make_engine(mlp(11), Communicator{})->state_dict(), "a cpu state");
+  refused(cpu::make_engine(bn_model(11), Communicator{})->state_dict(), "another model's, from cpu");
+}
+
+// Checkpoints move between backends (skyforge/engine_state.hpp): train k steps on one backend,
+// save, resume on the other (made with another seed: weights, optimizer slots, moving statistics,
+// step and the run's seed all come from the state) and go on; the result follows an
+// uninterrupted run on the first backend within the tolerance the two backends keep anyway.
+// Both ways, on the example convnet with its dropout and batch normalization.
+TEST(CudaEngine, CheckpointsMoveBetweenCpuAndCuda) {
+  using MakeFn = std::unique_ptr<skyforge::Engine> (*)(const ModelSpec&);
+  const MakeFn make_cpu = [](const ModelSpec& m) { return cpu::make_engine(m, Communicator{}); };
+  const MakeFn make_cuda = [](const ModelSpec& m) { return cu::make_engine(m, Communicator{}); };
+  const ModelSpec spec = convnet(21);
+  ModelSpec other = spec;
+  other.seed = 999;
+  const uint32_t batch = 16;
+  for (const auto& [from, to, name] : {std::tuple{make_cpu, make_cuda, "cpu -> cuda"}, std::tuple{make_cuda, make_cpu, "cuda -> cpu"}}) {
+    auto straight = from(spec);
+    auto first = from(spec);
+    for (int s = 0; s < 4; ++s) {
+      const Batch b = make_batch(300 + s, batch, features(spec));
+      straight->train_step(b.x.data(), b.y.data(), batch);
+      first->train_step(b.x.data(), b.y.data(), batch);
+    }
+    auto resumed = to(other);
+    resumed->load_state(first->state_dict());
+    EXPECT_EQ(params_of(*resumed), params_of(*first)) << name;
+    double worst_loss = 0;
+    for (int s = 4; s < 8; ++s) {
+      const Batch b = make_batch(300 + s, batch, features(spec));
+      const auto rs = straight->train_step(b.x.data(), b.y.data(), batch);
+      const auto rr = resumed->train_step(b.x.data(), b.y.data(), batch);
+      worst_loss = std::max(worst_loss, std::fabs(rs.loss - rr.loss) / std::max(1.0, std::fabs(rs.loss)));
+    }
+    const double d = max_abs_diff(params_of(*straight), params_of(*resumed));
+    std::printf("%s: resumed after 4 steps, 4 more: loss %.3g (relative), params %.3g (absolute)\n", name, worst_loss, d);
+    EXPECT_LE(worst_loss, kLossTol) << name;
+    EXPECT_LE(d, kConvParamTol) << name;
+    // The state the resumed engine writes is the one it would hand back: same layout, same run.
+    auto again = from(other);
+    again->load_state(resumed->state_dict());
+    EXPECT_EQ(params_of(*again), params_of(*resumed)) << name;
+  }
 }
 
 // Every layer of the schema's catalogue builds on this engine. A layer added to the schema

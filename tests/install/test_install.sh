@@ -163,6 +163,7 @@ expect_ok backend-check
 expect_match backend-check '^PASS  layer dense: 40 of 53 parameters'"'"' gradients agree with finite differences'
 expect_match backend-check '^PASS  data parallel: replicas bit-identical'
 expect_match backend-check '^PASS  agrees with cpu: after 10 steps, mlp: same initial weights, loss '
+expect_match backend-check '^PASS  checkpoint with cpu: mlp: resumes to cpu '
 expect_match backend-check '^[0-9]+ passed, [0-9]+ skipped, 0 failed$'
 
 step "skyforge run templates/compute-backend/job.toml"

@@ -121,12 +121,10 @@ TEST(VsCpu, BatchNormalizationLayer) {
     std::vector<float> y_c(rows * C), dx_c(rows * C), dy_c = dy;
     layer->forward(x.data(), y_c.data(), batch, true);
     layer->backward(x.data(), y_c.data(), dy_c.data(), dx_c.data(), batch);
-    cpu::ByteWriter w;
-    layer->save_state(w);
-    ASSERT_EQ(w.out.size(), 2 * (8 + C * sizeof(float)));
-    std::vector<float> mm_c(C), mv_c(C);
-    std::memcpy(mm_c.data(), w.out.data() + 8, C * sizeof(float));
-    std::memcpy(mv_c.data(), w.out.data() + 16 + C * sizeof(float), C * sizeof(float));
+    std::vector<std::vector<float>*> moving;
+    layer->moving(moving);
+    ASSERT_EQ(moving.size(), 2u);
+    const std::vector<float> mm_c = *moving[0], mv_c = *moving[1];
 
     const float* gamma = params.data();
     const float* beta = params.data() + C;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <ostream>
 #include <stdexcept>
+#include <tuple>
 
 #include "catalog.hpp"
 #include "loader.hpp"
@@ -413,6 +414,34 @@ std::string agreement(keras::Backend b, keras::Backend ref, const std::string& r
          });
 }
 
+// A checkpoint moves between this backend and the reference, both ways (skyforge/
+// engine_state.hpp, the backend-neutral layout): loaded into an engine made with another seed it
+// gives the same weights, and the next step's loss agrees to 1e-4 relative.
+std::string checkpoint(keras::Backend b, keras::Backend ref, const std::string& ref_name) {
+  return on_both_models([&](const char* name, const Model& m) {
+    std::string out;
+    for (const auto& [from, to, way] :
+         {std::tuple{b, ref, std::string("to ") + ref_name}, std::tuple{ref, b, std::string("from ") + ref_name}}) {
+      Engine a(from, m, 61), c(to, m, 62);
+      for (int s = 0; s < 2; ++s) {
+        const Batch d = batch_of(m, 8, 400 + s);
+        a.step(true, d.x, d.y, d.n);
+      }
+      std::string why;
+      if (c.try_load(a.state(), &why) != SF_OK)
+        throw Failure(std::string(name) + ": a state " + way + " was refused: " + why +
+                      " (write and read skyforge/engine_state.hpp's layout)");
+      if (c.params() != a.params()) throw Failure(std::string(name) + ": the weights differ after a load " + way);
+      const Batch d = batch_of(m, 8, 402);
+      const double la = a.step(true, d.x, d.y, d.n).loss, lc = c.step(true, d.x, d.y, d.n).loss;
+      const double dl = std::fabs(la - lc) / std::max(1e-6, std::fabs(la));
+      if (dl > 1e-4) throw Failure(std::string(name) + ": resumed " + way + ", the next loss differs by " + num(dl));
+      out += (out.empty() ? "" : ", ") + way + " " + num(dl);
+    }
+    return "resumes " + out;
+  });
+}
+
 struct Tally {
   int passed = 0, skipped = 0, failed = 0;
 };
@@ -490,8 +519,10 @@ int run_backend_check(const BackendCheckOptions& o, std::ostream& out, std::ostr
   run_check(out, t, "data parallel", [&] { return data_parallel(b); });
   run_check(out, t, "state", [&] { return state(b); });
   run_check(out, t, "bad input", [&] { return bad_input(b); });
-  if (reference)
+  if (reference) {
     run_check(out, t, "agrees with " + o.against, [&] { return agreement(b, reference->backend, o.against); });
+    run_check(out, t, "checkpoint with " + o.against, [&] { return checkpoint(b, reference->backend, o.against); });
+  }
   if (t.passed == 0) {  // a backend that refuses every model has not shown anything
     out << "FAIL  the backend refused every model of the suite: nothing was checked\n";
     ++t.failed;

@@ -463,6 +463,24 @@ inline uint32_t classes_of(const std::vector<uint32_t>& output, size_t last, std
   return output[0];
 }
 
+// The text two engines compare to know they hold the same model (skyforge/engine_state.hpp):
+// the input shape, then per layer its type, input and output shapes and every option in
+// canonical form (a layer's `name` aside: renaming changes no model), then the optimizer:
+//   input(None, 28, 28, 1);flatten(None, 28, 28, 1)->(None, 784);dense(None, 784)->(None, 128)/units=128/...;adam
+inline std::string architecture_text(const std::vector<uint32_t>& input, const std::vector<LayerConfig>& layers,
+                                     std::string_view optimizer) {
+  std::string t = "input" + detail::shape_text(input);
+  std::vector<uint32_t> in = input;
+  for (const LayerConfig& c : layers) {
+    const LayerShape s = c.infer(in);
+    t += ";" + std::string(c.type()) + detail::shape_text(in) + "->" + detail::shape_text(s.output);
+    for (const auto& [key, value] : c.options())
+      if (key != "name") t += "/" + key + "=" + value;
+    in = s.output;
+  }
+  return t + ";" + std::string(optimizer);
+}
+
 inline std::vector<std::string> type_names() {
   std::vector<std::string> out;
   for (const LayerDef& d : catalogue()) out.emplace_back(d.type);
