@@ -64,24 +64,10 @@ inline std::string write_engine_state(const EngineState& s) {
 }
 
 namespace engine_state_detail {
-// "item 3: saved conv2d(...)..., this engine conv2d(...)..." for two ';'-separated texts.
+// "item 3: saved conv2d(...)..., this engine conv2d(...)..." for two architecture texts.
 inline std::string first_difference(std::string_view saved, std::string_view mine) {
-  auto split = [](std::string_view s) {
-    std::vector<std::string_view> v;
-    size_t a = 0;
-    for (size_t i = 0; i <= s.size(); ++i)
-      if (i == s.size() || s[i] == ';') {
-        v.push_back(s.substr(a, i - a));
-        a = i + 1;
-      }
-    return v;
-  };
-  const auto a = split(saved), b = split(mine);
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const std::string_view x = i < a.size() ? a[i] : "<none>", y = i < b.size() ? b[i] : "<none>";
-    if (x != y) return "item " + std::to_string(i) + ": saved " + std::string(x) + ", this engine " + std::string(y);
-  }
-  return "";
+  const auto d = schema::first_difference(saved, mine);
+  return d ? "item " + std::to_string(d->index) + ": saved " + d->first + ", this engine " + d->second : "";
 }
 }  // namespace engine_state_detail
 

@@ -8,6 +8,7 @@
 // No backend, no communicator: everything here is local and deterministic. keras.hpp drives it.
 #pragma once
 
+#include <skyforge/layer_schema.hpp>
 #include <skyforge/tfevents.hpp>
 
 #include <algorithm>
@@ -447,23 +448,8 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
 
 // The first difference between two spec texts ("a;b;c" lists), for a mismatch message.
 inline std::string spec_difference(std::string_view have, std::string_view want) {
-  auto items = [](std::string_view s) {
-    std::vector<std::string_view> v;
-    size_t start = 0;
-    while (start <= s.size()) {
-      size_t p = s.find(';', start);
-      if (p == std::string_view::npos) p = s.size();
-      v.push_back(s.substr(start, p - start));
-      start = p + 1;
-    }
-    return v;
-  };
-  const auto a = items(have), b = items(want);
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const std::string_view x = i < a.size() ? a[i] : "<none>", y = i < b.size() ? b[i] : "<none>";
-    if (x != y) return "checkpoint has '" + std::string(x) + "', this model has '" + std::string(y) + "'";
-  }
-  return "specs are equal";
+  const auto d = schema::first_difference(have, want);
+  return d ? "checkpoint has '" + d->first + "', this model has '" + d->second + "'" : "specs are equal";
 }
 
 }  // namespace skyforge::keras

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -461,6 +462,30 @@ inline uint32_t classes_of(const std::vector<uint32_t>& output, size_t last, std
                      detail::shape_text(output) +
                      " must be (classes,) for sparse_categorical_crossentropy; add flatten or global_average_pooling2d");
   return output[0];
+}
+
+// The first item where two ';'-separated texts (spec or architecture texts) differ: its index
+// and the two items ("<none>" past a text's end); nothing when they are equal.
+struct ItemDifference {
+  size_t index = 0;
+  std::string first, second;
+};
+inline std::optional<ItemDifference> first_difference(std::string_view a, std::string_view b) {
+  auto items = [](std::string_view s) {
+    std::vector<std::string_view> v;
+    for (size_t start = 0; start <= s.size();) {
+      const size_t p = std::min(s.find(';', start), s.size());
+      v.push_back(s.substr(start, p - start));
+      start = p + 1;
+    }
+    return v;
+  };
+  const auto x = items(a), y = items(b);
+  for (size_t i = 0; i < std::max(x.size(), y.size()); ++i) {
+    const std::string_view p = i < x.size() ? x[i] : "<none>", q = i < y.size() ? y[i] : "<none>";
+    if (p != q) return ItemDifference{i, std::string(p), std::string(q)};
+  }
+  return std::nullopt;
 }
 
 // The text two engines compare to know they hold the same model (skyforge/engine_state.hpp):
