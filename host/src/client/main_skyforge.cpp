@@ -292,8 +292,9 @@ int cmd_backend_check(int argc, char** argv) {
       "usage: skyforge backend-check [options] <name>\n\n"
       "Runs the compute backend <name> through the conformance suite (docs/compute-backends.md,\n"
       "\"Checking a backend\"): per-layer gradients against finite differences, 1 rank against 2,\n"
-      "state_dict round trips, bad input, and agreement with a reference backend. Exits 0 when no\n"
-      "check failed, 1 when one did, 2 when the backend cannot be found or cannot run here.\n\noptions");
+      "state_dict round trips, bad input, agreement with a reference backend and checkpoints moving\n"
+      "to and from it. Exits 0 when no check failed, 1 when one did, 2 when the backend cannot be\n"
+      "found or cannot run here.\n\noptions");
   BackendCheckOptions o;
   std::vector<std::string> kv;
   desc.add_options()("name", po::value(&o.backend), "the compute backend")(
