@@ -78,8 +78,6 @@ class Layer {
 
   // Trainable parameters, as a count; the engine binds them into its flat buffers.
   virtual size_t param_size() const { return 0; }
-  // Keras initialisers (glorot_uniform kernels, zero biases, gamma 1, beta 0), drawing from rng.
-  virtual void init_params(float* /*p*/, Rng& /*rng*/) const {}
   void bind(float* params, float* grads) {
     p_ = params;
     g_ = grads;

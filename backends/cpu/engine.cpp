@@ -3,6 +3,7 @@
 #include "kernels.hpp"
 
 #include <skyforge/engine_state.hpp>
+#include <skyforge/initial_weights.hpp>
 #include <skyforge/layer_schema.hpp>
 
 #include <omp.h>
@@ -268,22 +269,19 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
   }
   legacy_arch_ += ';';
   legacy_arch_ += ocfg.name;
-  {
-    std::vector<schema::LayerConfig> configs;  // make_layer checked them: parsing cannot fail now
-    for (size_t i = 0; i < spec.layers.size(); ++i) {
-      const auto& given = spec.layers[i].options.all();
-      configs.push_back(schema::parse(spec.layers[i].type, {given.begin(), given.end()}, i));
-    }
-    arch_ = schema::architecture_text(input_shape_, configs, ocfg.name);
+  std::vector<schema::LayerConfig> configs;  // make_layer checked them: parsing cannot fail now
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    const auto& given = spec.layers[i].options.all();
+    configs.push_back(schema::parse(spec.layers[i].type, {given.begin(), given.end()}, i));
   }
+  arch_ = schema::architecture_text(input_shape_, configs, ocfg.name);
 
-  params_.assign(total, 0.f);
+  // The SDK's initial weights, every backend's (skyforge/initial_weights.hpp).
+  params_ = initial_weights(input_shape_, configs, spec.seed);
+  if (params_.size() != total) throw std::logic_error("cpu: the layers' parameter counts differ from the layer schema's");
   grads_.assign(total, 0.f);
-  Rng rng(spec.seed);  // every weight from one pinned stream, in layer order
-  for (size_t i = 0; i < layers_.size(); ++i) {
+  for (size_t i = 0; i < layers_.size(); ++i)
     layers_[i]->bind(params_.data() + param_offset_[i], grads_.data() + param_offset_[i]);
-    layers_[i]->init_params(params_.data() + param_offset_[i], rng);
-  }
   // A relu right after a layer that can apply it (batch_normalization) is fused into it: no
   // pass, no buffer, no backward of its own (bit-identical results, fewer memory passes).
   fused_.assign(layers_.size(), 0);

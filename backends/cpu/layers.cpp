@@ -49,11 +49,6 @@ std::string Layer::describe() const {
 
 namespace {
 
-void glorot_uniform(float* w, size_t n, size_t fan_in, size_t fan_out, Rng& rng) {
-  const float limit = static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
-  for (size_t i = 0; i < n; ++i) w[i] = (2.f * uniform01(rng) - 1.f) * limit;
-}
-
 const char* act_name(Activation a) {
   return a == Activation::relu ? "relu" : a == Activation::softmax ? "softmax" : "linear";
 }
@@ -68,10 +63,6 @@ class Dense final : public Layer {
   size_t fin = 0;
 
   size_t param_size() const override { return fin * units + (use_bias ? units : 0); }
-  void init_params(float* p, Rng& rng) const override {
-    glorot_uniform(p, fin * units, fin, units, rng);
-    if (use_bias) std::fill(p + fin * units, p + param_size(), 0.f);
-  }
   size_t rows(uint32_t batch) const { return batch * (numel(in_shape) / fin); }
   void forward(const float* x, float* y, uint32_t batch, bool) override {
     const size_t M = rows(batch);
@@ -109,10 +100,6 @@ class Conv2D final : public Layer {
 
   size_t kkc() const { return size_t{kh} * kw * C; }
   size_t param_size() const override { return kkc() * filters + (use_bias ? filters : 0); }
-  void init_params(float* p, Rng& rng) const override {
-    glorot_uniform(p, kkc() * filters, kkc(), size_t{kh} * kw * filters, rng);
-    if (use_bias) std::fill(p + kkc() * filters, p + param_size(), 0.f);
-  }
   bool direct() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1; }  // 1x1: x is its own col
   size_t chunk_samples() const {
     const size_t per = size_t{Ho} * Wo * kkc() * sizeof(float);
@@ -313,10 +300,6 @@ class BatchNorm final : public Layer {
   bool scale = true, center = true;  // Keras: trainable gamma / beta (else fixed 1 / 0)
 
   size_t param_size() const override { return (scale ? C : 0) + (center ? C : 0); }
-  void init_params(float* p, Rng&) const override {
-    if (scale) std::fill(p, p + C, 1.f);
-    if (center) std::fill(p + (scale ? C : 0), p + param_size(), 0.f);
-  }
   bool fuse_relu() override { return relu_ = true; }
   float gamma(size_t c) const { return scale ? p_[c] : 1.f; }
   float beta(size_t c) const { return center ? p_[(scale ? C : 0) + c] : 0.f; }

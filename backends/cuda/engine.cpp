@@ -3,6 +3,8 @@
 // through the kernels' launch API, so this file is compiled for both builds.
 #include "engine.hpp"
 
+#include <skyforge/initial_weights.hpp>
+
 #include <skyforge/layer_schema.hpp>
 
 #include <algorithm>
@@ -24,13 +26,6 @@ namespace {
 
 size_t numel(const Shape& s) { return std::accumulate(s.begin(), s.end(), size_t{1}, std::multiplies<>()); }
 using schema::detail::shape_text;  // "(None, 28, 28, 1)"
-
-// The cpu backend's initialisers (docs/compute-backends.md): glorot_uniform kernels from
-// uniform floats of 24 random bits of the pinned generator, zero biases, gamma 1, beta 0.
-void glorot(float* w, size_t n, size_t fan_in, size_t fan_out, Rng& rng) {
-  const float limit = static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
-  for (size_t i = 0; i < n; ++i) w[i] = (2.f * (static_cast<float>(rng.next() >> 40) * (1.0f / 16777216.0f)) - 1.f) * limit;
-}
 
 // An optimizer option: a finite number in its range (Keras' defaults otherwise).
 double number(const std::string& opt, const Options& o, const char* key, double fallback, double lo, double hi,
@@ -220,18 +215,10 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
       break;
     }
 
-  // Initial weights on the host, in the cpu backend's order, from the same generator.
-  std::vector<float> init(n_params_, 0.f);
-  Rng rng(spec.seed);
+  // Initial weights on the host: the SDK's, which are every backend's (skyforge/initial_weights.hpp).
+  const std::vector<float> init = initial_weights(input_shape_, configs, spec.seed);
   for (auto& l : layers_) {
-    float* p = init.data() + l->poff;
-    if (l->kind == Kind::dense) {
-      glorot(p, l->fin * l->units, l->fin, l->units, rng);
-    } else if (l->kind == Kind::conv2d) {
-      const size_t kkc = l->win.col_width();
-      glorot(p, kkc * l->units, kkc, size_t{l->win.kh} * l->win.kw * l->units, rng);
-    } else if (l->kind == Kind::batchnorm) {
-      if (l->scale) std::fill(p, p + l->C, 1.f);
+    if (l->kind == Kind::batchnorm) {
       std::vector<float> ones(l->C, 1.f);
       l->mean = Buffer<float>(*dev_, l->C);
       l->var = Buffer<float>(*dev_, l->C);
