@@ -1,9 +1,11 @@
-// skyforge::initial_weights (sdk/include/skyforge/initial_weights.hpp) is what the cpu backend
-// starts from, bit for bit, on every layer of the schema: the SDK's promise that a seed means the
-// same weights on every backend that uses it.
+// skyforge::initial_weights (sdk/include/skyforge/initial_weights.hpp): what every backend starts
+// from, the SDK's promise that a seed means the same weights on every backend. Pinned by hash to
+// the values the cpu backend drew with its own initialiser before it took the SDK's (the main
+// job's weights did not change when it did), so a change to the function cannot pass unnoticed.
 #include <gtest/gtest.h>
 
 #include <skyforge/initial_weights.hpp>
+#include <skyforge/keras_callbacks.hpp>  // fnv1a64
 
 #include "helpers.hpp"  // tests/cpu_backend: model specs
 
@@ -25,7 +27,18 @@ std::vector<float> cpu_weights(const skyforge::ModelSpec& m) {
   return p;
 }
 
+uint64_t hash(const std::vector<float>& w) {
+  return skyforge::keras::fnv1a64(std::string_view(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(float)));
+}
+
 }  // namespace
+
+// The hashes of what InitialWeights.AreTheCpuBackendsBitForBit showed equal to the cpu backend's
+// own initialiser (commit 2485c93, before that initialiser was removed).
+TEST(InitialWeights, ArePinned) {
+  EXPECT_EQ(hash(sdk_weights(cpu_test::mlp(1))), 0xb97364e623dd5faeull);
+  EXPECT_EQ(hash(sdk_weights(cpu_test::convnet(42))), 0x5d9bb54615251979ull);
+}
 
 TEST(InitialWeights, AreTheCpuBackendsBitForBit) {
   using cpu_test::layer;
