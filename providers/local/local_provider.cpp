@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "netns.hpp"
-#include "process.hpp"
+#include "spawn.hpp"
 
 namespace skyforge::local {
 

@@ -20,9 +20,19 @@
 #include <string>
 #include <vector>
 
-#include "process.hpp"
+#include "spawn.hpp"
 
 namespace skyforge::local {
+
+using providers::CommandResult;
+using providers::describe_status;
+using providers::environment_with;
+using providers::exit_code;
+using providers::Fd;
+using providers::find_program;
+using providers::run_command;
+using providers::spawn;
+using providers::SpawnSpec;
 
 class NetnsPool {
  public:

@@ -31,7 +31,7 @@
 #include "gpus.hpp"
 #include "local_provider.hpp"
 #include "netns.hpp"
-#include "process.hpp"
+#include "spawn.hpp"
 
 namespace fs = std::filesystem;
 using skyforge::local::LocalProvider;
@@ -397,16 +397,16 @@ TEST_F(LocalProviderTest, BootstrapDaemonDoesNotBlockAndDiesAtTerminate) {
 
 // ---- network namespaces ------------------------------------------------------------------------
 
-std::string run_out(const std::vector<std::string>& argv) { return skyforge::local::run_command(argv).out; }
+std::string run_out(const std::vector<std::string>& argv) { return skyforge::providers::run_command(argv).out; }
 
 // Why netns tests cannot run here, or "" when they can.
 std::string netns_unavailable() {
   if (::geteuid() != 0) return "isolation = \"netns\" tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)";
-  if (skyforge::local::find_program("ip").empty()) return "iproute2 (`ip`) is not installed";
+  if (skyforge::providers::find_program("ip").empty()) return "iproute2 (`ip`) is not installed";
   std::string probe = "skyforge-probe-" + std::to_string(::getpid());
-  auto r = skyforge::local::run_command({"ip", "netns", "add", probe});
+  auto r = skyforge::providers::run_command({"ip", "netns", "add", probe});
   if (r.status != 0) return "`ip netns add` does not work here: " + r.err;
-  skyforge::local::run_command({"ip", "netns", "del", probe});
+  skyforge::providers::run_command({"ip", "netns", "del", probe});
   return "";
 }
 
@@ -609,7 +609,7 @@ TEST_F(LocalProviderTest, NetnsFailureHalfWayUndoesEverything) {
   ASSERT_TRUE(pool_namespaces().empty());
   // Node 1's namespace name is already taken: provision gets as far as node 0, then fails.
   std::string squatter = "skyforge-" + spec.pool_id + "-node-1";
-  ASSERT_EQ(skyforge::local::run_command({"ip", "netns", "add", squatter}).status, 0);
+  ASSERT_EQ(skyforge::providers::run_command({"ip", "netns", "add", squatter}).status, 0);
   auto p = make({{"isolation", "netns"}});
   try {
     p->provision(spec);
@@ -617,7 +617,7 @@ TEST_F(LocalProviderTest, NetnsFailureHalfWayUndoesEverything) {
   } catch (const skyforge::Error& e) {
     EXPECT_NE(std::string(e.what()).find(squatter + " already exists"), std::string::npos) << e.what();
   }
-  skyforge::local::run_command({"ip", "netns", "del", squatter});
+  skyforge::providers::run_command({"ip", "netns", "del", squatter});
   EXPECT_EQ(pool_links(), std::set<std::string>{});
   EXPECT_EQ(pool_namespaces(), std::set<std::string>{});
   EXPECT_TRUE(fs::is_empty(root_));

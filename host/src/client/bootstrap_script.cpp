@@ -31,10 +31,13 @@ std::string bootstrap_script(const Image& image, const std::vector<std::string>&
     for (const auto& p : image.pip) s += " " + shell_quote(p);
     s += "\n";
   }
+  if (!image.files.empty())  // from the staged copy where the provider staged the sources (abi.h, sf_pool_spec)
+    s += "sf_copy() { if [ -n \"${SKYFORGE_STAGE_ROOT-}\" ]; then cp -RL --preserve=mode,timestamps "
+         "\"$SKYFORGE_STAGE_ROOT$1\" \"$2\"; else cp -a \"$1\" \"$2\"; fi; }\n";
   for (const auto& f : image.files) {
     std::string dir = std::filesystem::path(f.target).parent_path().string();
     if (!dir.empty()) s += "mkdir -p " + shell_quote(dir) + "\n";
-    s += "cp -a " + shell_quote(f.source) + " " + shell_quote(f.target) + "\n";
+    s += "sf_copy " + shell_quote(f.source) + " " + shell_quote(f.target) + "\n";
   }
   for (const auto& l : extra_lines) s += l + "\n";
   return s;

@@ -20,10 +20,12 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "bootstrap_script.hpp"
@@ -67,6 +69,8 @@ class PoolRun {
   void client_enter();
   void client_exit(bool ok);
   void provision();
+  std::vector<std::string> stage_files() const;
+  std::string worker_path() const;
   void bootstrap_nodes();
   void start_workers();
   void wait_joined();
@@ -234,12 +238,17 @@ void PoolRun::provision() {
       self->control_address_ = a ? a : "";
     });
   };
+  const std::vector<std::string> files = stage_files();
+  std::vector<const char*> cfiles;
+  for (const auto& f : files) cfiles.push_back(f.c_str());
   sf_pool_spec spec{};
   spec.struct_size = sizeof spec;
   spec.nodes = m_.pool.nodes;
   spec.concurrency = m_.pool.concurrency;
   spec.accelerator = m_.pool.accelerator.c_str();
   spec.pool_id = pool_id_.c_str();
+  spec.stage_files = cfiles.data();
+  spec.n_stage_files = cfiles.size();
   {
     std::lock_guard<std::mutex> lock(mu_);
     provisioned_ = true;  // from here on, teardown calls terminate even if provision fails half-way
@@ -249,6 +258,41 @@ void PoolRun::provision() {
     throw std::runtime_error("provider '" + m_.pool.provider + "' provisioned " + std::to_string(nodes_.size()) +
                              " nodes, " + std::to_string(m_.pool.nodes) + " were asked for");
   if (control_address_.empty()) control_address_ = "127.0.0.1";
+}
+
+std::string PoolRun::worker_path() const {
+  if (!opt_.worker_path.empty()) return opt_.worker_path;
+  const std::string dir = self_exe_dir();
+  return (dir.empty() ? "." : dir) + "/skyforge-worker";
+}
+
+// What a node needs from this machine at the same path (sf_pool_spec.stage_files): the worker,
+// every plugin library the nodes load with its plugin.toml, the image's file sources (the
+// regular files under a directory source). Absolute, each once, in a stable order.
+std::vector<std::string> PoolRun::stage_files() const {
+  std::set<std::string> out;
+  auto add = [&](const std::filesystem::path& p) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(p, ec).lexically_normal();
+    if (std::filesystem::is_directory(abs, ec)) {
+      for (auto it = std::filesystem::recursive_directory_iterator(abs, ec);
+           !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+        if (it->is_regular_file(ec)) out.insert(it->path().string());
+    } else if (std::filesystem::is_regular_file(abs, ec)) {
+      out.insert(abs.string());
+    }
+  };
+  add(worker_path());
+  std::map<std::string, std::string> config;
+  const NodePlugins plugins = node_plugins(m_, catalog_, frameworks_, app_, config);
+  auto add_plugin = [&](const std::string& name, const std::string& library) {
+    add(library);
+    if (const PluginInfo* info = catalog_.find(name)) add(info->manifest_path);
+  };
+  for (const auto& p : plugins.plugins) add_plugin(p.name, p.library);
+  if (!plugins.app.library.empty()) add_plugin(plugins.app.name, plugins.app.library);
+  for (const auto& f : image_.files) add(f.source);
+  return {out.begin(), out.end()};
 }
 
 void PoolRun::bootstrap_nodes() {
@@ -291,11 +335,7 @@ void PoolRun::start_workers() {
       [this](const std::string& peer, const std::string& why) {
         printer_.err("rejected a connection from " + peer + ": " + why);
       });
-  std::string worker = opt_.worker_path;
-  if (worker.empty()) {
-    const std::string dir = self_exe_dir();
-    worker = (dir.empty() ? "." : dir) + "/skyforge-worker";
-  }
+  const std::string worker = worker_path();
   std::string connect = control_address_ + ":" + std::to_string(server_->port());
   std::string secret_key = "SKYFORGE_POOL_SECRET";
   auto* h = provider_->hooks<sf_provider_hooks>();

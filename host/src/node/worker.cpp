@@ -308,11 +308,21 @@ bool Worker::wait_job() {
   return job_.has_value() && !shutdown_;
 }
 
+// A library path of the host's machine, as this node sees it: under SKYFORGE_STAGE_ROOT where
+// the provider staged the host's files (abi.h, sf_pool_spec::stage_files), else as it is.
+std::string staged_path(const std::string& path) {
+  const char* root = std::getenv("SKYFORGE_STAGE_ROOT");
+  if (!root || !*root || path.empty() || path[0] != '/') return path;
+  std::string p = std::string(root) + path;
+  std::error_code ec;
+  return std::filesystem::exists(p, ec) ? p : path;
+}
+
 void Worker::setup_plugins(EnvMap& env) {
   const msg::Job& job = *job_;
   loader_ = std::make_unique<Loader>(services_.table());
   for (const auto& f : job.frameworks) {
-    const LoadedPlugin& p = loader_->load(f.library, f.name);
+    const LoadedPlugin& p = loader_->load(staged_path(f.library), f.name);
     if (p.kind == SF_KIND_COMPUTE_BACKEND) {
       // No around_app hooks: created with its options, lent to the app through the
       // compute_backend service, destroyed after the app.
@@ -330,7 +340,7 @@ void Worker::setup_plugins(EnvMap& env) {
   }
   if (!job.app.name.empty()) {
     std::snprintf(g_app_name, sizeof g_app_name, "%s", job.app.name.c_str());
-    const LoadedPlugin& p = loader_->load(job.app.library, job.app.name, SF_KIND_APP);
+    const LoadedPlugin& p = loader_->load(staged_path(job.app.library), job.app.name, SF_KIND_APP);
     app_ = loader_->create(p, job.app.options);
   }
   info_ = *services_.instance();

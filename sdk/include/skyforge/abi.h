@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 3
+#define SKYFORGE_ABI_MINOR 4
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -246,6 +246,15 @@ typedef struct sf_pool_spec {
   uint32_t concurrency;
   const char* accelerator;
   const char* pool_id;
+  /* ABI 1.4 (read them only when struct_size covers them): the absolute paths of the files on
+   * this machine that every node needs at the same path: skyforge-worker, the libraries of the
+   * plugins the nodes load and their plugin.toml, the image's file sources. A provider whose
+   * nodes share this machine's filesystem ignores them. One whose nodes do not (ssh, slurm)
+   * copies them and runs the bootstrap and the worker with SKYFORGE_STAGE_ROOT set to a directory
+   * that holds each of them under its absolute path: the worker loads a plugin from
+   * $SKYFORGE_STAGE_ROOT/<path> when that exists, the bootstrap copies image files from there. */
+  const char* const* stage_files;
+  size_t n_stage_files;
 } sf_pool_spec;
 
 /* Filled by provision(): one add_node per node, in node order. */

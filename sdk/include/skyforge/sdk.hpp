@@ -362,6 +362,9 @@ struct PoolSpec {
   uint32_t concurrency = 1;
   std::string accelerator;
   std::string pool_id;
+  // ABI 1.4: the local files every node needs at the same absolute path (abi.h, sf_pool_spec);
+  // empty from an older host.
+  std::vector<std::string> stage_files;
 };
 
 struct ProvisionedNode {
@@ -603,7 +606,9 @@ const sf_provider_hooks* provider_hooks() {
     t.struct_size = sizeof(sf_provider_hooks);
     t.provision = [](void* s, const sf_pool_spec* spec, const sf_node_sink* out) noexcept {
       return guard<P>(s, [&](P& p) {
-        PoolSpec ps{spec->nodes, spec->concurrency, or_empty(spec->accelerator), or_empty(spec->pool_id)};
+        PoolSpec ps{spec->nodes, spec->concurrency, or_empty(spec->accelerator), or_empty(spec->pool_id), {}};
+        if (spec->struct_size >= offsetof(sf_pool_spec, n_stage_files) + sizeof spec->n_stage_files)
+          for (size_t i = 0; i < spec->n_stage_files; ++i) ps.stage_files.push_back(or_empty(spec->stage_files[i]));
         Provisioned r = p.provision(ps);
         for (const auto& n : r.nodes) out->add_node(out->ctx, n.id.c_str(), n.address.c_str());
         if (!r.control_address.empty()) out->set_control_address(out->ctx, r.control_address.c_str());

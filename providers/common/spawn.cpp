@@ -1,4 +1,4 @@
-#include "process.hpp"
+#include "spawn.hpp"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -6,17 +6,25 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
 #include <stdexcept>
 
 extern char** environ;
 
-namespace skyforge::local {
+namespace skyforge::providers {
 
 void Fd::reset(int fd) {
   if (fd_ >= 0) ::close(fd_);
@@ -30,7 +38,7 @@ struct ChildError {
   int step;
   int err;
 };
-enum Step { kSetns = 1, kSetsid, kChdir, kDup, kExec };
+enum Step { kSetns = 1, kSetsid, kChdir, kDup, kExec, kDeathSignal };
 
 const char* step_name(int step) {
   switch (step) {
@@ -39,6 +47,7 @@ const char* step_name(int step) {
     case kChdir: return "cannot change to the work directory";
     case kDup: return "cannot set up standard streams";
     case kExec: return "cannot execute";
+    case kDeathSignal: return "cannot set the parent-death signal";
     default: return "failed before exec";
   }
 }
@@ -60,12 +69,17 @@ bool wire(int src, int target) {
 }
 
 // Async-signal-safe from here to exec: no allocation, no locks.
-[[noreturn]] void child_main(const SpawnSpec& s, char* const* argv, char* const* envp, int devnull, int err_pipe) {
+[[noreturn]] void child_main(const SpawnSpec& s, char* const* argv, char* const* envp, int devnull, int err_pipe,
+                             pid_t parent) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig)
     if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);  // EINVAL for libc-internal ones
 
+  if (s.parent_death_signal > 0) {
+    if (::prctl(PR_SET_PDEATHSIG, s.parent_death_signal) != 0) child_fail(err_pipe, kDeathSignal);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before the signal was armed
+  }
   if (s.netns_fd >= 0 && ::setns(s.netns_fd, CLONE_NEWNET) != 0) child_fail(err_pipe, kSetns);
   if (s.new_session && ::setsid() < 0) child_fail(err_pipe, kSetsid);
   if (!s.cwd.empty() && ::chdir(s.cwd.c_str()) != 0) child_fail(err_pipe, kChdir);
@@ -110,11 +124,12 @@ pid_t spawn(const SpawnSpec& s) {
 
   // Block every signal across fork so that no host handler runs in the child before it has
   // reset the dispositions; the child unblocks just before exec.
+  const pid_t parent = ::getpid();
   sigset_t all, old;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &old);
   pid_t pid = ::fork();
-  if (pid == 0) child_main(s, argv.data(), envp.data(), devnull.get(), err_w.get());
+  if (pid == 0) child_main(s, argv.data(), envp.data(), devnull.get(), err_w.get(), parent);
   int fork_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(fork_errno));
@@ -134,6 +149,49 @@ pid_t spawn(const SpawnSpec& s) {
     throw std::runtime_error(what + ": " + std::strerror(e.err));
   }
   return pid;
+}
+
+struct Spawner::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  bool stop = false;
+  std::thread thread;
+};
+
+Spawner::Spawner() : impl_(std::make_unique<Impl>()) {
+  impl_->thread = std::thread([impl = impl_.get()] {
+    std::unique_lock<std::mutex> lock(impl->mu);
+    for (;;) {
+      impl->cv.wait(lock, [&] { return impl->stop || !impl->queue.empty(); });
+      if (impl->queue.empty()) return;  // stop, and nothing left to do
+      auto job = std::move(impl->queue.front());
+      impl->queue.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  });
+}
+
+Spawner::~Spawner() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+}
+
+pid_t Spawner::spawn(const SpawnSpec& spec) {
+  std::packaged_task<pid_t()> task([&spec] { return providers::spawn(spec); });
+  auto result = task.get_future();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->queue.emplace_back([&task] { task(); });
+  }
+  impl_->cv.notify_all();
+  return result.get();  // rethrows what spawn threw
 }
 
 std::vector<std::string> environment_with(const std::map<std::string, std::string>& overrides) {
@@ -163,40 +221,96 @@ std::string describe_status(int st) {
 }
 
 CommandResult run_command(const std::vector<std::string>& argv, int netns_fd) {
-  int o[2], e[2];
-  if (::pipe2(o, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
-  Fd out_r(o[0]), out_w(o[1]);
-  if (::pipe2(e, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
-  Fd err_r(e[0]), err_w(e[1]);
+  CommandOptions o;
+  o.netns_fd = netns_fd;
+  return run_command(argv, o);
+}
+
+CommandResult run_command(const std::vector<std::string>& argv, const CommandOptions& options) {
+  auto pipe = [](Fd& r, Fd& w) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
+    r.reset(p[0]);
+    w.reset(p[1]);
+  };
+  Fd out_r, out_w, err_r, err_w, in_r, in_w;
+  pipe(out_r, out_w);
+  pipe(err_r, err_w);
+  if (!options.input.empty()) pipe(in_r, in_w);
+  std::map<std::string, std::string> env = options.env;
+  env["LC_ALL"] = "C";
   SpawnSpec s;
   s.argv = argv;
-  s.env = environment_with({{"LC_ALL", "C"}});
-  s.netns_fd = netns_fd;
+  s.env = environment_with(env);
+  s.netns_fd = options.netns_fd;
+  s.stdin_fd = in_r ? in_r.get() : options.stdin_fd;
   s.stdout_fd = out_w.get();
   s.stderr_fd = err_w.get();
   pid_t pid = spawn(s);
   out_w.reset();
   err_w.reset();
+  in_r.reset();
+  if (in_w) ::fcntl(in_w.get(), F_SETFL, ::fcntl(in_w.get(), F_GETFL) | O_NONBLOCK);
 
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + options.timeout;
   CommandResult r;
-  pollfd fds[2] = {{out_r.get(), POLLIN, 0}, {err_r.get(), POLLIN, 0}};
+  pollfd fds[3] = {{out_r.get(), POLLIN, 0}, {err_r.get(), POLLIN, 0}, {in_w.get(), POLLOUT, 0}};
   std::string* sinks[2] = {&r.out, &r.err};
+  std::string pending[2];  // partial lines, with on_line
+  size_t written = 0;
   int open_fds = 2;
   char buf[4096];
+  auto emit = [&](int i, bool flush) {
+    size_t nl;
+    while ((nl = pending[i].find('\n')) != std::string::npos) {
+      options.on_line(std::string_view(pending[i]).substr(0, nl));
+      pending[i].erase(0, nl + 1);
+    }
+    if (flush && !pending[i].empty()) {
+      options.on_line(pending[i]);
+      pending[i].clear();
+    }
+  };
   while (open_fds > 0) {
-    int k = ::poll(fds, 2, -1);
+    int wait_ms = -1;
+    if (options.timeout.count() > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) {
+        ::kill(-pid, SIGKILL);  // its own session: the group is everything it started
+        r.timed_out = true;
+        break;
+      }
+      wait_ms = int(std::min<long long>(left, 1000));
+    }
+    int k = ::poll(fds, 3, wait_ms);
     if (k < 0) {
       if (errno == EINTR) continue;
       break;
+    }
+    if (fds[2].fd >= 0 && (fds[2].revents & (POLLOUT | POLLERR | POLLHUP))) {
+      ssize_t n = ::write(fds[2].fd, options.input.data() + written, options.input.size() - written);
+      if (n > 0) written += size_t(n);
+      if (n < 0 && errno != EAGAIN && errno != EINTR) written = options.input.size();  // it closed stdin
+      if (written == options.input.size()) {
+        in_w.reset();
+        fds[2].fd = -1;
+      }
     }
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
       if (n > 0) {
-        sinks[i]->append(buf, size_t(n));
+        if (options.on_line) {
+          pending[i].append(buf, size_t(n));
+          emit(i, false);
+        } else {
+          sinks[i]->append(buf, size_t(n));
+        }
       } else if (n == 0 || errno != EINTR) {
         fds[i].fd = -1;
         --open_fds;
+        if (options.on_line) emit(i, true);
       }
     }
   }
@@ -205,6 +319,12 @@ CommandResult run_command(const std::vector<std::string>& argv, int netns_fd) {
   }
   r.status = exit_code(st);
   return r;
+}
+
+std::string shell_quote(std::string_view s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
 }
 
 std::string find_program(const std::string& name) {
@@ -226,4 +346,4 @@ std::string find_program(const std::string& name) {
   return "";
 }
 
-}  // namespace skyforge::local
+}  // namespace skyforge::providers

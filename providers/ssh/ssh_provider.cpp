@@ -1,0 +1,834 @@
+#include "ssh_provider.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gnu/libc-version.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "spawn.hpp"
+
+namespace skyforge::ssh {
+
+namespace fs = std::filesystem;
+using providers::CommandOptions;
+using providers::CommandResult;
+using providers::Fd;
+using providers::shell_quote;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+Error invalid(const std::string& what) { return Error("ssh provider: " + what, SF_ERR_INVALID); }
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(trim(l));
+  return out;
+}
+
+// The last line of ssh's or a script's output worth quoting.
+std::string last_line(const std::string& text) {
+  auto lines = lines_of(text);
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it)
+    if (!it->empty() && it->rfind("Warning: Permanently added", 0) != 0) return *it;
+  return "";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string sha256_file(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw Error("ssh provider: cannot read " + path + ": " + std::strerror(errno));
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) throw Error("ssh provider: sha256 unavailable");
+  std::vector<unsigned char> buf(1 << 16);
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error("ssh provider: cannot read " + path + ": " + std::strerror(errno));
+    if (n == 0) break;
+    EVP_DigestUpdate(ctx.get(), buf.data(), size_t(n));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 15];
+  }
+  return out;
+}
+
+// "2.36" < "2.38"; non-numeric parts compare as 0.
+bool version_less(const std::string& a, const std::string& b) {
+  std::istringstream x(a), y(b);
+  for (;;) {
+    std::string p, q;
+    bool more_a = bool(std::getline(x, p, '.')), more_b = bool(std::getline(y, q, '.'));
+    if (!more_a && !more_b) return false;
+    long u = more_a ? std::strtol(p.c_str(), nullptr, 10) : 0, v = more_b ? std::strtol(q.c_str(), nullptr, 10) : 0;
+    if (u != v) return u < v;
+  }
+}
+
+// Why ssh could not reach the host, from what it wrote.
+std::string connect_failure(const std::string& log, int status) {
+  const std::string line = last_line(log);
+  auto has = [&](const char* s) { return log.find(s) != std::string::npos; };
+  if (has("REMOTE HOST IDENTIFICATION HAS CHANGED"))
+    return "its host key has changed: known_hosts holds another key for it (a reinstalled host, or someone in "
+           "between), so ssh refused to connect";
+  if (has("Host key verification failed"))
+    return "its host key is not in known_hosts (strict_host_keys = \"yes\"; \"accept-new\" records a new host's "
+           "key on first contact)";
+  if (has("Permission denied")) return "the host refused the key (" + line + ")";
+  if (has("Connection refused") || has("timed out") || has("No route to host") || has("Could not resolve") ||
+      has("Network is unreachable"))
+    return "unreachable (" + line + ")";
+  return line.empty() ? "ssh exited with status " + std::to_string(status) : line;
+}
+
+// The address of this machine that packets to `peer` leave from (a UDP connect sends nothing).
+std::string route_source(const std::string& peer) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_flags = AI_NUMERICHOST;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (::getaddrinfo(peer.c_str(), "9", &hints, &res) != 0 || !res) return "";
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(res, ::freeaddrinfo);
+  Fd s(::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s || ::connect(s.get(), res->ai_addr, res->ai_addrlen) != 0) return "";
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) return "";
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void* a = local.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+  return ::inet_ntop(local.ss_family, a, buf, sizeof buf) ? buf : "";
+}
+
+bool is_socket(const std::string& path) {
+  struct stat sb {};
+  return ::stat(path.c_str(), &sb) == 0 && S_ISSOCK(sb.st_mode);
+}
+
+// waitpid with a bound: SIGKILL to its group once `grace` has passed. Returns the status.
+int reap_within(pid_t pid, std::chrono::milliseconds grace) {
+  int st = 0;
+  const auto deadline = Clock::now() + grace;
+  for (;;) {
+    pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) return st;
+    if (Clock::now() >= deadline) {
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      return st;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string random_tag() {
+  unsigned char b[8];
+  std::ifstream("/dev/urandom", std::ios::binary).read(reinterpret_cast<char*>(b), sizeof b);
+  std::string s;
+  for (unsigned char c : b) s += "0123456789abcdef"[c & 15];
+  return s;
+}
+
+}  // namespace
+
+// ---- configuration ----------------------------------------------------------------------------
+
+HostSpec parse_host(const std::string& text) {
+  HostSpec h;
+  h.text = text;
+  auto bad = [&](const std::string& why) {
+    return invalid("option 'hosts': entry \"" + text + "\": " + why +
+                   " (expected \"[user@]host[:port]\", \"[user@][ipv6]:port\" for IPv6)");
+  };
+  if (text.empty() || text.find_first_of(" \t\r\n'\"") != std::string::npos) throw bad("empty or with spaces or quotes");
+  std::string rest = text;
+  if (auto at = rest.rfind('@'); at != std::string::npos) {
+    h.user = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+    if (h.user.empty() || h.user[0] == '-') throw bad("bad user name");
+  }
+  std::string port;
+  if (!rest.empty() && rest[0] == '[') {
+    auto close = rest.find(']');
+    if (close == std::string::npos) throw bad("'[' without ']'");
+    h.host = rest.substr(1, close - 1);
+    std::string after = rest.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') throw bad("text after ']'");
+      port = after.substr(1);
+      if (port.empty()) throw bad("':' without a port");
+    }
+  } else if (std::count(rest.begin(), rest.end(), ':') == 1) {
+    auto colon = rest.find(':');
+    h.host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+    if (port.empty()) throw bad("':' without a port");
+  } else {
+    h.host = rest;  // a name, an IPv4 address or a bare IPv6 address
+  }
+  if (h.host.empty()) throw bad("no host");
+  if (h.host[0] == '-') throw bad("a host cannot start with '-'");
+  if (!port.empty()) {
+    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit)) throw bad("port '" + port + "' is not a number");
+    h.port = std::stoi(port);
+    if (h.port < 1 || h.port > 65535) throw bad("port " + port + " is not from 1 to 65535");
+  }
+  return h;
+}
+
+SshConfig SshConfig::from(const Options& o) {
+  SshConfig c;
+  for (const auto& h : o.get_list("hosts")) c.hosts.push_back(parse_host(h));
+  if (c.hosts.empty()) throw invalid("option 'hosts' is required: a list of \"[user@]host[:port]\" entries");
+  c.user = o.get("user", "");
+  c.identity_file = o.get("identity_file", "");
+  c.ssh_config = o.get("ssh_config", "");
+  c.known_hosts_file = o.get("known_hosts_file", "");
+  int64_t slots = o.get_int("slots_per_host", 1);
+  if (slots < 1 || slots > 1024) throw invalid("option 'slots_per_host': expected 1 to 1024, got " + std::to_string(slots));
+  c.slots_per_host = uint32_t(slots);
+  c.remote_dir = o.get("remote_dir", "~/.skyforge");
+  if (trim(c.remote_dir).empty() || trim(c.remote_dir) == "/" || trim(c.remote_dir) == "~")
+    throw invalid("option 'remote_dir': expected a directory of its own (\"~/.skyforge\"), got \"" + c.remote_dir + "\"");
+  c.control_address = o.get("control_address", "");
+  c.strict_host_keys = o.get("strict_host_keys", "yes");
+  if (c.strict_host_keys != "yes" && c.strict_host_keys != "accept-new")
+    throw invalid("option 'strict_host_keys': expected \"yes\" or \"accept-new\", got \"" + c.strict_host_keys + "\"");
+  int64_t t = o.get_int("connect_timeout", 15);
+  if (t < 1 || t > 3600) throw invalid("option 'connect_timeout': expected 1 to 3600 seconds, got " + std::to_string(t));
+  c.connect_timeout_s = int(t);
+  return c;
+}
+
+std::string remote_path_words(const std::string& path) {
+  if (path == "~") return "\"$HOME\"";
+  if (path.rfind("~/", 0) == 0) return "\"$HOME\"/" + shell_quote(path.substr(2));
+  if (!path.empty() && path[0] == '/') return shell_quote(path);
+  return "\"$HOME\"/" + shell_quote(path);
+}
+
+Platform local_platform() {
+  utsname u{};
+  ::uname(&u);
+  return Platform{u.machine, ::gnu_get_libc_version()};
+}
+
+std::string platform_mismatch(const Platform& here, const Platform& there) {
+  const std::string both = "the host is " + there.machine + " with glibc " + there.glibc + ", this machine (whose " +
+                           "skyforge-worker and plugins are copied there) is " + here.machine + " with glibc " +
+                           here.glibc;
+  if (there.machine != here.machine) return both + ": a different architecture";
+  if (there.glibc.empty() || version_less(there.glibc, here.glibc)) return both + ": the host's glibc is older";
+  return "";
+}
+
+// ---- the provider ------------------------------------------------------------------------------
+
+SshProvider::SshProvider(const Context& ctx) : Provider(ctx), config_(SshConfig::from(ctx.options)) {
+  ssh_ = providers::find_program("ssh");
+  if (ssh_.empty()) throw Error("ssh provider: no `ssh` program on PATH (Debian: openssh-client)", SF_ERR_UNSUPPORTED);
+}
+
+SshProvider::~SshProvider() {
+  try {
+    terminate({});
+  } catch (...) {
+  }
+}
+
+std::string SshProvider::describe(const Host& h) const { return "ssh host '" + h.spec.text + "'"; }
+
+std::string SshProvider::pool_words() const {
+  return remote_path_words(config_.remote_dir) + "/pools/" + shell_quote(pool_id_);
+}
+
+std::string SshProvider::node_dir_words(const std::string& node_id) const {
+  return pool_words() + "/" + shell_quote(node_id);
+}
+
+size_t SshProvider::files_copied() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return copied_;
+}
+
+std::vector<std::string> SshProvider::ssh_args(const Host& h, bool master) const {
+  std::vector<std::string> a = {ssh_};
+  if (!config_.ssh_config.empty()) a.insert(a.end(), {"-F", config_.ssh_config});
+  a.insert(a.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=" + std::to_string(config_.connect_timeout_s), "-o",
+                     "StrictHostKeyChecking=" + config_.strict_host_keys, "-o", "ServerAliveInterval=5", "-o",
+                     "ServerAliveCountMax=3", "-o", "LogLevel=ERROR", "-o", "ControlPath=" + h.control_path});
+  if (master)
+    a.insert(a.end(), {"-M", "-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no"});
+  else
+    a.insert(a.end(), {"-o", "ControlMaster=no", "-T"});
+  if (!config_.known_hosts_file.empty()) a.insert(a.end(), {"-o", "UserKnownHostsFile=" + config_.known_hosts_file});
+  if (!config_.identity_file.empty()) a.insert(a.end(), {"-i", config_.identity_file, "-o", "IdentitiesOnly=yes"});
+  const std::string& user = h.spec.user.empty() ? config_.user : h.spec.user;
+  if (!user.empty()) a.insert(a.end(), {"-l", user});
+  if (h.spec.port) a.insert(a.end(), {"-p", std::to_string(h.spec.port)});
+  a.push_back(h.spec.host);
+  return a;
+}
+
+std::string SshProvider::remote_sh(const Host& h, const std::string& script, const std::string& what) const {
+  auto argv = ssh_args(h, false);
+  argv.push_back("sh -s");
+  CommandOptions o;
+  o.input = script;
+  o.timeout = std::chrono::seconds(config_.connect_timeout_s + 120);
+  CommandResult r = providers::run_command(argv, o);
+  if (r.timed_out) throw Error(describe(h) + ": " + what + " did not finish within " +
+                               std::to_string(config_.connect_timeout_s + 120) + " s");
+  if (r.status == 255) throw Error(describe(h) + ": " + what + ": " + connect_failure(r.err, r.status));
+  if (r.status != 0) {
+    std::string why = last_line(r.err);
+    if (why.empty()) why = last_line(r.out);
+    throw Error(describe(h) + ": " + what + " failed (exit status " + std::to_string(r.status) + ")" +
+                (why.empty() ? "" : ": " + why));
+  }
+  return r.out;
+}
+
+void SshProvider::start_master(Host& h) {
+  const std::string log = (state_dir_ / ("h" + std::to_string(h.index) + ".master.log")).string();
+  Fd out(::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!out) throw Error("ssh provider: cannot write " + log + ": " + std::strerror(errno));
+  providers::SpawnSpec s;
+  s.argv = ssh_args(h, true);
+  s.env = providers::environment_with({{"LC_ALL", "C"}});
+  s.stdout_fd = out.get();
+  s.parent_death_signal = SIGTERM;  // a killed host takes its connections along
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    h.master = spawner_.spawn(s);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(config_.connect_timeout_s + 5);
+  for (;;) {
+    if (is_socket(h.control_path)) return;  // ssh binds it once the session is authenticated
+    int st = 0;
+    pid_t r = ::waitpid(h.master, &st, WNOHANG);
+    if (r == h.master) {
+      std::lock_guard<std::mutex> lock(mu_);
+      h.master = -1;
+      throw Error(describe(h) + ": " + connect_failure(read_file(log), providers::exit_code(st)));
+    }
+    if (Clock::now() >= deadline) {
+      ::kill(h.master, SIGTERM);
+      reap_within(h.master, std::chrono::milliseconds(500));
+      std::lock_guard<std::mutex> lock(mu_);
+      h.master = -1;
+      throw Error(describe(h) + ": no connection within connect_timeout (" + std::to_string(config_.connect_timeout_s) +
+                  " s)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void SshProvider::check_host(Host& h, const Platform& here) {
+  // One round trip: what the host runs, the address it was reached at, and which of the files to
+  // stage its store lacks already.
+  const std::string store = remote_path_words(config_.remote_dir) + "/store";
+  std::string script = "uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1\n"
+                       "echo \"$SSH_CONNECTION\"\nmkdir -p " + store + " && cd " + store + " || exit 1\nfor k in";
+  std::set<std::string> keys;
+  for (const auto& f : stage_)
+    if (keys.insert(f.key).second) script += " " + f.key;
+  script += "; do [ -e \"$k\" ] || echo \"missing $k\"; done\n";
+  const auto lines = lines_of(remote_sh(h, script, "checking the host"));
+  if (lines.size() < 3) throw Error(describe(h) + ": checking the host: unexpected answer to uname/getconf");
+  Platform there{lines[0], ""};
+  {
+    std::istringstream words(lines[1]);
+    for (std::string w; words >> w;)
+      if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0]))) there.glibc = w;  // the last version-like word
+  }
+  if (std::string why = platform_mismatch(here, there); !why.empty())
+    throw Error(describe(h) + ": " + why, SF_ERR_UNSUPPORTED);
+  std::istringstream conn(lines[2]);  // client_ip client_port server_ip server_port
+  std::string cip, cport, sip;
+  conn >> cip >> cport >> sip;
+  if (sip.empty()) throw Error(describe(h) + ": checking the host: no SSH_CONNECTION in its environment");
+  h.address = sip;
+  for (size_t i = 3; i < lines.size(); ++i)
+    if (lines[i].rfind("missing ", 0) == 0) h.missing.insert(lines[i].substr(8));
+}
+
+Provisioned SshProvider::provision(const PoolSpec& spec) {
+  const uint64_t capacity = uint64_t(config_.hosts.size()) * config_.slots_per_host;
+  if (spec.nodes > capacity)
+    throw invalid(std::to_string(spec.nodes) + " nodes asked for, but `hosts` lists " +
+                  std::to_string(config_.hosts.size()) + " host(s) with slots_per_host = " +
+                  std::to_string(config_.slots_per_host) + ": room for " + std::to_string(capacity));
+  pool_id_ = spec.pool_id;
+  {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-" + pool_id_ + "-XXXXXX";
+    if (!::mkdtemp(templ.data())) throw Error("ssh provider: cannot make " + templ + ": " + std::strerror(errno));
+    state_dir_ = templ;
+  }
+  const size_t used = (spec.nodes + config_.slots_per_host - 1) / config_.slots_per_host;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < used; ++i) {
+      auto h = std::make_unique<Host>();
+      h->index = i;
+      h->spec = config_.hosts[i];
+      h->control_path = (state_dir_ / ("h" + std::to_string(i))).string();
+      hosts_.push_back(std::move(h));
+    }
+  }
+  // What will be copied, named by content (while the hosts connect), then on every host at once:
+  // connect, check what it runs and what its store lacks.
+  std::vector<std::future<void>> connects;
+  for (auto& h : hosts_) connects.push_back(std::async(std::launch::async, [this, &h] { start_master(*h); }));
+  std::exception_ptr failure;
+  try {
+    for (const auto& path : spec.stage_files) {
+      struct stat sb {};
+      if (::stat(path.c_str(), &sb) != 0) throw Error("ssh provider: cannot stage " + path + ": " + std::strerror(errno));
+      StageFile f{path, "", unsigned(sb.st_mode & 07777)};
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%o", f.mode);
+      f.key = sha256_file(path) + "-" + mode;
+      stage_.push_back(std::move(f));
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const Platform here = local_platform();
+  std::vector<std::future<void>> checks;
+  const bool hashed = !failure;
+  for (size_t i = 0; i < hosts_.size(); ++i)
+    checks.push_back(std::async(std::launch::async, [this, i, &connects, &here, hashed] {
+      connects[i].get();
+      if (hashed) check_host(*hosts_[i], here);
+    }));
+  for (auto& c : checks) {
+    try {
+      c.get();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+
+  Provisioned out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t i = 0; i < spec.nodes; ++i) {
+      auto n = std::make_unique<Node>();
+      n->index = i;
+      n->id = "node-" + std::to_string(i);
+      n->host = hosts_[i / config_.slots_per_host].get();
+      n->log_path = (state_dir_ / (n->id + ".log")).string();
+      out.nodes.push_back({n->id, n->host->address});
+      nodes_.push_back(std::move(n));
+    }
+  }
+  out.control_address = config_.control_address;
+  if (out.control_address.empty()) out.control_address = route_source(hosts_[0]->address);
+  if (out.control_address.empty())
+    throw Error("ssh provider: no route from this machine to " + hosts_[0]->address + " (" + describe(*hosts_[0]) +
+                "); set `control_address` to the address the hosts reach this machine at");
+  return out;
+}
+
+SshProvider::Node& SshProvider::require(const std::string& id, const char* op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& n : nodes_)
+    if (n->id == id) {
+      if (n->gone) throw Error(std::string("ssh provider: ") + op + ": node " + id + " was terminated");
+      return *n;
+    }
+  throw Error(std::string("ssh provider: ") + op + ": unknown node " + id, SF_ERR_INVALID);
+}
+
+void SshProvider::stage_host(Host& h) {
+  const std::string store = remote_path_words(config_.remote_dir) + "/store";
+  std::set<std::string>& missing = h.missing;  // check_host asked
+  size_t copied = 0;
+  for (const auto& f : stage_) {
+    if (!missing.erase(f.key)) continue;
+    Fd in(::open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!in) throw Error("ssh provider: cannot read " + f.path + ": " + std::strerror(errno));
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%o", f.mode);
+    // Into a temporary name, then renamed: a concurrent run never sees half a file.
+    auto argv = ssh_args(h, false);
+    argv.push_back("cd " + store + " && t=$(mktemp .in.XXXXXX) && { cat > \"$t\" && chmod " + mode + " \"$t\" && mv -f \"$t\" " +
+                   f.key + " || { rm -f \"$t\"; exit 1; }; }");
+    CommandOptions o;
+    o.stdin_fd = in.get();
+    CommandResult r = providers::run_command(argv, o);
+    if (r.status != 0)
+      throw Error(describe(h) + ": copying " + f.path + " failed: " +
+                  (r.status == 255 ? connect_failure(r.err, r.status) : last_line(r.err)));
+    ++copied;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  copied_ += copied;
+}
+
+// The node's one session, from bootstrap to teardown (every session pays the remote login shell's
+// start, so a node opens one): the agent below reads from stdin, in turn,
+//   1. a length line and that many bytes: a script that makes the node's directory (the host's
+//      files under their absolute paths) and writes bootstrap.sh; it runs that, then bootstrap.sh,
+//      and prints the marker line with the exit status;
+//   2. the worker's environment, "KEY=VALUE" lines and an empty line (the pool secret never
+//      appears on a command line or in a log), and its argv, "+word" lines and a "." line;
+// then runs the worker in a session of its own under a watchdog: when stdin closes (this client
+// killed, this machine gone, the connection lost, terminate) the worker's group is stopped. Any
+// way the agent ends, the node's directory goes with it.
+std::string SshProvider::agent_script(const std::string& node_id, const std::string& marker) const {
+  return "set -u\nD=" + node_dir_words(node_id) + "\nP=$(dirname \"$D\")\n" +
+         R"(gone() { cd / && rm -rf "$D" && rmdir "$P" 2>/dev/null; }
+trap 'gone; exit 129' HUP
+mkdir -p "$D" && cd "$D" || exit 97
+echo $$ > agent.pid
+read_setup() { local LC_ALL=C; IFS= read -r n && IFS= read -r -d '' -N "$n" setup; }
+read_setup || { gone; exit 98; }
+printf '%s' "$setup" > setup.sh
+sh ./setup.sh 2>&1 && SKYFORGE_STAGE_ROOT="$D/.stage" bash --norc --noprofile ./bootstrap.sh < /dev/null 2>&1
+echo ")" + marker + R"( $?"
+got=0
+while IFS= read -r kv; do if [ -z "$kv" ]; then got=1; break; fi; export "$kv"; done
+[ $got = 1 ] || { gone; exit 0; }
+got=0; args=()
+while IFS= read -r a; do if [ "$a" = . ]; then got=1; break; fi; args+=("${a:1}"); done
+[ $got = 1 ] && [ ${#args[@]} -gt 0 ] || { gone; exit 0; }
+export SKYFORGE_STAGE_ROOT="$D/.stage"
+w0=${args[0]}
+[ -e "$SKYFORGE_STAGE_ROOT$w0" ] && w0=$SKYFORGE_STAGE_ROOT$w0
+setsid "$w0" "${args[@]:1}" < /dev/null &
+w=$!
+echo "$w" > worker.pid
+while kill -0 "$w" 2>/dev/null; do
+  IFS= read -r -t 0.2 _; r=$?
+  if [ $r -ne 0 ] && [ $r -le 128 ]; then
+    kill -TERM -- -"$w" 2>/dev/null
+    for i in $(seq 50); do kill -0 "$w" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- -"$w" 2>/dev/null
+    break
+  fi
+done
+wait "$w"; rc=$?
+gone
+exit $rc
+)";
+}
+
+void SshProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {
+  Node& n = require(node_id, "bootstrap");
+  Host& h = *n.host;
+  {
+    std::lock_guard<std::mutex> lock(h.stage_mu);  // the first node of a host copies; the others wait
+    if (!h.staged) {
+      stage_host(h);
+      h.staged = true;
+    }
+  }
+  const std::string store = remote_path_words(config_.remote_dir) + "/store";
+  std::string setup = "set -e\nD=" + node_dir_words(node_id) + "\nmkdir -p \"$D/.stage\"\ncd \"$D/.stage\"\n";
+  std::set<std::string> dirs;
+  for (const auto& f : stage_) {
+    std::string rel = fs::path(f.path).relative_path().parent_path().string();
+    if (!rel.empty()) dirs.insert(rel);
+  }
+  if (!dirs.empty()) {
+    setup += "mkdir -p";
+    for (const auto& d : dirs) setup += " " + shell_quote(d);
+    setup += "\n";
+  }
+  for (const auto& f : stage_)
+    setup += "ln -sfn " + store + "/" + f.key + " " + shell_quote(fs::path(f.path).relative_path().string()) + "\n";
+  const std::string eof = "SKYFORGE_BOOTSTRAP_" + random_tag();
+  setup += "cat > \"$D/bootstrap.sh\" <<'" + eof + "'\n" + script + (script.empty() || script.back() == '\n' ? "" : "\n") +
+           eof + "\n";
+
+  const std::string marker = "SKYFORGE-BOOTSTRAP-" + random_tag();
+  auto args = ssh_args(h, false);
+  args.push_back("exec bash --norc --noprofile -c " + shell_quote(agent_script(node_id, marker)));
+  Fd out(::open(n.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  Fd in(::open(n.log_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!out || !in) throw Error("ssh provider: cannot open " + n.log_path + ": " + std::strerror(errno));
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) throw Error(std::string("ssh provider: pipe2: ") + std::strerror(errno));
+  Fd in_r(p[0]), in_w(p[1]);
+  providers::SpawnSpec sp;
+  sp.argv = std::move(args);
+  sp.env = providers::environment_with({{"LC_ALL", "C"}});
+  sp.stdin_fd = in_r.get();
+  sp.stdout_fd = out.get();
+  sp.parent_death_signal = SIGKILL;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (n.gone) throw Error("ssh provider: bootstrap: node " + node_id + " was terminated");
+    n.session = spawner_.spawn(sp);
+    n.stdin_fd = in_w.release();
+  }
+  in_r.reset();
+  std::thread writer([fd = n.stdin_fd, text = std::to_string(setup.size()) + "\n" + setup] {
+    size_t off = 0;  // may exceed the pipe's buffer: written beside the reading below
+    while (off < text.size()) {
+      ssize_t k = ::write(fd, text.data() + off, text.size() - off);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) break;  // the session is gone: the reading below says why
+      off += size_t(k);
+    }
+  });
+
+  // Its output, as ssh appends it to the node's log, line by line up to the marker.
+  std::string pending, tail;
+  std::optional<int> status;
+  bool ended = false;
+  char buf[4096];
+  for (;;) {
+    ssize_t k = ::read(in.get(), buf, sizeof buf);
+    if (k > 0) {
+      pending.append(buf, size_t(k));
+      size_t nl;
+      while ((nl = pending.find('\n')) != std::string::npos) {
+        std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        if (line.rfind(marker + " ", 0) == 0) {
+          status = std::atoi(line.c_str() + marker.size() + 1);
+          break;
+        }
+        tail = line;
+        log.write(log.ctx, line.data(), line.size());
+      }
+      if (status) break;
+      continue;
+    }
+    if (ended) break;  // everything it wrote has been read
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reap(n, false);
+      ended = n.reaped;
+    }
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  writer.join();
+  if (!status) {
+    int code;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      code = providers::exit_code(n.status);
+    }
+    if (!pending.empty()) tail = pending;
+    throw Error(describe(h) + ": " + node_id + "'s bootstrap: " +
+                (code == 255 ? connect_failure(tail, code) : "the session ended (exit status " + std::to_string(code) + ")" +
+                                                                 (tail.empty() ? "" : ": " + tail)));
+  }
+  if (*status != 0)
+    throw Error(describe(h) + ": " + node_id + "'s bootstrap exited with status " + std::to_string(*status) +
+                (tail.empty() ? "" : ": " + tail));
+}
+
+void SshProvider::start_worker(const std::string& node_id, const std::vector<std::string>& argv,
+                               const std::map<std::string, std::string>& env) {
+  Node& n = require(node_id, "start_worker");
+  if (argv.empty()) throw invalid("start_worker: empty command");
+  std::string text;
+  for (const auto& [k, v] : env) {
+    if (k.empty() || k.find_first_of("=\n") != std::string::npos || v.find('\n') != std::string::npos)
+      throw invalid("start_worker: environment variable '" + k + "' cannot be sent (a '=' or newline in it)");
+    text += k + "=" + v + "\n";
+  }
+  text += "\n";
+  for (const auto& a : argv) {
+    if (a.find('\n') != std::string::npos) throw invalid("start_worker: a newline in argument '" + a + "'");
+    text += "+" + a + "\n";
+  }
+  text += ".\n";
+  std::lock_guard<std::mutex> lock(mu_);
+  if (n.gone || n.stdin_fd < 0) throw Error("ssh provider: start_worker: node " + node_id + " has no session (bootstrap first)");
+  size_t off = 0;
+  while (off < text.size()) {  // a few hundred bytes: the pipe takes them at once
+    ssize_t k = ::write(n.stdin_fd, text.data() + off, text.size() - off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) throw Error(describe(*n.host) + ": " + node_id + "'s session is gone: " + std::strerror(errno));
+    off += size_t(k);
+  }
+}
+
+void SshProvider::reap(Node& n, bool block) {
+  if (n.session < 0 || n.reaped) return;
+  int st = 0;
+  pid_t r = ::waitpid(n.session, &st, block ? 0 : WNOHANG);
+  if (r == n.session) {
+    n.reaped = true;
+    n.status = st;
+  }
+}
+
+int SshProvider::worker_alive(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& n : nodes_)
+    if (n->id == node_id) {
+      if (n->session < 0) return -1;
+      reap(*n, false);
+      return n->reaped ? 0 : 1;
+    }
+  return -1;
+}
+
+int SshProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
+  std::string log;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Node* node = nullptr;
+    for (auto& n : nodes_)
+      if (n->id == node_id) node = n.get();
+    if (!node || node->session < 0) return -1;
+    reap(*node, false);
+    if (!node->reaped) return 0;
+    // What ssh reports: the remote exit status, 128+N for a remote signal N, 255 when ssh itself failed.
+    int code = providers::exit_code(node->status);
+    if (code > 128 && code < 128 + 65 && code != 255) {
+      out.exit_code = -1;
+      out.signal = code - 128;
+    } else {
+      out.exit_code = code;
+      out.signal = 0;
+    }
+    log = node->log_path;
+  }
+  out.last_words = last_line(read_file(log));
+  return 1;
+}
+
+std::string SshProvider::cleanup_script(const std::vector<const Node*>& nodes) const {
+  std::string s = "P=" + pool_words() + "\nfor d in";
+  for (const Node* n : nodes) s += " " + shell_quote(n->id);
+  s +=
+      "; do for f in \"$P/$d\"/*.pid; do [ -f \"$f\" ] && kill -TERM -- -\"$(cat \"$f\")\" 2>/dev/null; done; done\n"
+      "for i in $(seq 50); do\n"
+      "  alive=0\n"
+      "  for f in \"$P\"/*/*.pid; do [ -f \"$f\" ] && kill -0 -- -\"$(cat \"$f\")\" 2>/dev/null && alive=1; done\n"
+      "  [ $alive = 0 ] && break; sleep 0.1\n"
+      "done\n"
+      "for d in";
+  for (const Node* n : nodes) s += " " + shell_quote(n->id);
+  s +=
+      "; do for f in \"$P/$d\"/*.pid; do [ -f \"$f\" ] && kill -KILL -- -\"$(cat \"$f\")\" 2>/dev/null; done;"
+      " rm -rf \"$P/$d\"; done\n"
+      "rmdir \"$P\" 2>/dev/null\n"
+      "exit 0\n";
+  return s;
+}
+
+void SshProvider::terminate(const std::vector<std::string>& node_ids) {
+  std::vector<Node*> doomed;
+  std::vector<Host*> hosts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& n : nodes_)
+      if (!n->gone && (node_ids.empty() || std::find(node_ids.begin(), node_ids.end(), n->id) != node_ids.end())) {
+        n->gone = true;
+        doomed.push_back(n.get());
+      }
+    for (auto& h : hosts_) hosts.push_back(h.get());
+  }
+  std::vector<std::string> problems;
+  std::mutex problems_mu;
+  // On each host at once: the nodes' process groups stopped, their directories removed.
+  std::vector<std::future<void>> jobs;
+  for (Host* h : hosts) {
+    std::vector<const Node*> mine;
+    for (Node* n : doomed)
+      if (n->host == h) mine.push_back(n);
+    if (mine.empty() || !is_socket(h->control_path)) continue;
+    jobs.push_back(std::async(std::launch::async, [&, h, mine] {
+      try {
+        remote_sh(*h, cleanup_script(mine), "tearing down");
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(problems_mu);
+        problems.push_back(std::string(e.what()) + " (its workers leave when their lease runs out)");
+      }
+    }));
+  }
+  for (auto& j : jobs) j.get();
+  // This machine's side: the workers' ssh clients, then the connections no node uses any more.
+  for (Node* n : doomed) {
+    pid_t pid;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (n->stdin_fd >= 0) ::close(std::exchange(n->stdin_fd, -1));
+      pid = n->reaped ? -1 : n->session;
+    }
+    if (pid > 0) {
+      ::kill(-pid, SIGTERM);
+      int st = reap_within(pid, std::chrono::milliseconds(2000));
+      std::lock_guard<std::mutex> lock(mu_);
+      n->reaped = true;
+      n->status = st;
+    }
+  }
+  bool all_gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    all_gone = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->gone; });
+  }
+  if (all_gone) {
+    for (Host* h : hosts) {
+      pid_t master;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        master = std::exchange(h->master, -1);
+      }
+      if (master > 0) {
+        ::kill(master, SIGTERM);  // ssh closes its sessions and removes the control socket
+        reap_within(master, std::chrono::milliseconds(2000));
+      }
+    }
+    std::error_code ec;
+    if (!state_dir_.empty()) fs::remove_all(state_dir_, ec);
+  }
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    throw Error("ssh provider: " + all);
+  }
+}
+
+}  // namespace skyforge::ssh

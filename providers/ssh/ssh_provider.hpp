@@ -1,0 +1,143 @@
+// The `ssh` provider: a pool on hosts the user already has, reached with the user's own OpenSSH
+// client (so ~/.ssh/config, agents and jump hosts work), one multiplexed connection per host
+// (ControlMaster). See docs/providers.md for what it leaves on a host and how it is cleaned up.
+//
+// On each host, under remote_dir (default ~/.skyforge):
+//   store/<sha256>-<mode>          the host's files, content-addressed: kept between runs, so a
+//                                  second run copies nothing that is already there
+//   pools/<pool_id>/node-<i>/      node i's work directory: .stage/ (the host's files under their
+//                                  absolute paths, links into store/), bootstrap.sh, *.pid;
+//                                  removed by the worker when it leaves and by terminate
+//
+// The class is usable without the plugin glue (tests drive it directly); plugin.cpp registers it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <skyforge/sdk.hpp>
+
+#include "spawn.hpp"
+
+namespace skyforge::ssh {
+
+// One entry of `hosts`: "[user@]host[:port]", with "[v6 address]:port" for IPv6.
+struct HostSpec {
+  std::string text;  // as written
+  std::string user;  // empty: the `user` option, else ssh's own choice
+  std::string host;
+  int port = 0;      // 0: ssh's own choice (~/.ssh/config, else 22)
+};
+// Throws Error(SF_ERR_INVALID) naming the entry and what was expected.
+HostSpec parse_host(const std::string& text);
+
+struct SshConfig {
+  std::vector<HostSpec> hosts;
+  std::string user;
+  std::string identity_file;
+  std::string ssh_config;        // -F: a client configuration used instead of ~/.ssh/config
+  std::string known_hosts_file;  // UserKnownHostsFile
+  uint32_t slots_per_host = 1;
+  std::string remote_dir = "~/.skyforge";
+  std::string control_address;
+  std::string strict_host_keys = "yes";  // "yes" | "accept-new"
+  int connect_timeout_s = 15;
+
+  // From the plugin's options. Throws Error(SF_ERR_INVALID) naming the option.
+  static SshConfig from(const Options& options);
+};
+
+// A remote path as shell words for the remote user's shell: "~/x" and relative paths are under
+// "$HOME", others are quoted as they are.
+std::string remote_path_words(const std::string& path);
+
+// What a host runs, as `uname -m` and glibc report it.
+struct Platform {
+  std::string machine;  // "x86_64"
+  std::string glibc;    // "2.36"
+};
+Platform local_platform();
+// "" when skyforge built on `here` runs on `there`; otherwise why not, with both named.
+std::string platform_mismatch(const Platform& here, const Platform& there);
+
+class SshProvider : public Provider {
+ public:
+  explicit SshProvider(const Context& ctx);
+  ~SshProvider() override;
+
+  Provisioned provision(const PoolSpec& spec) override;
+  void bootstrap(const std::string& node_id, const std::string& script, sf_sink log) override;
+  void start_worker(const std::string& node_id, const std::vector<std::string>& argv,
+                    const std::map<std::string, std::string>& env) override;
+  // Empty list: everything this instance made.
+  void terminate(const std::vector<std::string>& node_ids) override;
+  int worker_alive(const std::string& node_id) override;
+  int worker_exit(const std::string& node_id, WorkerExit& out) override;
+
+  // ---- introspection (tests, diagnostics) ----
+  const SshConfig& config() const { return config_; }
+  std::filesystem::path state_dir() const { return state_dir_; }  // this machine's side
+  std::string node_dir_words(const std::string& node_id) const;  // the remote work directory, as shell words
+  size_t files_copied() const;  // files sent to the hosts' stores by this instance
+
+ private:
+  struct StageFile {
+    std::string path;  // absolute, on this machine
+    std::string key;   // <sha256>-<mode>: its name in the hosts' stores
+    unsigned mode = 0644;
+  };
+  struct Host {
+    size_t index = 0;
+    HostSpec spec;
+    std::string control_path;
+    pid_t master = -1;
+    std::string address;  // the host's address, as it saw this connection arrive
+    std::set<std::string> missing;  // store keys it lacked when checked
+    std::mutex stage_mu;
+    bool staged = false;
+  };
+  struct Node {
+    uint32_t index = 0;
+    std::string id;
+    Host* host = nullptr;
+    std::string log_path;  // this machine: the worker's output, as ssh brought it
+    pid_t session = -1;    // the local ssh client of the node's session (bootstrap, then worker)
+    int stdin_fd = -1;     // its stdin: closing it stops the remote worker (the watchdog)
+    bool reaped = false;
+    int status = 0;
+    bool gone = false;
+  };
+
+  std::vector<std::string> ssh_args(const Host& h, bool master) const;
+  // Runs `script` on the host with `sh -s` (its text on stdin). Throws Error naming the host.
+  std::string remote_sh(const Host& h, const std::string& script, const std::string& what) const;
+  void start_master(Host& h);
+  void check_host(Host& h, const Platform& here);
+  void stage_host(Host& h);
+  std::string describe(const Host& h) const;
+  Node& require(const std::string& id, const char* op);
+  void reap(Node& n, bool block);
+  std::string agent_script(const std::string& node_id, const std::string& marker) const;
+  std::string cleanup_script(const std::vector<const Node*>& nodes) const;
+  std::string pool_words() const;
+
+  SshConfig config_;
+  providers::Spawner spawner_;  // the long-lived children (masters, sessions) die with this process
+  std::string ssh_;  // the ssh program
+  std::string pool_id_;
+  std::filesystem::path state_dir_;
+  std::vector<StageFile> stage_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Host>> hosts_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  size_t copied_ = 0;
+};
+
+}  // namespace skyforge::ssh
