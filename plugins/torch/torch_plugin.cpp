@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include <skyforge/accelerator.hpp>
+#include "address.hpp"
 #include "devices.hpp"
 #include "fanout.hpp"
 #include "rendezvous.hpp"
@@ -59,6 +60,12 @@ class Torch : public skyforge::Framework {
     }
     for (const auto& [key, value] : st::default_environment(ranks))
       if (!env.get(key)) env.set(key, value);
+    // Gloo and NCCL bind to the interface the hostname resolves to unless told: on a pool of
+    // several hosts whose names resolve to 127.0.x.x, each rank would offer its peers a loopback
+    // address. The interface that holds the node's pool address is the one its peers reach.
+    if (const std::string ifname = fw::interface_of(info.private_ip); !ifname.empty())
+      for (const char* key : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
+        if (!env.get(key)) env.set(key, ifname);
   }
 
   std::vector<std::string> launcher(const skyforge::InstanceInfo&, std::vector<std::string> argv) override {

@@ -58,13 +58,6 @@ std::string last_line(const std::string& text) {
   return "";
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 std::string sha256_file(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) throw Error("ssh provider: cannot read " + path + ": " + std::strerror(errno));
@@ -158,6 +151,33 @@ int reap_within(pid_t pid, std::chrono::milliseconds grace) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+// A log for a child's output that leaves nothing behind, whatever way this process ends: made in
+// TMPDIR, opened for appending (the child's) and for reading (ours), then unlinked at once.
+struct Log {
+  Fd write, read;
+};
+Log anonymous_log() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-log-XXXXXX";
+  Fd w(::mkostemp(path.data(), O_CLOEXEC | O_APPEND));
+  if (!w) throw Error("ssh provider: cannot make a log file in " + path + ": " + std::strerror(errno));
+  Fd r(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ::unlink(path.c_str());
+  if (!r) throw Error("ssh provider: cannot read " + path + ": " + std::strerror(errno));
+  return {std::move(w), std::move(r)};
+}
+
+// Everything in a log from the start (at most its last 64 KiB).
+std::string read_log(int fd) {
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0) return "";
+  off_t from = sb.st_size > 65536 ? sb.st_size - 65536 : 0;
+  std::string out(size_t(sb.st_size - from), '\0');
+  ssize_t n = ::pread(fd, out.data(), out.size(), from);
+  out.resize(n > 0 ? size_t(n) : 0);
+  return out;
 }
 
 std::string random_tag() {
@@ -329,13 +349,11 @@ std::string SshProvider::remote_sh(const Host& h, const std::string& script, con
 }
 
 void SshProvider::start_master(Host& h) {
-  const std::string log = (state_dir_ / ("h" + std::to_string(h.index) + ".master.log")).string();
-  Fd out(::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!out) throw Error("ssh provider: cannot write " + log + ": " + std::strerror(errno));
+  Log log = anonymous_log();
   providers::SpawnSpec s;
   s.argv = ssh_args(h, true);
   s.env = providers::environment_with({{"LC_ALL", "C"}});
-  s.stdout_fd = out.get();
+  s.stdout_fd = log.write.get();
   s.parent_death_signal = SIGTERM;  // a killed host takes its connections along
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -349,7 +367,7 @@ void SshProvider::start_master(Host& h) {
     if (r == h.master) {
       std::lock_guard<std::mutex> lock(mu_);
       h.master = -1;
-      throw Error(describe(h) + ": " + connect_failure(read_file(log), providers::exit_code(st)));
+      throw Error(describe(h) + ": " + connect_failure(read_log(log.read.get()), providers::exit_code(st)));
     }
     if (Clock::now() >= deadline) {
       ::kill(h.master, SIGTERM);
@@ -399,12 +417,8 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
                   std::to_string(config_.hosts.size()) + " host(s) with slots_per_host = " +
                   std::to_string(config_.slots_per_host) + ": room for " + std::to_string(capacity));
   pool_id_ = spec.pool_id;
-  {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-" + pool_id_ + "-XXXXXX";
-    if (!::mkdtemp(templ.data())) throw Error("ssh provider: cannot make " + templ + ": " + std::strerror(errno));
-    state_dir_ = templ;
-  }
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string control_prefix = std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-" + pool_id_ + "-h";
   const size_t used = (spec.nodes + config_.slots_per_host - 1) / config_.slots_per_host;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -412,7 +426,8 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
       auto h = std::make_unique<Host>();
       h->index = i;
       h->spec = config_.hosts[i];
-      h->control_path = (state_dir_ / ("h" + std::to_string(i))).string();
+      // The master removes it when it ends, on SIGTERM too (its parent-death signal).
+      h->control_path = control_prefix + std::to_string(i);
       hosts_.push_back(std::move(h));
     }
   }
@@ -459,7 +474,6 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
       n->index = i;
       n->id = "node-" + std::to_string(i);
       n->host = hosts_[i / config_.slots_per_host].get();
-      n->log_path = (state_dir_ / (n->id + ".log")).string();
       out.nodes.push_back({n->id, n->host->address});
       nodes_.push_back(std::move(n));
     }
@@ -520,21 +534,24 @@ void SshProvider::stage_host(Host& h) {
 // way the agent ends, the node's directory goes with it.
 std::string SshProvider::agent_script(const std::string& node_id, const std::string& marker) const {
   return "set -u\nD=" + node_dir_words(node_id) + "\nP=$(dirname \"$D\")\n" +
-         R"(gone() { cd / && rm -rf "$D" && rmdir "$P" 2>/dev/null; }
-trap 'gone; exit 129' HUP
+         R"(hup=0
+trap 'hup=1' HUP
+gone() { cd / && rm -rf "$D"; rmdir "$P" 2>/dev/null; }
 mkdir -p "$D" && cd "$D" || exit 97
 echo $$ > agent.pid
 read_setup() { local LC_ALL=C; IFS= read -r n && IFS= read -r -d '' -N "$n" setup; }
 read_setup || { gone; exit 98; }
 printf '%s' "$setup" > setup.sh
 sh ./setup.sh 2>&1 && SKYFORGE_STAGE_ROOT="$D/.stage" bash --norc --noprofile ./bootstrap.sh < /dev/null 2>&1
-echo ")" + marker + R"( $?"
+status=$?
+trap '' PIPE
+echo ")" + marker + R"( $status"
 got=0
 while IFS= read -r kv; do if [ -z "$kv" ]; then got=1; break; fi; export "$kv"; done
-[ $got = 1 ] || { gone; exit 0; }
+[ $got = 1 ] && [ $hup = 0 ] || { gone; exit 0; }
 got=0; args=()
 while IFS= read -r a; do if [ "$a" = . ]; then got=1; break; fi; args+=("${a:1}"); done
-[ $got = 1 ] && [ ${#args[@]} -gt 0 ] || { gone; exit 0; }
+[ $got = 1 ] && [ $hup = 0 ] && [ ${#args[@]} -gt 0 ] || { gone; exit 0; }
 export SKYFORGE_STAGE_ROOT="$D/.stage"
 w0=${args[0]}
 [ -e "$SKYFORGE_STAGE_ROOT$w0" ] && w0=$SKYFORGE_STAGE_ROOT$w0
@@ -543,7 +560,7 @@ w=$!
 echo "$w" > worker.pid
 while kill -0 "$w" 2>/dev/null; do
   IFS= read -r -t 0.2 _; r=$?
-  if [ $r -ne 0 ] && [ $r -le 128 ]; then
+  if [ $hup = 1 ] || { [ $r -ne 0 ] && [ $r -le 128 ]; }; then
     kill -TERM -- -"$w" 2>/dev/null
     for i in $(seq 50); do kill -0 "$w" 2>/dev/null || break; sleep 0.1; done
     kill -KILL -- -"$w" 2>/dev/null
@@ -587,9 +604,7 @@ void SshProvider::bootstrap(const std::string& node_id, const std::string& scrip
   const std::string marker = "SKYFORGE-BOOTSTRAP-" + random_tag();
   auto args = ssh_args(h, false);
   args.push_back("exec bash --norc --noprofile -c " + shell_quote(agent_script(node_id, marker)));
-  Fd out(::open(n.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-  Fd in(::open(n.log_path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!out || !in) throw Error("ssh provider: cannot open " + n.log_path + ": " + std::strerror(errno));
+  Log log_file = anonymous_log();  // the session's output: bootstrap's, then the worker's
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) throw Error(std::string("ssh provider: pipe2: ") + std::strerror(errno));
   Fd in_r(p[0]), in_w(p[1]);
@@ -597,13 +612,16 @@ void SshProvider::bootstrap(const std::string& node_id, const std::string& scrip
   sp.argv = std::move(args);
   sp.env = providers::environment_with({{"LC_ALL", "C"}});
   sp.stdin_fd = in_r.get();
-  sp.stdout_fd = out.get();
+  sp.stdout_fd = log_file.write.get();
   sp.parent_death_signal = SIGKILL;
+  int in;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (n.gone) throw Error("ssh provider: bootstrap: node " + node_id + " was terminated");
     n.session = spawner_.spawn(sp);
     n.stdin_fd = in_w.release();
+    n.log = std::move(log_file.read);  // read() here, pread() in worker_exit: one offset, ours
+    in = n.log.get();
   }
   in_r.reset();
   std::thread writer([fd = n.stdin_fd, text = std::to_string(setup.size()) + "\n" + setup] {
@@ -622,7 +640,7 @@ void SshProvider::bootstrap(const std::string& node_id, const std::string& scrip
   bool ended = false;
   char buf[4096];
   for (;;) {
-    ssize_t k = ::read(in.get(), buf, sizeof buf);
+    ssize_t k = ::read(in, buf, sizeof buf);
     if (k > 0) {
       pending.append(buf, size_t(k));
       size_t nl;
@@ -713,7 +731,7 @@ int SshProvider::worker_alive(const std::string& node_id) {
 }
 
 int SshProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
-  std::string log;
+  int log = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Node* node = nullptr;
@@ -731,9 +749,9 @@ int SshProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
       out.exit_code = code;
       out.signal = 0;
     }
-    log = node->log_path;
+    log = node->log.get();
   }
-  out.last_words = last_line(read_file(log));
+  out.last_words = last_line(read_log(log));
   return 1;
 }
 
@@ -821,8 +839,6 @@ void SshProvider::terminate(const std::vector<std::string>& node_ids) {
         reap_within(master, std::chrono::milliseconds(2000));
       }
     }
-    std::error_code ec;
-    if (!state_dir_.empty()) fs::remove_all(state_dir_, ec);
   }
   if (!problems.empty()) {
     std::string all;

@@ -83,7 +83,6 @@ class SshProvider : public Provider {
 
   // ---- introspection (tests, diagnostics) ----
   const SshConfig& config() const { return config_; }
-  std::filesystem::path state_dir() const { return state_dir_; }  // this machine's side
   std::string node_dir_words(const std::string& node_id) const;  // the remote work directory, as shell words
   size_t files_copied() const;  // files sent to the hosts' stores by this instance
 
@@ -107,7 +106,7 @@ class SshProvider : public Provider {
     uint32_t index = 0;
     std::string id;
     Host* host = nullptr;
-    std::string log_path;  // this machine: the worker's output, as ssh brought it
+    providers::Fd log;     // the session's output as ssh brings it (an unlinked file)
     pid_t session = -1;    // the local ssh client of the node's session (bootstrap, then worker)
     int stdin_fd = -1;     // its stdin: closing it stops the remote worker (the watchdog)
     bool reaped = false;
@@ -132,7 +131,6 @@ class SshProvider : public Provider {
   providers::Spawner spawner_;  // the long-lived children (masters, sessions) die with this process
   std::string ssh_;  // the ssh program
   std::string pool_id_;
-  std::filesystem::path state_dir_;
   std::vector<StageFile> stage_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Host>> hosts_;

@@ -1,0 +1,314 @@
+// The ssh provider end to end: the real `skyforge` binary against real OpenSSH servers, one per
+// network namespace (sshd_hosts.hpp). Each test makes its own two hosts and fails when a run
+// leaves anything behind: a process (here or on a host), a node directory, a file in its TMPDIR.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "process.hpp"
+#include "run_fixture.hpp"
+#include "sshd_hosts.hpp"
+
+namespace skyforge::test {
+namespace {
+
+// Processes whose command line mentions `text` (the ssh clients name their control socket, which
+// lies in the test's TMPDIR).
+std::vector<pid_t> processes_mentioning(const std::string& text) {
+  std::vector<pid_t> found;
+  for (auto& e : fs::directory_iterator("/proc")) {
+    std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0])) || std::stoi(name) == ::getpid()) continue;
+    std::ifstream f(e.path() / "cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (cmd.find(text) != std::string::npos) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The "key": "value" of a node's JSON result line ("weights_fnv1a64", ...).
+std::string json_field(const std::string& out, int node, const std::string& key) {
+  std::regex re("\\[node " + std::to_string(node) + "\\] => \\{.*\"" + key + "\": \"?([^\",}]*)");
+  std::smatch m;
+  return std::regex_search(out, m, re) ? m[1].str() : "";
+}
+
+class SshE2E : public SkyforgeRunTest {
+ protected:
+  SshE2E() : SkyforgeRunTest("skyforge-ssh-e2e") {}
+
+  void SetUp() override {
+    if (auto why = SshdHosts::unavailable(); !why.empty()) GTEST_SKIP() << "no real sshd hosts here: " << why;
+    SkyforgeRunTest::SetUp();
+    hosts_ = std::make_unique<SshdHosts>(root_ / "hosts", 2);
+    remote_ = root_ / "remote";
+  }
+  void TearDown() override {
+    if (!hosts_) return;
+    if (!root_.empty()) {
+      for (int i = 0; i < 100 && !processes_mentioning(tmp_.string()).empty(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      for (pid_t p : processes_mentioning(tmp_.string())) {
+        ADD_FAILURE() << "process left behind: " << p << " (" << comm_of(p) << ")";
+        ::kill(p, SIGKILL);
+      }
+      for (int i = 0; i < 100 && !entries_of(remote_ / "pools").empty(); ++i)  // the hosts' watchdogs
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      EXPECT_TRUE(entries_of(remote_ / "pools").empty()) << "a node directory was left on a host: "
+                                                         << entries_of(remote_ / "pools")[0];
+    }
+    SkyforgeRunTest::TearDown();
+    hosts_.reset();
+  }
+
+  // The [pool] and [provider] of an ssh pool on the test's hosts.
+  std::string ssh_pool(int nodes, int slots = 1, const std::string& provider_extra = "",
+                       const std::string& pool_extra = "") const {
+    return "[pool]\nprovider = \"ssh\"\nnodes = " + std::to_string(nodes) + "\n" + pool_extra +
+           "\n[provider]\nhosts = " + hosts_->hosts_toml() + "\nslots_per_host = " + std::to_string(slots) +
+           "\nssh_config = \"" + hosts_->ssh_config().string() + "\"\nremote_dir = \"" + remote_.string() + "\"\n" +
+           provider_extra + "\n";
+  }
+  Output run(const std::string& name, const std::string& manifest, double timeout_s = 120) {
+    return skyforge({"run", write(name, manifest).string()}, timeout_s);
+  }
+  // The store's files and their identity: a file copied again gets a new inode.
+  std::map<std::string, ino_t> store() const {
+    std::map<std::string, ino_t> files;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(remote_ / "store", ec)) {
+      struct stat sb {};
+      ::stat(e.path().c_str(), &sb);
+      files[e.path().filename().string()] = sb.st_ino;
+    }
+    return files;
+  }
+  // An example manifest from examples/, its pool replaced by `pool` and its run outputs moved
+  // under this test's root.
+  std::string example(const std::string& file, const std::string& pool) const {
+    std::string text = read_text(fs::path(SKYFORGE_SOURCE_DIR) / "examples" / file);
+    auto begin = text.find("[pool]");
+    auto end = text.find("\n[", begin + 1);
+    text = text.substr(0, begin) + pool + text.substr(end + 1);
+    return std::regex_replace(text, std::regex(R"(\.\./runs/)"), (root_ / "runs").string() + "/");
+  }
+
+  std::unique_ptr<SshdHosts> hosts_;
+  fs::path remote_;
+};
+
+TEST_F(SshE2E, HelloRunsOnEveryHostAndLeavesNothing) {
+  Output o = run("hello.toml", ssh_pool(4, 2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n");
+  ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
+  for (int n = 0; n < 4; ++n)
+    EXPECT_NE(o.out.find("hello from node " + std::to_string(n) + " of 4"), std::string::npos) << o.out;
+  // Nodes 0-1 on the first host, 2-3 on the second: each reports its host's address.
+  std::regex ip(R"(\[node (\d)\] => node \d/4 host=\S+ ip=(\S+) head=(\S+))");
+  std::map<int, std::string> ips;
+  for (std::sregex_iterator it(o.out.begin(), o.out.end(), ip), e; it != e; ++it) {
+    ips[std::stoi((*it)[1])] = (*it)[2];
+    EXPECT_EQ((*it)[3], hosts_->addresses()[0]) << "the head is node 0, on the first host";
+  }
+  ASSERT_EQ(ips.size(), 4u) << o.out;
+  EXPECT_EQ(ips[0], hosts_->addresses()[0]);
+  EXPECT_EQ(ips[1], hosts_->addresses()[0]);
+  EXPECT_EQ(ips[2], hosts_->addresses()[1]);
+  EXPECT_EQ(ips[3], hosts_->addresses()[1]);
+  EXPECT_FALSE(store().empty()) << "the worker and the plugins were copied to the hosts' store";
+}
+
+TEST_F(SshE2E, SecondRunCopiesNothingAlreadyThere) {
+  const std::string m = ssh_pool(2) + "[job]\napp = \"hello\"\n";
+  ASSERT_EQ(run("a.toml", m).exit_code, 0);
+  auto first = store();
+  ASSERT_GE(first.size(), 3u) << "skyforge-worker, the hello plugin and its plugin.toml";
+  Output o = run("b.toml", m);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(store(), first) << "same files, same inodes: nothing was copied again";
+}
+
+TEST_F(SshE2E, MapJobGivesTheResultsItGivesOnLocal) {
+  Output local = run("map-local.toml", example("map.toml", "[pool]\nprovider = \"local\"\nnodes = 2\nconcurrency = 2\n"));
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  Output ssh = run("map-ssh.toml", example("map.toml", ssh_pool(2, 1, "", "concurrency = 2\n")));
+  ASSERT_EQ(ssh.exit_code, 0) << ssh.err;
+  auto results = [](const std::string& out) {
+    std::set<std::string> r;
+    std::regex task(R"(\[task \d+\] => .*)");
+    for (std::sregex_iterator it(out.begin(), out.end(), task), e; it != e; ++it) r.insert(it->str());
+    return r;
+  };
+  EXPECT_EQ(results(ssh.out).size(), 20u) << ssh.out;
+  EXPECT_EQ(results(ssh.out), results(local.out));
+}
+
+// The main job, [pool] changed only: the same trained weights on both providers.
+TEST_F(SshE2E, FashionMnistOnTwoHostsTrainsTheWeightsLocalTrains) {
+  Output local = run("fm-local.toml", example("fashion-mnist.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n"), 300);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  Output ssh = run("fm-ssh.toml", example("fashion-mnist.toml", ssh_pool(2)), 300);
+  ASSERT_EQ(ssh.exit_code, 0) << ssh.err;
+  const std::string w = json_field(local.out, 0, "weights_fnv1a64");
+  ASSERT_FALSE(w.empty()) << local.out;
+  EXPECT_EQ(json_field(ssh.out, 0, "weights_fnv1a64"), w) << ssh.out;
+  EXPECT_EQ(json_field(ssh.out, 1, "weights_fnv1a64"), w) << ssh.out;
+  EXPECT_EQ(json_field(ssh.out, 0, "test_accuracy"), json_field(local.out, 0, "test_accuracy"));
+}
+
+// A real PyTorch DDP command app (the torch plugin's env:// rendezvous across the two hosts).
+TEST_F(SshE2E, TorchDdpAcrossTwoHostsTrainsTheWeightsLocalTrains) {
+  const std::string python = "/usr/bin/python3";
+  if (Child({python, "-c", "import torch"}, env()).wait(120).exit_code != 0)
+    GTEST_SKIP() << python << " cannot import torch (Debian: apt-get install python3-torch)";
+  const std::string job = "[[plugins]]\nname = \"torch\"\n\n[job]\ncommand = [\"" + python + "\", \"" +
+                          std::string(FW_TEST_SCRIPTS) + "/torch_ddp.py\"]\n";
+  Output local = run("ddp-local.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n\n" + job, 170);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  Output ssh = run("ddp-ssh.toml", ssh_pool(2) + job, 170);
+  ASSERT_EQ(ssh.exit_code, 0) << ssh.err << ssh.out;
+  auto field = [](const std::string& out, int node, const std::string& key) {
+    std::smatch m;
+    std::regex re("\\[node " + std::to_string(node) + "\\] " + key + "=(.*)");
+    return std::regex_search(out, m, re) ? m[1].str() : "";
+  };
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(field(ssh.out, n, "allreduce"), "3") << ssh.out;
+    EXPECT_EQ(field(ssh.out, n, "weights"), field(local.out, n, "weights")) << "same DDP weights on ssh and local";
+  }
+  EXPECT_FALSE(field(local.out, 0, "weights").empty()) << local.out;
+  EXPECT_EQ(field(ssh.out, 0, "weights"), field(ssh.out, 1, "weights"));
+}
+
+// ---- what the host must refuse ----------------------------------------------------------------
+
+TEST_F(SshE2E, ARefusedKeyFailsNamingTheHostAndTearsDownTheOthers) {
+  // A client configuration with a key no host accepts.
+  auto conf = write("stranger_config", "Host *\n  UserKnownHostsFile " + hosts_->known_hosts().string() +
+                                           "\n  IdentityFile " + hosts_->stranger_key().string() +
+                                           "\n  IdentitiesOnly yes\n  User root\n");
+  std::string m = ssh_pool(2) + "[job]\napp = \"hello\"\n";
+  m = std::regex_replace(m, std::regex("ssh_config = \"[^\"]*\""), "ssh_config = \"" + conf.string() + "\"");
+  Output o = run("refused.toml", m, 60);
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("ssh host '" + hosts_->addresses()[0] + "'"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("refused the key"), std::string::npos) << o.err;
+  EXPECT_LT(o.seconds, 15) << "within connect_timeout";
+}
+
+TEST_F(SshE2E, AChangedHostKeyFailsNamingTheHost) {
+  // known_hosts says host 1 has another key (a reinstalled host, or someone in between).
+  std::string known = read_text(hosts_->known_hosts());
+  std::ifstream pub(hosts_->stranger_key().string() + ".pub");
+  std::string type, key;
+  pub >> type >> key;
+  std::istringstream lines(known);
+  std::string rewritten;
+  for (std::string l; std::getline(lines, l);)
+    rewritten += (l.rfind(hosts_->addresses()[1] + " ", 0) == 0 ? hosts_->addresses()[1] + " " + type + " " + key : l) + "\n";
+  std::ofstream(hosts_->known_hosts()) << rewritten;
+  Output o = run("changed.toml", ssh_pool(2) + "[job]\napp = \"hello\"\n", 60);
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("ssh host '" + hosts_->addresses()[1] + "'"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("host key has changed"), std::string::npos) << o.err;
+}
+
+TEST_F(SshE2E, AnUnknownHostKeyIsRefusedUnlessAcceptNew) {
+  std::ofstream(hosts_->known_hosts()).close();  // nothing known
+  Output strict = run("strict.toml", ssh_pool(2) + "[job]\napp = \"hello\"\n", 60);
+  EXPECT_EQ(strict.exit_code, 1) << strict.err;
+  EXPECT_NE(strict.err.find("not in known_hosts"), std::string::npos) << strict.err;
+  Output accept = run("accept.toml", ssh_pool(2, 1, "strict_host_keys = \"accept-new\"\n") + "[job]\napp = \"hello\"\n", 60);
+  EXPECT_EQ(accept.exit_code, 0) << accept.err;
+  const std::string known = read_text(hosts_->known_hosts());
+  for (const auto& a : hosts_->addresses()) EXPECT_NE(known.find(a), std::string::npos) << "recorded on first contact";
+}
+
+TEST_F(SshE2E, AnUnreachableHostFailsWithinConnectTimeoutNamingIt) {
+  // Host 1's address on a port nothing listens on: refused at once, on the test's own bridge.
+  std::string m = ssh_pool(2, 1, "connect_timeout = 5\n") + "[job]\napp = \"hello\"\n";
+  const std::string h1 = hosts_->addresses()[1];
+  m = std::regex_replace(m, std::regex("\"" + std::regex_replace(h1, std::regex("\\."), "\\.") + "\""), "\"" + h1 + ":2\"");
+  Output o = run("unreachable.toml", m, 60);
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("ssh host '" + h1 + ":2'"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("unreachable"), std::string::npos) << o.err;
+  EXPECT_LT(o.seconds, 5 + 5) << "connect_timeout and its margin";
+}
+
+TEST_F(SshE2E, TooFewHostsForTheNodesIsABadManifest) {
+  Output o = run("small.toml", ssh_pool(3) + "[job]\napp = \"hello\"\n", 60);
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_NE(o.err.find("3 nodes asked for"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("room for 2"), std::string::npos) << o.err;
+}
+
+// ---- the pool secret, and what survives faults ---------------------------------------------
+
+TEST_F(SshE2E, ThePoolSecretNeverAppearsOnACommandLine) {
+  auto c = start_skyforge({"run", write("sleep.toml", ssh_pool(2) + "[job]\ncommand = [\"sh\", \"-c\", \"echo up; exec sleep 30\"]\n").string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 60));
+  // Each worker got it in its environment (and wiped it there once read)...
+  int workers = 0;
+  for (pid_t p : processes_under(remote_)) {
+    if (comm_of(p) != "skyforge-worker") continue;
+    ++workers;
+    std::ifstream f("/proc/" + std::to_string(p) + "/environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(env.find(std::string("SKYFORGE_POOL_SECRET=") + '\0'), std::string::npos);
+  }
+  EXPECT_EQ(workers, 2);
+  // ...and no process on this machine (ssh clients, sshd, shells, workers) carries a secret's
+  // 64 hex digits on its command line.
+  std::regex secret("[0-9a-f]{64}");
+  for (auto& e : fs::directory_iterator("/proc")) {
+    std::ifstream f(e.path() / "cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(std::regex_search(cmd, secret)) << e.path() << ": " << cmd;
+  }
+  c->signal(SIGINT);
+  EXPECT_EQ(c->wait(60).exit_code, 130);
+}
+
+TEST_F(SshE2E, AKilledHostLeavesNoWorkerAndNoNodeDirectory) {
+  auto c = start_skyforge({"run", write("sleep.toml", ssh_pool(2) + "[job]\ncommand = [\"sh\", \"-c\", \"echo up; exec sleep 120\"]\n").string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 60));
+  ASSERT_FALSE(processes_under(remote_).empty());
+  c->signal(SIGKILL);
+  c->wait(10);
+  // Its ssh clients die with it; each host's watchdog stops its worker and removes the node's
+  // directory (and, had the connections stayed up, each worker's lease would run out).
+  auto left = wait_no_processes_under(remote_, 15);
+  EXPECT_TRUE(left.empty()) << left.size() << " processes outlived the host on the hosts";
+  for (int i = 0; i < 100 && !entries_of(remote_ / "pools").empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+TEST_F(SshE2E, AStoppedSshdFailsTheRunNamingItsNode) {
+  auto c = start_skyforge({"run", write("sleep.toml", ssh_pool(2) + "[job]\ncommand = [\"sh\", \"-c\", \"echo up; exec sleep 120\"]\n").string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 60));
+  const auto stopped = std::chrono::steady_clock::now();
+  hosts_->stop_sshd(1);  // node 1's host
+  Output o = c->wait(60);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("node 1"), std::string::npos) << o.err;
+  EXPECT_LT(took, 15) << "found within the heartbeat bound, the rest torn down";
+  EXPECT_TRUE(wait_no_processes_under(remote_, 10).empty());
+}
+
+}  // namespace
+}  // namespace skyforge::test
