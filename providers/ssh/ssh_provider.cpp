@@ -169,11 +169,11 @@ Log anonymous_log() {
   return {std::move(w), std::move(r)};
 }
 
-// Everything in a log from the start (at most its last 64 KiB).
-std::string read_log(int fd) {
+// A log from `start` on (at most its last 64 KiB).
+std::string read_log(int fd, off_t start = 0) {
   struct stat sb {};
-  if (::fstat(fd, &sb) != 0) return "";
-  off_t from = sb.st_size > 65536 ? sb.st_size - 65536 : 0;
+  if (::fstat(fd, &sb) != 0 || sb.st_size <= start) return "";
+  off_t from = std::max<off_t>(start, sb.st_size > 65536 ? sb.st_size - 65536 : 0);
   std::string out(size_t(sb.st_size - from), '\0');
   ssize_t n = ::pread(fd, out.data(), out.size(), from);
   out.resize(n > 0 ? size_t(n) : 0);
@@ -649,6 +649,8 @@ void SshProvider::bootstrap(const std::string& node_id, const std::string& scrip
         pending.erase(0, nl + 1);
         if (line.rfind(marker + " ", 0) == 0) {
           status = std::atoi(line.c_str() + marker.size() + 1);
+          std::lock_guard<std::mutex> lock(mu_);
+          n.worker_output = ::lseek(in, 0, SEEK_CUR) - off_t(pending.size());  // the worker's begins here
           break;
         }
         tail = line;
@@ -732,6 +734,9 @@ int SshProvider::worker_alive(const std::string& node_id) {
 
 int SshProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
   int log = -1;
+  off_t from = 0;
+  bool lost = false;
+  std::string host;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Node* node = nullptr;
@@ -750,8 +755,13 @@ int SshProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
       out.signal = 0;
     }
     log = node->log.get();
+    from = node->worker_output;
+    lost = code == 255;
+    host = node->host->spec.text;
   }
-  out.last_words = last_line(read_log(log));
+  out.last_words = last_line(read_log(log, from));
+  if (lost && out.last_words.empty())
+    out.last_words = "the ssh connection to host '" + host + "' ended (the host, its sshd or the network went away)";
   return 1;
 }
 

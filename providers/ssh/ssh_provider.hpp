@@ -107,6 +107,7 @@ class SshProvider : public Provider {
     std::string id;
     Host* host = nullptr;
     providers::Fd log;     // the session's output as ssh brings it (an unlinked file)
+    off_t worker_output = 0;  // where, in it, the worker's output begins (after the bootstrap's)
     pid_t session = -1;    // the local ssh client of the node's session (bootstrap, then worker)
     int stdin_fd = -1;     // its stdin: closing it stops the remote worker (the watchdog)
     bool reaped = false;
