@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "node_session.hpp"
 #include "spawn.hpp"
 
 namespace skyforge::ssh {
@@ -31,6 +32,9 @@ namespace fs = std::filesystem;
 using providers::CommandOptions;
 using providers::CommandResult;
 using providers::Fd;
+using providers::last_line;
+using providers::lines_of;
+using providers::reap_within;
 using providers::shell_quote;
 using Clock = std::chrono::steady_clock;
 
@@ -43,19 +47,30 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) out.push_back(trim(l));
-  return out;
+// A log for the master's output, unlinked at once (nothing is left whatever way this process ends).
+struct Log {
+  Fd write, read;
+};
+Log anonymous_log() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-log-XXXXXX";
+  Fd w(::mkostemp(path.data(), O_CLOEXEC | O_APPEND));
+  if (!w) throw Error("ssh provider: cannot make a log file in " + path + ": " + std::strerror(errno));
+  Fd r(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ::unlink(path.c_str());
+  if (!r) throw Error("ssh provider: cannot read " + path + ": " + std::strerror(errno));
+  return {std::move(w), std::move(r)};
 }
 
-// The last line of ssh's or a script's output worth quoting.
-std::string last_line(const std::string& text) {
-  auto lines = lines_of(text);
-  for (auto it = lines.rbegin(); it != lines.rend(); ++it)
-    if (!it->empty() && it->rfind("Warning: Permanently added", 0) != 0) return *it;
-  return "";
+std::string read_all(int fd) {
+  std::string out;
+  char buf[4096];
+  for (off_t off = 0;;) {
+    ssize_t n = ::pread(fd, buf, sizeof buf, off);
+    if (n <= 0) return out;
+    out.append(buf, size_t(n));
+    off += n;
+  }
 }
 
 std::string sha256_file(const std::string& path) {
@@ -112,80 +127,9 @@ std::string connect_failure(const std::string& log, int status) {
   return line.empty() ? "ssh exited with status " + std::to_string(status) : line;
 }
 
-// The address of this machine that packets to `peer` leave from (a UDP connect sends nothing).
-std::string route_source(const std::string& peer) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_flags = AI_NUMERICHOST;
-  hints.ai_socktype = SOCK_DGRAM;
-  if (::getaddrinfo(peer.c_str(), "9", &hints, &res) != 0 || !res) return "";
-  std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(res, ::freeaddrinfo);
-  Fd s(::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!s || ::connect(s.get(), res->ai_addr, res->ai_addrlen) != 0) return "";
-  sockaddr_storage local{};
-  socklen_t len = sizeof local;
-  if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) return "";
-  char buf[INET6_ADDRSTRLEN] = {};
-  const void* a = local.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
-  return ::inet_ntop(local.ss_family, a, buf, sizeof buf) ? buf : "";
-}
-
 bool is_socket(const std::string& path) {
   struct stat sb {};
   return ::stat(path.c_str(), &sb) == 0 && S_ISSOCK(sb.st_mode);
-}
-
-// waitpid with a bound: SIGKILL to its group once `grace` has passed. Returns the status.
-int reap_within(pid_t pid, std::chrono::milliseconds grace) {
-  int st = 0;
-  const auto deadline = Clock::now() + grace;
-  for (;;) {
-    pid_t r = ::waitpid(pid, &st, WNOHANG);
-    if (r == pid || (r < 0 && errno != EINTR)) return st;
-    if (Clock::now() >= deadline) {
-      ::kill(-pid, SIGKILL);
-      ::kill(pid, SIGKILL);
-      while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-      }
-      return st;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
-// A log for a child's output that leaves nothing behind, whatever way this process ends: made in
-// TMPDIR, opened for appending (the child's) and for reading (ours), then unlinked at once.
-struct Log {
-  Fd write, read;
-};
-Log anonymous_log() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-log-XXXXXX";
-  Fd w(::mkostemp(path.data(), O_CLOEXEC | O_APPEND));
-  if (!w) throw Error("ssh provider: cannot make a log file in " + path + ": " + std::strerror(errno));
-  Fd r(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  ::unlink(path.c_str());
-  if (!r) throw Error("ssh provider: cannot read " + path + ": " + std::strerror(errno));
-  return {std::move(w), std::move(r)};
-}
-
-// A log from `start` on (at most its last 64 KiB).
-std::string read_log(int fd, off_t start = 0) {
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0 || sb.st_size <= start) return "";
-  off_t from = std::max<off_t>(start, sb.st_size > 65536 ? sb.st_size - 65536 : 0);
-  std::string out(size_t(sb.st_size - from), '\0');
-  ssize_t n = ::pread(fd, out.data(), out.size(), from);
-  out.resize(n > 0 ? size_t(n) : 0);
-  return out;
-}
-
-std::string random_tag() {
-  unsigned char b[8];
-  std::ifstream("/dev/urandom", std::ios::binary).read(reinterpret_cast<char*>(b), sizeof b);
-  std::string s;
-  for (unsigned char c : b) s += "0123456789abcdef"[c & 15];
-  return s;
 }
 
 }  // namespace
@@ -367,7 +311,7 @@ void SshProvider::start_master(Host& h) {
     if (r == h.master) {
       std::lock_guard<std::mutex> lock(mu_);
       h.master = -1;
-      throw Error(describe(h) + ": " + connect_failure(read_log(log.read.get()), providers::exit_code(st)));
+      throw Error(describe(h) + ": " + connect_failure(read_all(log.read.get()), providers::exit_code(st)));
     }
     if (Clock::now() >= deadline) {
       ::kill(h.master, SIGTERM);
@@ -479,7 +423,7 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
     }
   }
   out.control_address = config_.control_address;
-  if (out.control_address.empty()) out.control_address = route_source(hosts_[0]->address);
+  if (out.control_address.empty()) out.control_address = providers::route_source(hosts_[0]->address);
   if (out.control_address.empty())
     throw Error("ssh provider: no route from this machine to " + hosts_[0]->address + " (" + describe(*hosts_[0]) +
                 "); set `control_address` to the address the hosts reach this machine at");
@@ -532,47 +476,6 @@ void SshProvider::stage_host(Host& h) {
 // then runs the worker in a session of its own under a watchdog: when stdin closes (this client
 // killed, this machine gone, the connection lost, terminate) the worker's group is stopped. Any
 // way the agent ends, the node's directory goes with it.
-std::string SshProvider::agent_script(const std::string& node_id, const std::string& marker) const {
-  return "set -u\nD=" + node_dir_words(node_id) + "\nP=$(dirname \"$D\")\n" +
-         R"(hup=0
-trap 'hup=1' HUP
-gone() { cd / && rm -rf "$D"; rmdir "$P" 2>/dev/null; }
-mkdir -p "$D" && cd "$D" || exit 97
-echo $$ > agent.pid
-read_setup() { local LC_ALL=C; IFS= read -r n && IFS= read -r -d '' -N "$n" setup; }
-read_setup || { gone; exit 98; }
-printf '%s' "$setup" > setup.sh
-sh ./setup.sh 2>&1 && SKYFORGE_STAGE_ROOT="$D/.stage" bash --norc --noprofile ./bootstrap.sh < /dev/null 2>&1
-status=$?
-trap '' PIPE
-echo ")" + marker + R"( $status"
-got=0
-while IFS= read -r kv; do if [ -z "$kv" ]; then got=1; break; fi; export "$kv"; done
-[ $got = 1 ] && [ $hup = 0 ] || { gone; exit 0; }
-got=0; args=()
-while IFS= read -r a; do if [ "$a" = . ]; then got=1; break; fi; args+=("${a:1}"); done
-[ $got = 1 ] && [ $hup = 0 ] && [ ${#args[@]} -gt 0 ] || { gone; exit 0; }
-export SKYFORGE_STAGE_ROOT="$D/.stage"
-w0=${args[0]}
-[ -e "$SKYFORGE_STAGE_ROOT$w0" ] && w0=$SKYFORGE_STAGE_ROOT$w0
-setsid "$w0" "${args[@]:1}" < /dev/null &
-w=$!
-echo "$w" > worker.pid
-while kill -0 "$w" 2>/dev/null; do
-  IFS= read -r -t 0.2 _; r=$?
-  if [ $hup = 1 ] || { [ $r -ne 0 ] && [ $r -le 128 ]; }; then
-    kill -TERM -- -"$w" 2>/dev/null
-    for i in $(seq 50); do kill -0 "$w" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- -"$w" 2>/dev/null
-    break
-  fi
-done
-wait "$w"; rc=$?
-gone
-exit $rc
-)";
-}
-
 void SshProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {
   Node& n = require(node_id, "bootstrap");
   Host& h = *n.host;
@@ -583,8 +486,10 @@ void SshProvider::bootstrap(const std::string& node_id, const std::string& scrip
       h.staged = true;
     }
   }
+  // The node's directory: the host's files under their absolute paths (links into the store),
+  // and bootstrap.sh.
   const std::string store = remote_path_words(config_.remote_dir) + "/store";
-  std::string setup = "set -e\nD=" + node_dir_words(node_id) + "\nmkdir -p \"$D/.stage\"\ncd \"$D/.stage\"\n";
+  std::string setup = "set -e\nmkdir -p \"$D/.stage\"\ncd \"$D/.stage\"\n";
   std::set<std::string> dirs;
   for (const auto& f : stage_) {
     std::string rel = fs::path(f.path).relative_path().parent_path().string();
@@ -597,84 +502,25 @@ void SshProvider::bootstrap(const std::string& node_id, const std::string& scrip
   }
   for (const auto& f : stage_)
     setup += "ln -sfn " + store + "/" + f.key + " " + shell_quote(fs::path(f.path).relative_path().string()) + "\n";
-  const std::string eof = "SKYFORGE_BOOTSTRAP_" + random_tag();
-  setup += "cat > \"$D/bootstrap.sh\" <<'" + eof + "'\n" + script + (script.empty() || script.back() == '\n' ? "" : "\n") +
-           eof + "\n";
+  setup += providers::bootstrap_file(script);
 
-  const std::string marker = "SKYFORGE-BOOTSTRAP-" + random_tag();
+  const std::string marker = providers::session_marker();
   auto args = ssh_args(h, false);
-  args.push_back("exec bash --norc --noprofile -c " + shell_quote(agent_script(node_id, marker)));
-  Log log_file = anonymous_log();  // the session's output: bootstrap's, then the worker's
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) throw Error(std::string("ssh provider: pipe2: ") + std::strerror(errno));
-  Fd in_r(p[0]), in_w(p[1]);
-  providers::SpawnSpec sp;
-  sp.argv = std::move(args);
-  sp.env = providers::environment_with({{"LC_ALL", "C"}});
-  sp.stdin_fd = in_r.get();
-  sp.stdout_fd = log_file.write.get();
-  sp.parent_death_signal = SIGKILL;
-  int in;
+  args.push_back("exec bash --norc --noprofile -c " +
+                 shell_quote(providers::agent_script(node_dir_words(node_id), "\"$D/.stage\"", marker)));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (n.gone) throw Error("ssh provider: bootstrap: node " + node_id + " was terminated");
-    n.session = spawner_.spawn(sp);
-    n.stdin_fd = in_w.release();
-    n.log = std::move(log_file.read);  // read() here, pread() in worker_exit: one offset, ours
-    in = n.log.get();
   }
-  in_r.reset();
-  std::thread writer([fd = n.stdin_fd, text = std::to_string(setup.size()) + "\n" + setup] {
-    size_t off = 0;  // may exceed the pipe's buffer: written beside the reading below
-    while (off < text.size()) {
-      ssize_t k = ::write(fd, text.data() + off, text.size() - off);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) break;  // the session is gone: the reading below says why
-      off += size_t(k);
-    }
-  });
-
-  // Its output, as ssh appends it to the node's log, line by line up to the marker.
-  std::string pending, tail;
-  std::optional<int> status;
-  bool ended = false;
-  char buf[4096];
-  for (;;) {
-    ssize_t k = ::read(in, buf, sizeof buf);
-    if (k > 0) {
-      pending.append(buf, size_t(k));
-      size_t nl;
-      while ((nl = pending.find('\n')) != std::string::npos) {
-        std::string line = pending.substr(0, nl);
-        pending.erase(0, nl + 1);
-        if (line.rfind(marker + " ", 0) == 0) {
-          status = std::atoi(line.c_str() + marker.size() + 1);
-          std::lock_guard<std::mutex> lock(mu_);
-          n.worker_output = ::lseek(in, 0, SEEK_CUR) - off_t(pending.size());  // the worker's begins here
-          break;
-        }
-        tail = line;
-        log.write(log.ctx, line.data(), line.size());
-      }
-      if (status) break;
-      continue;
-    }
-    if (ended) break;  // everything it wrote has been read
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      reap(n, false);
-      ended = n.reaped;
-    }
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  try {
+    n.session.start(spawner_, args);
+  } catch (const std::runtime_error& e) {
+    throw Error("ssh provider: " + std::string(e.what()));
   }
-  writer.join();
+  std::string tail;
+  auto status = n.session.run_bootstrap(setup, marker, [&](std::string_view line) { log.write(log.ctx, line.data(), line.size()); }, tail);
   if (!status) {
-    int code;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      code = providers::exit_code(n.status);
-    }
-    if (!pending.empty()) tail = pending;
+    const int code = n.session.exit_status().value_or(-1);
     throw Error(describe(h) + ": " + node_id + "'s bootstrap: " +
                 (code == 255 ? connect_failure(tail, code) : "the session ended (exit status " + std::to_string(code) + ")" +
                                                                  (tail.empty() ? "" : ": " + tail)));
@@ -687,81 +533,43 @@ void SshProvider::bootstrap(const std::string& node_id, const std::string& scrip
 void SshProvider::start_worker(const std::string& node_id, const std::vector<std::string>& argv,
                                const std::map<std::string, std::string>& env) {
   Node& n = require(node_id, "start_worker");
-  if (argv.empty()) throw invalid("start_worker: empty command");
-  std::string text;
-  for (const auto& [k, v] : env) {
-    if (k.empty() || k.find_first_of("=\n") != std::string::npos || v.find('\n') != std::string::npos)
-      throw invalid("start_worker: environment variable '" + k + "' cannot be sent (a '=' or newline in it)");
-    text += k + "=" + v + "\n";
-  }
-  text += "\n";
-  for (const auto& a : argv) {
-    if (a.find('\n') != std::string::npos) throw invalid("start_worker: a newline in argument '" + a + "'");
-    text += "+" + a + "\n";
-  }
-  text += ".\n";
-  std::lock_guard<std::mutex> lock(mu_);
-  if (n.gone || n.stdin_fd < 0) throw Error("ssh provider: start_worker: node " + node_id + " has no session (bootstrap first)");
-  size_t off = 0;
-  while (off < text.size()) {  // a few hundred bytes: the pipe takes them at once
-    ssize_t k = ::write(n.stdin_fd, text.data() + off, text.size() - off);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) throw Error(describe(*n.host) + ": " + node_id + "'s session is gone: " + std::strerror(errno));
-    off += size_t(k);
+  try {
+    n.session.start_worker(argv, env);
+  } catch (const std::invalid_argument& e) {
+    throw invalid(e.what());
+  } catch (const std::runtime_error& e) {
+    throw Error(describe(*n.host) + ": " + node_id + ": " + e.what());
   }
 }
 
-void SshProvider::reap(Node& n, bool block) {
-  if (n.session < 0 || n.reaped) return;
-  int st = 0;
-  pid_t r = ::waitpid(n.session, &st, block ? 0 : WNOHANG);
-  if (r == n.session) {
-    n.reaped = true;
-    n.status = st;
-  }
+SshProvider::Node* SshProvider::find(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& n : nodes_)
+    if (n->id == id) return n.get();
+  return nullptr;
 }
 
 int SshProvider::worker_alive(const std::string& node_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& n : nodes_)
-    if (n->id == node_id) {
-      if (n->session < 0) return -1;
-      reap(*n, false);
-      return n->reaped ? 0 : 1;
-    }
-  return -1;
+  Node* n = find(node_id);
+  return n ? n->session.alive() : -1;
 }
 
 int SshProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
-  int log = -1;
-  off_t from = 0;
-  bool lost = false;
-  std::string host;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Node* node = nullptr;
-    for (auto& n : nodes_)
-      if (n->id == node_id) node = n.get();
-    if (!node || node->session < 0) return -1;
-    reap(*node, false);
-    if (!node->reaped) return 0;
-    // What ssh reports: the remote exit status, 128+N for a remote signal N, 255 when ssh itself failed.
-    int code = providers::exit_code(node->status);
-    if (code > 128 && code < 128 + 65 && code != 255) {
-      out.exit_code = -1;
-      out.signal = code - 128;
-    } else {
-      out.exit_code = code;
-      out.signal = 0;
-    }
-    log = node->log.get();
-    from = node->worker_output;
-    lost = code == 255;
-    host = node->host->spec.text;
+  Node* n = find(node_id);
+  if (!n || !n->session.started()) return -1;
+  auto code = n->session.exit_status();
+  if (!code) return 0;
+  // What ssh reports: the remote exit status, 128+N for a remote signal N, 255 when ssh itself failed.
+  if (*code > 128 && *code < 128 + 65 && *code != 255) {
+    out.exit_code = -1;
+    out.signal = *code - 128;
+  } else {
+    out.exit_code = *code;
+    out.signal = 0;
   }
-  out.last_words = last_line(read_log(log, from));
-  if (lost && out.last_words.empty())
-    out.last_words = "the ssh connection to host '" + host + "' ended (the host, its sshd or the network went away)";
+  out.last_words = n->session.last_words();
+  if (*code == 255 && out.last_words.empty())
+    out.last_words = "the ssh connection to host '" + n->host->spec.text + "' ended (the host, its sshd or the network went away)";
   return 1;
 }
 
@@ -816,22 +624,8 @@ void SshProvider::terminate(const std::vector<std::string>& node_ids) {
     }));
   }
   for (auto& j : jobs) j.get();
-  // This machine's side: the workers' ssh clients, then the connections no node uses any more.
-  for (Node* n : doomed) {
-    pid_t pid;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (n->stdin_fd >= 0) ::close(std::exchange(n->stdin_fd, -1));
-      pid = n->reaped ? -1 : n->session;
-    }
-    if (pid > 0) {
-      ::kill(-pid, SIGTERM);
-      int st = reap_within(pid, std::chrono::milliseconds(2000));
-      std::lock_guard<std::mutex> lock(mu_);
-      n->reaped = true;
-      n->status = st;
-    }
-  }
+  // This machine's side: the nodes' sessions, then the connections no node uses any more.
+  for (Node* n : doomed) n->session.stop(std::chrono::milliseconds(2000));
   bool all_gone;
   {
     std::lock_guard<std::mutex> lock(mu_);

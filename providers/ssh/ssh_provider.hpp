@@ -24,6 +24,7 @@
 
 #include <skyforge/sdk.hpp>
 
+#include "node_session.hpp"
 #include "spawn.hpp"
 
 namespace skyforge::ssh {
@@ -106,12 +107,7 @@ class SshProvider : public Provider {
     uint32_t index = 0;
     std::string id;
     Host* host = nullptr;
-    providers::Fd log;     // the session's output as ssh brings it (an unlinked file)
-    off_t worker_output = 0;  // where, in it, the worker's output begins (after the bootstrap's)
-    pid_t session = -1;    // the local ssh client of the node's session (bootstrap, then worker)
-    int stdin_fd = -1;     // its stdin: closing it stops the remote worker (the watchdog)
-    bool reaped = false;
-    int status = 0;
+    providers::NodeSession session;  // bootstrap, then the worker (node_session.hpp)
     bool gone = false;
   };
 
@@ -123,8 +119,7 @@ class SshProvider : public Provider {
   void stage_host(Host& h);
   std::string describe(const Host& h) const;
   Node& require(const std::string& id, const char* op);
-  void reap(Node& n, bool block);
-  std::string agent_script(const std::string& node_id, const std::string& marker) const;
+  Node* find(const std::string& id);
   std::string cleanup_script(const std::vector<const Node*>& nodes) const;
   std::string pool_words() const;
 

@@ -306,6 +306,7 @@ TEST_F(SshE2E, AStoppedSshdFailsTheRunNamingItsNode) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
   EXPECT_EQ(o.exit_code, 1) << o.err;
   EXPECT_NE(o.err.find("node 1"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("the ssh connection to host '" + hosts_->addresses()[1] + "' ended"), std::string::npos) << o.err;
   EXPECT_LT(took, 15) << "found within the heartbeat bound, the rest torn down";
   EXPECT_TRUE(wait_no_processes_under(remote_, 10).empty());
 }

@@ -1,0 +1,91 @@
+// A node's session, for providers whose nodes are reached through a command on this machine
+// (`ssh host ...`, `srun -w node ...`): one process per node from bootstrap to teardown, running
+// the agent script below with bash on the node. Every such session pays a start (a login shell,
+// a job step), so a node opens one.
+//
+// The agent reads from its stdin, in turn:
+//   1. a length line and that many bytes: a setup script (the provider's: the node's files, and
+//      bootstrap.sh, which bootstrap_file() writes); it runs it, then bootstrap.sh with
+//      SKYFORGE_STAGE_ROOT set, and prints the marker line with the exit status;
+//   2. the worker's environment, "KEY=VALUE" lines and an empty line (so the pool secret never
+//      appears on a command line or in a log), then its argv, "+word" lines and a "." line.
+// It then runs the worker in a session of its own under a watchdog: when stdin closes (this
+// machine's client killed, this machine gone, the connection lost, teardown) or it gets SIGHUP,
+// the worker's process group gets SIGTERM, SIGKILL 5 s later. However it ends, the node's
+// directory goes with it. Everything the session prints comes back into an unlinked file: the
+// bootstrap's lines are relayed, the worker's last one is its last words.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spawn.hpp"
+
+namespace skyforge::providers {
+
+// The agent, for `bash --norc --noprofile -c`. `dir_words`: the node's directory as shell words
+// (made if missing, its parent removed too when empty at the end); `stage_words`: where the
+// host's files lie on the node under their absolute paths (SKYFORGE_STAGE_ROOT); they may use
+// "$D", the node's directory. `marker`: the line prefix that ends the bootstrap's output.
+std::string agent_script(const std::string& dir_words, const std::string& stage_words, const std::string& marker);
+
+// Setup-script lines that write `script` to "$D/bootstrap.sh" (a quoted here-document).
+std::string bootstrap_file(const std::string& script);
+
+// A fresh random marker for agent_script.
+std::string session_marker();
+
+class NodeSession {
+ public:
+  NodeSession() = default;
+  NodeSession(const NodeSession&) = delete;
+  NodeSession& operator=(const NodeSession&) = delete;
+  ~NodeSession() { stop(std::chrono::milliseconds(2000)); }
+
+  // Starts `argv` (it runs agent_script on the node) with stdin a pipe and its output in an
+  // unlinked file under $TMPDIR. Throws std::runtime_error.
+  void start(Spawner& spawner, const std::vector<std::string>& argv);
+  // Sends `setup`, then hands the bootstrap's output lines to `on_line` until the marker.
+  // Returns its exit status, or nullopt when the session ended first (then `tail` holds the last
+  // line it printed and exit_status() says how it ended).
+  std::optional<int> run_bootstrap(const std::string& setup, const std::string& marker,
+                                   const std::function<void(std::string_view)>& on_line, std::string& tail);
+  // Sends the worker's environment and argv. Throws std::runtime_error when the session is gone.
+  void start_worker(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
+
+  bool started() const { return pid_ > 0; }
+  int alive();                          // 1 running, 0 ended, -1 never started
+  std::optional<int> exit_status();     // its exit code (exit_code()) once it has ended
+  std::string last_words();             // the last line the worker printed ("" if none)
+  // Closes its stdin (the agent stops the worker), SIGTERM to the local client's group, reaped
+  // within `grace` (SIGKILL after). Idempotent.
+  void stop(std::chrono::milliseconds grace);
+
+ private:
+  void reap_locked(bool block);
+
+  std::mutex mu_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+  Fd input_;
+  Fd log_;  // read side: read() while bootstrapping, pread() after
+  off_t worker_output_ = 0;
+};
+
+// Shared by the providers that shell out.
+std::string last_line(const std::string& text);     // the last non-empty line, trimmed
+std::vector<std::string> lines_of(const std::string& text);  // trimmed lines
+std::string route_source(const std::string& peer);  // this machine's address towards `peer`; "" if none
+int reap_within(pid_t pid, std::chrono::milliseconds grace);  // SIGKILL to its group after grace
+std::string random_hex(size_t bytes);
+
+}  // namespace skyforge::providers
