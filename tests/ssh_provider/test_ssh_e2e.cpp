@@ -13,39 +13,12 @@
 #include <sstream>
 
 #include "process.hpp"
+#include "provider_e2e.hpp"
 #include "run_fixture.hpp"
 #include "sshd_hosts.hpp"
 
 namespace skyforge::test {
 namespace {
-
-// Processes whose command line mentions `text` (the ssh clients name their control socket, which
-// lies in the test's TMPDIR).
-std::vector<pid_t> processes_mentioning(const std::string& text) {
-  std::vector<pid_t> found;
-  for (auto& e : fs::directory_iterator("/proc")) {
-    std::string name = e.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0])) || std::stoi(name) == ::getpid()) continue;
-    std::ifstream f(e.path() / "cmdline", std::ios::binary);
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (cmd.find(text) != std::string::npos) found.push_back(std::stoi(name));
-  }
-  return found;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The "key": "value" of a node's JSON result line ("weights_fnv1a64", ...).
-std::string json_field(const std::string& out, int node, const std::string& key) {
-  std::regex re("\\[node " + std::to_string(node) + "\\] => \\{.*\"" + key + "\": \"?([^\",}]*)");
-  std::smatch m;
-  return std::regex_search(out, m, re) ? m[1].str() : "";
-}
 
 class SshE2E : public SkyforgeRunTest {
  protected:
@@ -97,14 +70,8 @@ class SshE2E : public SkyforgeRunTest {
     }
     return files;
   }
-  // An example manifest from examples/, its pool replaced by `pool` and its run outputs moved
-  // under this test's root.
   std::string example(const std::string& file, const std::string& pool) const {
-    std::string text = read_text(fs::path(SKYFORGE_SOURCE_DIR) / "examples" / file);
-    auto begin = text.find("[pool]");
-    auto end = text.find("\n[", begin + 1);
-    text = text.substr(0, begin) + pool + text.substr(end + 1);
-    return std::regex_replace(text, std::regex(R"(\.\./runs/)"), (root_ / "runs").string() + "/");
+    return example_manifest(file, pool, root_ / "runs");
   }
 
   std::unique_ptr<SshdHosts> hosts_;
@@ -180,11 +147,7 @@ TEST_F(SshE2E, TorchDdpAcrossTwoHostsTrainsTheWeightsLocalTrains) {
   ASSERT_EQ(local.exit_code, 0) << local.err;
   Output ssh = run("ddp-ssh.toml", ssh_pool(2) + job, 170);
   ASSERT_EQ(ssh.exit_code, 0) << ssh.err << ssh.out;
-  auto field = [](const std::string& out, int node, const std::string& key) {
-    std::smatch m;
-    std::regex re("\\[node " + std::to_string(node) + "\\] " + key + "=(.*)");
-    return std::regex_search(out, m, re) ? m[1].str() : "";
-  };
+  const auto field = node_value;
   for (int n = 0; n < 2; ++n) {
     EXPECT_EQ(field(ssh.out, n, "allreduce"), "3") << ssh.out;
     EXPECT_EQ(field(ssh.out, n, "weights"), field(local.out, n, "weights")) << "same DDP weights on ssh and local";

@@ -1,0 +1,86 @@
+// The `slurm` provider: a pool allocated as one Slurm job. `sbatch` holds the allocation (its
+// batch script watches the pool's steps and cleans the nodes when they are gone), the host's
+// files reach the nodes with `sbcast` (no shared filesystem assumed), and each node runs one job
+// step (`srun --overlap -w <node>`) that bootstraps it and then runs its worker (the agent of
+// providers/common/node_session.hpp). Every exit path ends in `scancel`. See docs/providers.md.
+//
+// The class is usable without the plugin glue (tests drive it directly); plugin.cpp registers it.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <skyforge/sdk.hpp>
+
+#include "node_session.hpp"
+#include "spawn.hpp"
+
+namespace skyforge::slurm {
+
+struct SlurmConfig {
+  std::string partition, time_limit, account, qos, constraint, gres;
+  std::vector<std::string> extra_sbatch_args;
+  int queue_timeout_s = 600;
+  std::string stage_dir = "/tmp";  // on every node: the pool's directory goes under it
+  std::string control_address;
+
+  // From the plugin's options. Throws Error(SF_ERR_INVALID) naming the option.
+  static SlurmConfig from(const Options& options);
+};
+
+// The sbatch command line that allocates the pool (what `provision` runs), without the program.
+std::vector<std::string> sbatch_args(const SlurmConfig& c, uint32_t nodes, const std::string& pool_id,
+                                     const std::string& batch_script);
+
+// "NodeName=n1 ... NodeAddr=10.0.0.2 ..." lines (`scontrol -o show node`) → name → address.
+std::map<std::string, std::string> node_addresses(const std::string& scontrol_output);
+
+class SlurmProvider : public Provider {
+ public:
+  explicit SlurmProvider(const Context& ctx);
+  ~SlurmProvider() override;
+
+  Provisioned provision(const PoolSpec& spec) override;
+  void bootstrap(const std::string& node_id, const std::string& script, sf_sink log) override;
+  void start_worker(const std::string& node_id, const std::vector<std::string>& argv,
+                    const std::map<std::string, std::string>& env) override;
+  // Empty list: everything. Once no node is left: the nodes cleaned in one last step, scancel.
+  void terminate(const std::vector<std::string>& node_ids) override;
+  int worker_alive(const std::string& node_id) override;
+  int worker_exit(const std::string& node_id, WorkerExit& out) override;
+
+  const SlurmConfig& config() const { return config_; }
+  std::string job_id() const;
+
+ private:
+  struct Node {
+    uint32_t index = 0;
+    std::string id, name, address;
+    providers::NodeSession session;
+    bool gone = false;
+  };
+  std::string program(const std::string& name) const;
+  providers::CommandResult slurm(const std::string& tool, const std::vector<std::string>& args,
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(60)) const;
+  std::string pool_dir() const;  // on the nodes
+  void stage();                  // sbcast the host's files, once
+  Node* find(const std::string& id);
+  Node& require(const std::string& id, const char* op);
+  void cancel_job(std::vector<std::string>& problems);
+
+  SlurmConfig config_;
+  providers::Spawner spawner_;
+  std::string pool_id_;
+  std::vector<std::string> stage_files_;
+  mutable std::mutex mu_;
+  std::string job_;  // "" until sbatch answered; cleared once cancelled
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::mutex stage_mu_;
+  bool staged_ = false;
+};
+
+}  // namespace skyforge::slurm

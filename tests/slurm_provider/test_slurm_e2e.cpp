@@ -1,0 +1,158 @@
+// The slurm provider end to end: the real `skyforge` binary against a real Slurm cluster of two
+// nodes, each in its own network namespace (slurm_cluster.hpp). Each test makes its own cluster
+// and fails when a run leaves anything behind: a job in the queue, a process, a node directory.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <set>
+
+#include "process.hpp"
+#include "provider_e2e.hpp"
+#include "run_fixture.hpp"
+#include "slurm_cluster.hpp"
+
+namespace skyforge::test {
+namespace {
+
+class SlurmE2E : public SkyforgeRunTest {
+ protected:
+  SlurmE2E() : SkyforgeRunTest("skyforge-slurm-e2e") {}
+
+  void SetUp() override {
+    if (auto why = SlurmCluster::unavailable(); !why.empty()) GTEST_SKIP() << "no real Slurm cluster here: " << why;
+    SkyforgeRunTest::SetUp();
+    // The daemons' files outside the test's root: their working directories are there, and the
+    // root must be free of processes once a run is over.
+    char dir[] = "/tmp/skyforge-slurm-cluster-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    cluster_ = std::make_unique<SlurmCluster>(dir, 2);
+    nodes_dir_ = root_ / "nodes";  // the nodes' stage_dir (one filesystem here, as the hosts share this one)
+    fs::create_directories(nodes_dir_);
+    extra_env_["SLURM_CONF"] = cluster_->conf().string();
+  }
+  void TearDown() override {
+    if (!cluster_) return;
+    if (!root_.empty()) {
+      for (int i = 0; i < 100 && skyforge_jobs() != ""; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      EXPECT_EQ(skyforge_jobs(), "") << "a job was left in the queue";
+      for (int i = 0; i < 100 && !entries_of(nodes_dir_).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      EXPECT_TRUE(entries_of(nodes_dir_).empty()) << "a pool directory was left on the nodes: " << entries_of(nodes_dir_)[0];
+    }
+    SkyforgeRunTest::TearDown();
+    cluster_.reset();
+  }
+  // The pool's jobs still queued or running.
+  std::string skyforge_jobs() const {
+    std::string out;
+    std::istringstream q(cluster_->queue());
+    for (std::string l; std::getline(q, l);)
+      if (l.find(" skyforge-") != std::string::npos) out += l + "\n";
+    return out;
+  }
+  std::string slurm_pool(int nodes, const std::string& provider_extra = "", const std::string& pool_extra = "") const {
+    return "[pool]\nprovider = \"slurm\"\nnodes = " + std::to_string(nodes) + "\n" + pool_extra +
+           "\n[provider]\ntime_limit = \"10\"\nstage_dir = \"" + nodes_dir_.string() + "\"\n" + provider_extra + "\n";
+  }
+  Output run(const std::string& name, const std::string& manifest, double timeout_s = 120) {
+    return skyforge({"run", write(name, manifest).string()}, timeout_s);
+  }
+
+  std::unique_ptr<SlurmCluster> cluster_;
+  fs::path nodes_dir_;
+};
+
+TEST_F(SlurmE2E, HelloRunsOnEveryNodeOfOneJob) {
+  Output o = run("hello.toml", slurm_pool(2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n");
+  ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
+  std::smatch job;
+  ASSERT_TRUE(std::regex_search(o.err, job, std::regex(R"(slurm: job (\d+) submitted \(2 nodes\))"))) << o.err;
+  EXPECT_NE(o.err.find("slurm: job " + job[1].str() + " running on "), std::string::npos) << o.err;
+  std::regex ip(R"(\[node (\d)\] => node \d/2 host=\S+ ip=(\S+) head=(\S+))");
+  std::set<std::string> ips;
+  for (std::sregex_iterator it(o.out.begin(), o.out.end(), ip), e; it != e; ++it) ips.insert((*it)[2]);
+  const auto addresses = cluster_->addresses();
+  EXPECT_EQ(ips, std::set<std::string>(addresses.begin(), addresses.end()))
+      << "each node reports its own address\n" << o.out;
+}
+
+TEST_F(SlurmE2E, MapJobGivesTheResultsItGivesOnLocal) {
+  Output local = run("map-local.toml", example_manifest("map.toml", "[pool]\nprovider = \"local\"\nnodes = 2\nconcurrency = 2\n", root_ / "runs"));
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  Output slurm = run("map-slurm.toml", example_manifest("map.toml", slurm_pool(2, "", "concurrency = 2\n"), root_ / "runs"));
+  ASSERT_EQ(slurm.exit_code, 0) << slurm.err;
+  auto results = [](const std::string& out) {
+    std::set<std::string> r;
+    std::regex task(R"(\[task \d+\] => .*)");
+    for (std::sregex_iterator it(out.begin(), out.end(), task), e; it != e; ++it) r.insert(it->str());
+    return r;
+  };
+  EXPECT_EQ(results(slurm.out).size(), 20u) << slurm.out;
+  EXPECT_EQ(results(slurm.out), results(local.out));
+}
+
+TEST_F(SlurmE2E, FashionMnistOnTwoNodesTrainsTheWeightsLocalTrains) {
+  Output local = run("fm-local.toml", example_manifest("fashion-mnist.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n", root_ / "runs"), 300);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  Output slurm = run("fm-slurm.toml", example_manifest("fashion-mnist.toml", slurm_pool(2), root_ / "runs"), 300);
+  ASSERT_EQ(slurm.exit_code, 0) << slurm.err;
+  const std::string w = json_field(local.out, 0, "weights_fnv1a64");
+  ASSERT_FALSE(w.empty()) << local.out;
+  EXPECT_EQ(json_field(slurm.out, 0, "weights_fnv1a64"), w) << slurm.out;
+  EXPECT_EQ(json_field(slurm.out, 1, "weights_fnv1a64"), w) << slurm.out;
+}
+
+TEST_F(SlurmE2E, TorchDdpAcrossTwoNodesTrainsTheWeightsLocalTrains) {
+  const std::string python = "/usr/bin/python3";
+  if (Child({python, "-c", "import torch"}, env()).wait(120).exit_code != 0)
+    GTEST_SKIP() << python << " cannot import torch (Debian: apt-get install python3-torch)";
+  const std::string job = "[[plugins]]\nname = \"torch\"\n\n[job]\ncommand = [\"" + python + "\", \"" +
+                          std::string(FW_TEST_SCRIPTS) + "/torch_ddp.py\"]\n";
+  Output local = run("ddp-local.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n\n" + job, 170);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  Output slurm = run("ddp-slurm.toml", slurm_pool(2) + job, 170);
+  ASSERT_EQ(slurm.exit_code, 0) << slurm.err << slurm.out;
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(node_value(slurm.out, n, "allreduce"), "3") << slurm.out;
+    EXPECT_EQ(node_value(slurm.out, n, "weights"), node_value(local.out, n, "weights"));
+  }
+  EXPECT_FALSE(node_value(local.out, 0, "weights").empty()) << local.out;
+}
+
+TEST_F(SlurmE2E, AJobWaitingPastQueueTimeoutIsCancelledSayingWhy) {
+  // Another job holds both nodes.
+  auto hold = providers::run_command({"sbatch", "--parsable", "-N2", "--exclusive", "-J", "holder", "-o", "/dev/null",
+                                      "--wrap", "exec sleep 300"});
+  ASSERT_EQ(hold.status, 0) << hold.err;
+  const std::string holder = providers::last_line(hold.out);
+  Output o = run("queued.toml", slurm_pool(2, "queue_timeout = 2\n") + "[job]\napp = \"hello\"\n", 60);
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(slurm: job \d+ PENDING)"))) << "its state shown while it waits\n" << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(job \d+ still PENDING \(\w+\) after queue_timeout = 2 s; it was cancelled)")))
+      << o.err;
+  EXPECT_LT(o.seconds, 15);
+  providers::run_command({"scancel", holder});
+}
+
+TEST_F(SlurmE2E, ABadSbatchOptionFailsWithSbatchsReason) {
+  Output o = run("bad.toml", slurm_pool(2, "extra_sbatch_args = [\"--no-such-option\"]\n") + "[job]\napp = \"hello\"\n", 60);
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("sbatch refused the job"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("no-such-option"), std::string::npos) << o.err;
+}
+
+TEST_F(SlurmE2E, AKilledHostLeavesNoWorkerNoDirectoryAndNoJobAfterTheLease) {
+  auto c = start_skyforge({"run", write("sleep.toml", slurm_pool(2) + "[job]\ncommand = [\"sh\", \"-c\", \"echo up; exec sleep 120\"]\n").string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 60));
+  ASSERT_NE(skyforge_jobs(), "");
+  c->signal(SIGKILL);
+  c->wait(10);
+  // The workers' lease runs out (4 s), they leave and their steps end; the batch script sees no
+  // step left, cleans the nodes and ends the job.
+  for (int i = 0; i < 300 && (skyforge_jobs() != "" || !processes_under(root_).empty()); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(skyforge_jobs(), "") << "the job ended once its workers had left";
+  EXPECT_TRUE(processes_under(root_).empty());
+}
+
+}  // namespace
+}  // namespace skyforge::test
