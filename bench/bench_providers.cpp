@@ -1,7 +1,9 @@
 // Pool start → all workers ready, per provider, with `skyforge run --timings`' phases: the
-// `hello` app on 4 nodes, on `local` and on `ssh` (4 real OpenSSH servers, one per network
-// namespace, as tests/ssh_provider makes them): cold (an empty store on the hosts: every file
-// copied) and warm (the store kept from the run before: nothing copied). Median of --runs.
+// `hello` app on 4 nodes, on `local`, on `ssh` (4 real OpenSSH servers, one per network
+// namespace, as tests/ssh_provider makes them) cold (an empty store on the hosts: every file
+// copied) and warm (the store kept from the run before: nothing copied), and on `slurm` (a real
+// slurmctld and 4 slurmd in network namespaces, as tests/slurm_provider makes them; sbcast
+// copies every file each time). Median of --runs.
 //
 // Build: cmake --build build --target bench_providers ; run (root): build/bin/bench_providers [--runs 10]
 #include <unistd.h>
@@ -15,11 +17,13 @@
 #include <vector>
 
 #include "process.hpp"
+#include "slurm_cluster.hpp"
 #include "sshd_hosts.hpp"
 
 namespace fs = std::filesystem;
 using skyforge::test::Child;
 using skyforge::test::Output;
+using skyforge::test::SlurmCluster;
 using skyforge::test::SshdHosts;
 
 namespace {
@@ -63,10 +67,11 @@ int main(int argc, char** argv) {
   int runs = 10;
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
-  if (auto why = SshdHosts::unavailable(); !why.empty()) {
-    std::fprintf(stderr, "bench_providers: %s\n", why.c_str());
-    return 77;
-  }
+  for (const auto& why : {SshdHosts::unavailable(), SlurmCluster::unavailable()})
+    if (!why.empty()) {
+      std::fprintf(stderr, "bench_providers: %s\n", why.c_str());
+      return 77;
+    }
   char tmpl[] = "/tmp/skyforge-bench-providers-XXXXXX";
   if (!::mkdtemp(tmpl)) return 1;
   const fs::path root = tmpl, tmp = root / "tmp";
@@ -74,6 +79,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   {
     SshdHosts hosts(root / "hosts", 4);
+    SlurmCluster cluster(root / "slurm", 4);  // sets SLURM_CONF here, which the runs inherit
     auto write = [&](const std::string& name, const std::string& text) {
       std::ofstream(root / name) << text;
       return root / name;
@@ -85,24 +91,28 @@ int main(int argc, char** argv) {
                              "\nssh_config = \"" + hosts.ssh_config().string() + "\"\nremote_dir = \"" + remote.string() +
                              "\"\n" + job);
     };
-    Series l{"local", {}}, cold{"ssh, cold (empty store)", {}}, warm{"ssh, warm (store kept)", {}};
+    Series l{"local", {}}, cold{"ssh, cold (empty store)", {}}, warm{"ssh, warm (store kept)", {}},
+        sl{"slurm (sbcast every run)", {}};
+    fs::create_directories(root / "nodes");
+    const fs::path slurm = write("slurm.toml", "[pool]\nprovider = \"slurm\"\nnodes = 4\n\n[provider]\ntime_limit = \"10\"\n"
+                                                 "stage_dir = \"" + (root / "nodes").string() + "\"\n" + job);
     const fs::path warm_manifest = ssh("warm.toml", root / "remote-warm");
     bool ok = run_once(warm_manifest, tmp, warm);  // fills the warm store; not counted
     warm.phase.clear();
     for (int r = 0; ok && r < runs; ++r) {
       ok = run_once(local, tmp, l) && run_once(warm_manifest, tmp, warm);
       const fs::path remote = root / ("remote-cold-" + std::to_string(r));
-      ok = ok && run_once(ssh("cold.toml", remote), tmp, cold);
+      ok = ok && run_once(ssh("cold.toml", remote), tmp, cold) && run_once(slurm, tmp, sl);
       fs::remove_all(remote);
     }
     if (!ok) {
       rc = 1;
     } else {
-      std::printf("pool start → all 4 workers ready, `hello` on 4 nodes (ssh: 4 hosts, 1 node each), median of %d,\n"
+      std::printf("pool start → all 4 workers ready, `hello` on 4 nodes (ssh: 4 hosts, slurm: 4 nodes, 1 worker each), median of %d,\n"
                   "ms since `skyforge run` started, per phase (`skyforge run --timings`):\n\n",
                   runs);
       std::printf("| provider | provisioned | bootstrapped | joined | **ready** | torn down |\n|---|---|---|---|---|---|\n");
-      for (const Series* s : {&l, &warm, &cold}) {
+      for (const Series* s : {&l, &warm, &cold, &sl}) {
         std::printf("| %s |", s->name.c_str());
         for (const auto& p : kPhases)
           std::printf(p == "ready" ? " **%.0f** |" : " %.0f |", median(s->phase.at(p)));
