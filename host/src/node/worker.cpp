@@ -398,7 +398,14 @@ int Worker::run_command(const std::vector<std::string>& argv_in, const EnvMap& e
   // async-signal-safe calls (no allocation: another thread may hold the malloc lock).
   const std::string exec_error = std::string("cannot run '") + cargv[0] + "': ";
   pid_t parent = getpid();
+  // Signals stay blocked across fork() until the child has reset their dispositions: a SIGTERM
+  // the teardown sends to the group in between would otherwise run this worker's handler in the
+  // child, which exits 143 — a command that "failed" instead of one the teardown stopped.
+  sigset_t all, saved;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &saved);
   pid_t pid = fork();
+  if (pid != 0) pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     // Stays in the worker's process group (see g_child_pid); dies with the worker.
