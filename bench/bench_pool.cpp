@@ -2,7 +2,10 @@
 // local provider, with joblib (loky, n_jobs=2) measured in the same run as the peer for
 // map throughput.
 //
-//   build/bin/bench_pool [--runs N] [--tasks N]
+//   build/bin/bench_pool [--runs N] [--tasks N] [--baseline OTHER_SKYFORGE [--rounds N]]
+//
+// --baseline: the map throughput again, alternating this build's `skyforge` with another one
+// (an older build: what a change costs), `--rounds` times each (default 5), medians compared.
 //
 // Figures:
 //   startup    `skyforge run` start -> all 8 workers ready (plugins loaded, hooks entered)
@@ -112,8 +115,8 @@ class Bench {
     std::ofstream(p) << text;
     return p;
   }
-  Output skyforge(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {SKYFORGE_BIN};
+  Output skyforge(const std::vector<std::string>& args, const std::string& bin = SKYFORGE_BIN) {
+    std::vector<std::string> argv = {bin};
     argv.insert(argv.end(), args.begin(), args.end());
     Child c(argv, {});
     Output o = c.wait(600);
@@ -128,12 +131,15 @@ class Bench {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int runs = 10;
+  int runs = 10, rounds = 5;
   long tasks = 100000;
+  std::string baseline;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--runs") runs = std::atoi(argv[i + 1]);
     else if (a == "--tasks") tasks = std::atol(argv[i + 1]);
+    else if (a == "--baseline") baseline = argv[i + 1];
+    else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
   }
   try {
     Bench b;
@@ -153,7 +159,7 @@ int main(int argc, char** argv) {
 
     // 2. empty task round trip, 1 node, one task in flight
     auto m1 = b.manifest("rtt.toml",
-                         "[pool]\nnodes = 1\n[job]\napp = \"noop\"\nmode = \"map\"\ntasks = 5000\nbatch = 1\n");
+                         "[pool]\nnodes = 1\n[job]\napp = \"noop\"\nmode = \"map\"\ntasks = 5000\n[tasks]\nbatch_size = 1\n");
     Timings t = parse_timings(b.skyforge({"run", "--timings", "--quiet-results", "--pipeline", "1", m1.string()}).err);
     std::printf("empty task round trip, 1 node (%ld tasks, batch 1, 1 in flight): p50 %.1f us, p99 %.1f us   "
                 "[target p50 < 50 us]\n",
@@ -182,6 +188,21 @@ int main(int argc, char** argv) {
                   sky_rate / jl);
     } else {
       std::printf("peer: joblib unavailable (%s)\n", p.err.substr(0, 200).c_str());
+    }
+
+    // 4. the same map, this build against another one, alternating
+    if (!baseline.empty()) {
+      std::vector<double> mine, theirs;
+      for (int r = 0; r < rounds; ++r)
+        for (int which = 0; which < 2; ++which) {
+          Output out = b.skyforge({"run", "--timings", "--quiet-results", m2.string()}, which ? baseline : SKYFORGE_BIN);
+          Timings tt = parse_timings(out.err);
+          (which ? theirs : mine).push_back(tasks / ((tt.get("ran") - tt.get("ready")) / 1000.0));
+        }
+      std::printf("map throughput, this build vs %s, %ld empty tasks over 2 nodes, %d alternating rounds: "
+                  "median %.0f vs %.0f tasks/s (this/baseline = %.2f; this build's range %.0f-%.0f, baseline's %.0f-%.0f)\n",
+                  baseline.c_str(), tasks, rounds, pct(mine, 0.5), pct(theirs, 0.5), pct(mine, 0.5) / pct(theirs, 0.5),
+                  pct(mine, 0), pct(mine, 1), pct(theirs, 0), pct(theirs, 1));
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_pool: %s\n", e.what());

@@ -141,6 +141,19 @@ TEST_F(LoaderTest, ComputeBackendMissingItsHooksIsRefusedAtLoad) {
       << e;
 }
 
+TEST_F(LoaderTest, TaskBackendsHaveTheirHooksFromAbi1_5) {
+  const LoadedPlugin& ok = loader.load(fixture("task_backend_ok"), "task_backend_ok", SF_KIND_TASK_BACKEND);
+  ASSERT_NE(std::get_if<sf_task_hooks>(&ok.table), nullptr);
+  EXPECT_NE(std::get<sf_task_hooks>(ok.table).next_batch, nullptr);
+  EXPECT_EQ(std::get<sf_task_hooks>(ok.table).plan, nullptr);  // optional, absent
+  std::string e = load_error(fixture("task_without_state"));
+  EXPECT_NE(e.find("task_backend plugin 'task_without_state' lacks the required hook 'state'"), std::string::npos) << e;
+  // Before 1.5 the kind existed without hooks: such a library can run no job.
+  e = load_error(fixture("task_backend_v1_4"));
+  EXPECT_NE(e.find(fixture("task_backend_v1_4")), std::string::npos) << e;
+  EXPECT_NE(e.find("declares ABI 1.4; task backends have hooks from ABI 1.5 on"), std::string::npos) << e;
+}
+
 TEST_F(LoaderTest, InitFailureCarriesThePluginsMessage) {
   const LoadedPlugin& p = loader.load(fixture("init_fails"));
   try {

@@ -255,8 +255,8 @@ TEST_F(E2E, AWorkerKilledByItsAppIsNamedWithTheSignalTheTaskAndTheApp) {
   const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
   auto map = [&](const std::string& name, const std::string& crash) {
     return write(name, "[pool]\nnodes = 2\n[job]\n" + path +
-                           "app = \"crashy\"\nmode = \"map\"\nbatch = 1\ninputs = [\"a\", \"b\", \"c\", \"d\", \"e\", \"" + crash +
-                           "\", \"g\"]\n");
+                           "app = \"crashy\"\nmode = \"map\"\ninputs = [\"a\", \"b\", \"c\", \"d\", \"e\", \"" + crash +
+                           "\", \"g\"]\n[tasks]\nbatch_size = 1\n");
   };
   Output o = run({"run", map("segv.toml", "segv").string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;

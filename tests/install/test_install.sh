@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs skyforge into a temporary prefix, builds templates/framework-plugin and templates/app
-# out of tree against it exactly as their READMEs say, and runs their jobs with the installed
-# host. Also checks that the installed host finds its own plugins (local, torch) and plugins
+# Installs skyforge into a temporary prefix, builds every template (framework plugin, app,
+# compute backend, task backend) out of tree against it exactly as their READMEs say, and runs
+# their jobs with the installed host. Also checks that the installed host finds its own plugins (local, torch) and plugins
 # named by $SKYFORGE_PLUGIN_PATH, and that no run leaves anything in its TMPDIR.
 #
 # usage: test_install.sh --build-dir DIR --source-dir DIR [--cmake PATH] [--generator NAME] [--cxx PATH]
@@ -110,6 +110,7 @@ build_template() {  # build_template DIR PLUGIN
 build_template framework-plugin my_framework
 build_template app my_app
 build_template compute-backend my_backend
+build_template task-backend my_tasks
 
 # ---- 3. run their jobs with the installed host -----------------------------------------------
 step "skyforge run templates/framework-plugin/job.toml"
@@ -173,6 +174,16 @@ expect_match run-backend '^\[node 0\] Test loss: [0-9.]+ - test accuracy: 0\.[6-
 hashes=$(sed -nE 's/^\[node [01]\] => .*"weights_fnv1a64": "([0-9a-f]+)".*$/\1/p' "$work/run-backend.out" | sort -u)
 [[ $(echo "$hashes" | wc -l) -eq 1 && -n $hashes ]] || { show run-backend; fail "my_backend's replicas differ: $hashes"; }
 
+# The template task backend schedules a map of the installed `hello` app: its report replaces
+# the line per task's default, and the results come back whole.
+step "skyforge run templates/task-backend/job.toml"
+skyforge run-tasks run "$work/task-backend/job.toml"
+expect_ok run-tasks
+expect_line run-tasks "my_tasks: node 0 ran tasks 0 to 4"
+expect_line run-tasks "my_tasks: node 1 ran tasks 5 to 9"
+expect_line run-tasks "[task 0] => 0^2=0"
+expect_line run-tasks "[task 9] => 9^2=81"
+
 step "skyforge plugins"
 SKYFORGE_PLUGIN_PATH=$plugin_path skyforge plugins plugins
 expect_ok plugins
@@ -190,4 +201,4 @@ expect_match run-torch '^\[node 1\] rank=1 world=2 master=[^:]+:[0-9]+$'
 masters=$(sed -nE 's/^\[node [01]\] rank=[01] world=2 master=(.*)$/\1/p' "$work/run-torch.out" | sort -u | wc -l)
 [[ $masters -eq 1 ]] || { show run-torch; fail "the ranks disagree on MASTER_ADDR:MASTER_PORT"; }
 
-echo "PASS: installed SDK builds the three templates and the installed host runs them"
+echo "PASS: installed SDK builds the four templates and the installed host runs them"

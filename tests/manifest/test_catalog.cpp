@@ -306,11 +306,24 @@ TEST(Validate, KindsMustMatch) {
   EXPECT_EQ(p, "job.toml:2:7: [job] app: plugin 'cpu' (" + kA + "/cpu/plugin.toml) is a compute_backend plugin, expected app");
   p = validation_problem("[[plugins]]\nname = \"local\"\n[job]\ncommand = [\"x\"]\n", c);
   EXPECT_EQ(p, "job.toml:2:8: [[plugins]] name: plugin 'local' (" + kA +
-                   "/local/plugin.toml) is a provider plugin, expected framework or task_backend or compute_backend");
-  // Task and compute backends are accepted in [[plugins]].
-  Manifest m = parse_manifest(
-      "[[plugins]]\nname = \"threads\"\n[[plugins]]\nname = \"cpu\"\n[job]\napp = \"hello\"\n", "job.toml");
+                   "/local/plugin.toml) is a provider plugin, expected framework or compute_backend (a task backend is "
+                   "named in [tasks] backend)");
+  // Compute backends are accepted in [[plugins]]; a task backend is a map job's [tasks] backend.
+  Manifest m = parse_manifest("[[plugins]]\nname = \"cpu\"\n[job]\napp = \"hello\"\n", "job.toml");
   EXPECT_NO_THROW(validate_against(m, c));
+  p = validation_problem("[[plugins]]\nname = \"threads\"\n[job]\ncommand = [\"x\"]\n", c);
+  EXPECT_NE(p.find("is a task_backend plugin, expected framework or compute_backend"), std::string::npos) << p;
+  m = parse_manifest("[job]\napp = \"hello\"\nmode = \"map\"\ntasks = 4\n[tasks]\nbackend = \"threads\"\n", "job.toml");
+  validate_against(m, c);
+  EXPECT_EQ(m.job.task_options, (OptionList{{"batch_size", "0"}}));  // its default filled in
+  p = validation_problem("[job]\napp = \"hello\"\nmode = \"map\"\ntasks = 4\n[tasks]\nbackend = \"cpu\"\n", c);
+  EXPECT_EQ(p, "job.toml:6:11: [tasks] backend: plugin 'cpu' (" + kA +
+                   "/cpu/plugin.toml) is a compute_backend plugin, expected task_backend");
+  p = validation_problem("[job]\napp = \"hello\"\nmode = \"map\"\ntasks = 4\n[tasks]\nbackend = \"threads\"\nbatch = 3\n", c);
+  EXPECT_NE(p.find("job.toml:7:9: [tasks]: unknown option 'batch' for plugin 'threads'"), std::string::npos) << p;
+  // The default backend must be installed for a map job.
+  p = validation_problem("[job]\napp = \"hello\"\nmode = \"map\"\ntasks = 4\n", c);
+  EXPECT_NE(p.find("job.toml:3:8: [tasks] backend: no plugin named 'joblib'"), std::string::npos) << p;
 }
 
 TEST(Validate, PluginListedTwice) {

@@ -76,7 +76,8 @@ TEST(Manifest, MinimalGetsDefaults) {
   EXPECT_EQ(m.job.mode, JobMode::broadcast);
   EXPECT_FALSE(m.job.has_tasks);
   EXPECT_EQ(m.job.tasks, 0u);
-  EXPECT_EQ(m.job.batch, 0u);
+  EXPECT_EQ(m.job.task_backend, "joblib");
+  EXPECT_TRUE(m.job.task_options.empty());
   EXPECT_EQ(m.job.stdout_policy, OutputPolicy::All);
   EXPECT_EQ(m.job.stderr_policy, OutputPolicy::All);
   EXPECT_EQ(m.job.timeout_s, 0.0);
@@ -125,7 +126,9 @@ TEST(Manifest, FullManifestRoundTrip) {
   EXPECT_EQ(m.job.mode, JobMode::map);
   EXPECT_FALSE(m.job.has_tasks);
   EXPECT_EQ(m.job.inputs, (std::vector<std::string>{"a", "b", "c"}));
-  EXPECT_EQ(m.job.batch, 16u);
+  EXPECT_EQ(m.job.task_backend, "threads");
+  EXPECT_EQ(m.job.task_options, (OptionList{{"batch_size", "16"}}));
+  EXPECT_EQ(m.job.task_option_types, (std::vector<std::string>{"integer"}));
   EXPECT_EQ(m.job.stdout_policy, OutputPolicy::Head);
   EXPECT_EQ(m.job.stderr_policy, OutputPolicy::None);
   EXPECT_DOUBLE_EQ(m.job.timeout_s, 2.5);
@@ -229,9 +232,9 @@ TEST(Manifest, UnknownKeyPointsAtKeyAndListsKnown) {
 
 TEST(Manifest, UnknownTopLevelTablesAndKeys) {
   EXPECT_EQ(problem_of(kJob + "[jbo]\nx = 1\n"),
-            "job.toml:3:1: unknown table [jbo] (known: pool, provider, image, plugins, job, train) (did you mean 'job'?)");
+            "job.toml:3:1: unknown table [jbo] (known: pool, provider, image, plugins, job, tasks, train) (did you mean 'job'?)");
   EXPECT_EQ(problem_of("nodes = 4\n" + kJob),
-            "job.toml:1:1: unknown key 'nodes' at top level (known tables: pool, provider, image, plugins, job, train)");
+            "job.toml:1:1: unknown key 'nodes' at top level (known tables: pool, provider, image, plugins, job, tasks, train)");
 }
 
 TEST(Manifest, MissingJob) {
@@ -302,14 +305,31 @@ TEST(Manifest, Modes) {
             "job.toml:4:9: [job] tasks: expected an integer >= 1, got 0");
   EXPECT_EQ(problem_of("[job]\napp = \"a\"\nmode = \"map\"\ninputs = []\n"),
             "job.toml:4:10: [job] inputs: expected a non-empty array of strings, got an empty array");
-  EXPECT_EQ(problem_of("[job]\napp = \"a\"\nmode = \"map\"\ntasks = 2\nbatch = -1\n"),
-            "job.toml:5:9: [job] batch: expected an integer >= 0, got -1");
-  // tasks / inputs / batch only in map mode (broadcast is the default mode).
-  auto lines = problems_of("[job]\napp = \"a\"\ntasks = 2\ninputs = [\"x\"]\nbatch = 4\n");
+  // Batching is the task backend's: [job] batch says where it went.
+  EXPECT_EQ(problem_of("[job]\napp = \"a\"\nmode = \"map\"\ntasks = 2\nbatch = 4\n"),
+            "job.toml:5:1: [job] batch: a map job's batching is its task backend's: write it as [tasks] batch_size = 4 "
+            "(0 = automatic)");
+  // tasks / inputs (and [tasks]) only in map mode (broadcast is the default mode).
+  auto lines = problems_of("[job]\napp = \"a\"\ntasks = 2\ninputs = [\"x\"]\n[tasks]\nbatch_size = 4\n");
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0], "job.toml:3:1: [job] tasks: only allowed with mode = \"map\" (mode is \"broadcast\")");
   EXPECT_EQ(lines[1].substr(0, 13), "job.toml:4:1:");
-  EXPECT_EQ(lines[2].substr(0, 13), "job.toml:5:1:");
+  EXPECT_EQ(lines[2], "job.toml:5:1: [tasks]: only a map job has a task backend ([job] mode = \"map\"; mode is \"broadcast\")");
+}
+
+TEST(Manifest, TasksTableNamesTheBackendAndKeepsItsOptions) {
+  Manifest m = parse_manifest("[job]\napp = \"a\"\nmode = \"map\"\ntasks = 9\n", "job.toml");
+  EXPECT_EQ(m.job.task_backend, "joblib");  // the default
+  EXPECT_EQ(m.job.task_backend_pos.str(), "job.toml:3:8");
+  m = parse_manifest("[job]\napp = \"a\"\nmode = \"map\"\ntasks = 9\n[tasks]\nbackend = \"mine\"\nretries = 2\n"
+                     "retry_failed = true\n",
+                     "job.toml");
+  EXPECT_EQ(m.job.task_backend, "mine");
+  EXPECT_EQ(m.job.task_backend_pos.str(), "job.toml:6:11");
+  EXPECT_EQ(m.job.task_options, (OptionList{{"retries", "2"}, {"retry_failed", "true"}}));
+  EXPECT_EQ(m.job.task_option_pos[1].str(), "job.toml:8:16");
+  EXPECT_EQ(problem_of("[job]\napp = \"a\"\nmode = \"map\"\ntasks = 9\n[tasks]\nbackend = \"no way\"\n"),
+            "job.toml:6:11: [tasks] backend: \"no way\" is not a valid plugin name (letters, digits, '_', '-', '.')");
 }
 
 TEST(Manifest, OutputPoliciesAndTimeout) {

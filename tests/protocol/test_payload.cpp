@@ -89,7 +89,13 @@ TEST(Payload, Tasks) {
   tb.inputs = {"", "x", std::string(300, 'y')};
   auto b = round_trip(tb);
   EXPECT_EQ(b.first, 1000u);
+  EXPECT_TRUE(b.tasks.empty());
+  EXPECT_EQ(b.task(2), 1002u);
   EXPECT_EQ(b.inputs[2].size(), 300u);
+  tb.tasks = {1000, 7, uint64_t{1} << 40};  // a task backend's own choice of tasks
+  b = round_trip(tb);
+  EXPECT_EQ(b.tasks, tb.tasks);
+  EXPECT_EQ(b.task(2), uint64_t{1} << 40);
 
   msg::TaskResults tr;
   tr.first = 7;
@@ -135,13 +141,18 @@ TEST(Payload, HugeCollectionCountIsRejected) {
   tb.first = 1;
   tb.inputs = {"a"};
   std::string bytes = serialize(tb);
-  // Layout: preamble(5) | first(8) | vector preamble(5) | count(8) | item_version(4) | strings.
-  ASSERT_EQ(bytes.size(), 39u);
-  ASSERT_EQ(bytes.substr(18, 8), le64(1));
-  bytes.replace(18, 8, le64(uint64_t{1} << 60));
-  EXPECT_THROW(deserialize<msg::TaskBatch>(bytes), ProtocolError);
-  bytes.replace(18, 8, le64(1000000));
-  EXPECT_THROW(deserialize<msg::TaskBatch>(bytes), ProtocolError);
+  // Layout: preamble(5) | first(8) | tasks: count(8), one block of u64 | inputs: vector
+  // preamble(5) | count(8) | item_version(4) | strings.
+  ASSERT_EQ(bytes.size(), 47u);
+  ASSERT_EQ(bytes.substr(13, 8), le64(0));
+  ASSERT_EQ(bytes.substr(26, 8), le64(1));
+  for (size_t at : {size_t{13}, size_t{26}}) {  // the block of numbers and the strings
+    std::string forged = bytes;
+    forged.replace(at, 8, le64(uint64_t{1} << 60));
+    EXPECT_THROW(deserialize<msg::TaskBatch>(forged), ProtocolError);
+    forged.replace(at, 8, le64(1000000));
+    EXPECT_THROW(deserialize<msg::TaskBatch>(forged), ProtocolError);
+  }
 }
 
 TEST(Payload, InvalidBoolIsRejected) {

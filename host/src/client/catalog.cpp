@@ -251,6 +251,12 @@ void validate_against(Manifest& m, const Catalog& c) {
       check_options(c, *p, "[job.options]", m.job.options_pos.line ? m.job.options_pos : m.job.app_pos,
                     m.job.app_options, m.job.app_option_pos, m.job.app_option_types, out);
 
+  if (m.job.mode == JobMode::map)
+    if (const PluginInfo* p = resolve(c, m.job.task_backend, {"task_backend"}, "[tasks] backend", m.job.task_backend_pos,
+                                      "", out))
+      check_options(c, *p, "[tasks]", m.job.task_backend_pos, m.job.task_options, m.job.task_option_pos,
+                    m.job.task_option_types, out);
+
   std::map<std::string, SourcePos> seen;
   for (auto& use : m.plugins) {
     const std::string label = "[[plugins]] " + use.name;
@@ -258,8 +264,8 @@ void validate_against(Manifest& m, const Catalog& c) {
       out.add(use.pos, "[[plugins]] name: plugin '" + use.name + "' is listed twice (first at " + it->second.str() + ")");
       continue;
     }
-    const PluginInfo* p = resolve(c, use.name, {"framework", "task_backend", "compute_backend"}, "[[plugins]] name",
-                                  use.pos, "", out);
+    const PluginInfo* p = resolve(c, use.name, {"framework", "compute_backend"}, "[[plugins]] name", use.pos,
+                                  " (a task backend is named in [tasks] backend)", out);
     if (p) check_options(c, *p, label, use.pos, use.options, use.option_pos, use.option_types, out);
   }
 

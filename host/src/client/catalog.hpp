@@ -75,7 +75,8 @@ PluginInfo parse_plugin_toml(const std::string& path);
 
 // Checks the manifest against the catalogue and fills in option defaults:
 //  - [pool] provider names a plugin of kind provider; [job] app (if set) one of kind app;
-//    each [[plugins]] entry one of kind framework, task_backend or compute_backend, at most once;
+//    each [[plugins]] entry one of kind framework or compute_backend, at most once; a map job's
+//    [tasks] backend (default "joblib") a task_backend, its options checked like [provider]'s;
 //  - options of the provider ([provider]) and of each [[plugins]] entry: no unknown option,
 //    right type (an integer is accepted for a float and becomes a float), value among the
 //    choices, required ones present; absent options with a default are appended with it;

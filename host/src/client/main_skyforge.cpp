@@ -93,9 +93,10 @@ SourcePos refusal_pos(const std::string& message, const OptionList& options, con
   return entry;
 }
 
-// The checks only a plugin can make: create() every provider and framework plugin the manifest
-// names with its options, on the client, as `run` will, and destroy it again. A refusal is a
-// manifest problem at the option it names. (Constructors validate; they start nothing.)
+// The checks only a plugin can make: create() the provider, every [[plugins]] entry and a map
+// job's task backend with their options, on the client, as `run` will, and destroy them again.
+// A refusal is a manifest problem at the option it names. (Constructors validate; they start
+// nothing.)
 void check_plugins_accept_their_options(const Manifest& m, const Catalog& catalog) {
   Services services([](int32_t, const std::string&) {});
   Loader loader(services.table());
@@ -114,6 +115,8 @@ void check_plugins_accept_their_options(const Manifest& m, const Catalog& catalo
   };
   check(m.pool.provider, m.pool.provider_options, m.pool.provider_option_pos, m.pool.provider_pos, "[provider]");
   for (const auto& use : m.plugins) check(use.name, use.options, use.option_pos, use.pos, "[[plugins]] " + use.name);
+  if (m.job.mode == JobMode::map)
+    check(m.job.task_backend, m.job.task_options, m.job.task_option_pos, m.job.task_backend_pos, "[tasks]");
   if (!problems.empty()) throw ManifestError(std::move(problems));
 }
 

@@ -128,7 +128,7 @@ bool has_control_char(const std::string& s) {
   return std::any_of(s.begin(), s.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; });
 }
 
-const std::vector<std::string> kTopKeys = {"pool", "provider", "image", "plugins", "job", "train"};
+const std::vector<std::string> kTopKeys = {"pool", "provider", "image", "plugins", "job", "tasks", "train"};
 const std::vector<std::string> kPoolKeys = {"provider", "nodes", "concurrency", "accelerator"};
 const std::vector<std::string> kImageKeys = {"apt", "pip", "env", "files"};
 const std::vector<std::string> kFileKeys = {"source", "target"};
@@ -291,6 +291,30 @@ void read_plugins(Reader& r, const Value& v, std::vector<PluginUse>& plugins) {
   }
 }
 
+// [tasks]: the map job's task backend and, in the rest of the table, its options.
+void read_tasks(Reader& r, const Value& t, JobSpec& job) {
+  if (job.mode != JobMode::map) {
+    r.error(r.pos(t), std::string("[tasks]: only a map job has a task backend ([job] mode = \"map\"; mode is \"") +
+                          mode_name(job.mode) + "\")");
+    return;
+  }
+  job.task_backend_pos = r.pos(t);
+  if (const Value* b = Reader::find(t, "backend")) {
+    job.task_backend_pos = r.pos(*b);
+    if (auto s = r.string_value(*b, "[tasks] backend", true)) {
+      if (detail::valid_plugin_name(*s))
+        job.task_backend = *s;
+      else
+        r.error(r.pos(*b), "[tasks] backend: " + quote(*s) + " is not a valid plugin name (letters, digits, '_', '-', '.')");
+    }
+  }
+  for (auto& o : read_options(r, t, "[tasks]", {"backend"})) {
+    job.task_options.emplace_back(o.name, std::move(o.value.text));
+    job.task_option_types.push_back(std::move(o.value.type));
+    job.task_option_pos.push_back(std::move(o.pos));
+  }
+}
+
 std::optional<OutputPolicy> read_policy(Reader& r, const Value& t, const std::string& key) {
   const Value* v = Reader::find(t, key);
   if (!v) return std::nullopt;
@@ -364,7 +388,10 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
   const bool mode_known = mode || !Reader::find(t, "mode");
   const Value* tasks = Reader::find(t, "tasks");
   const Value* inputs = Reader::find(t, "inputs");
-  const Value* batch = Reader::find(t, "batch");
+  if (const Value* batch = Reader::find(t, "batch"))
+    r.error(r.key_pos(*batch, "batch"), "[job] batch: a map job's batching is its task backend's: write it as "
+                                        "[tasks] batch_size = " + (batch->is_integer() ? std::to_string(batch->as_integer()) : std::string("N")) +
+                                        " (0 = automatic)");
   if (job.mode == JobMode::map) {
     if (command && !app)
       r.error(r.pos(*mode), "[job] mode: \"map\" needs 'app' (a native app exporting a task function); a command cannot be mapped");
@@ -378,10 +405,9 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
       job.has_tasks = true;
     }
     if (auto in = r.string_array(t, "inputs", "[job]", true)) job.inputs = std::move(*in);
-    if (auto b = r.integer(t, "batch", "[job]", 0, std::numeric_limits<uint32_t>::max()))
-      job.batch = static_cast<uint32_t>(*b);
+    job.task_backend_pos = r.pos(*mode);
   } else if (mode_known) {
-    for (auto [key, v] : {std::pair{"tasks", tasks}, std::pair{"inputs", inputs}, std::pair{"batch", batch}}) {
+    for (auto [key, v] : {std::pair{"tasks", tasks}, std::pair{"inputs", inputs}}) {
       if (v)
         r.error(r.key_pos(*v, key), std::string("[job] ") + key + ": only allowed with mode = \"map\" (mode is \"" +
                                         mode_name(job.mode) + "\")");
@@ -460,6 +486,7 @@ Manifest parse_manifest(const std::string& text, const std::string& display_name
     read_job(r, *job, m.dir, m.job, train != nullptr);
   else if (!Reader::find(root, "job") && !train)
     r.error(r.start(), "missing [job] table: a manifest needs [job] with 'app' or 'command', or a [train] table");
+  if (const Value* tasks = table("tasks")) read_tasks(r, *tasks, m.job);
   if (train) {
     // The built-in `train` job is the `train` app (plugins/train), run once on every node.
     m.job.app = "train";

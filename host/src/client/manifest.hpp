@@ -3,7 +3,7 @@
 // Two steps, so that `skyforge validate` and the fuzzer can run the first without a plugin
 // catalogue:
 //   1. load_manifest / parse_manifest: TOML syntax + the fixed schema ([pool], [provider],
-//      [image], [[plugins]], [job]). Plugin options are kept as canonical text with their TOML
+//      [image], [[plugins]], [job], [tasks]). Plugin options are kept as canonical text with their TOML
 //      type, to be checked in step 2.
 //   2. validate_against (catalog.hpp): every named plugin exists with the right kind, plugin
 //      options match their plugin.toml schema, defaults are filled in.
@@ -97,7 +97,13 @@ struct JobSpec {
   uint64_t tasks = 0;              // map: inputs are "0".."tasks-1" when has_tasks
   std::vector<std::string> inputs; // map: explicit inputs when !has_tasks
   bool has_tasks = false;
-  uint32_t batch = 0;  // map: tasks per batch, 0 = automatic
+  // map: the task backend ([tasks] backend, default "joblib") and its options (the rest of
+  // [tasks]), checked against its plugin.toml like [provider]'s.
+  std::string task_backend = "joblib";
+  SourcePos task_backend_pos;  // the `backend` value; the [tasks] header, else the mode, when defaulted
+  OptionList task_options;
+  std::vector<SourcePos> task_option_pos;
+  std::vector<std::string> task_option_types;
   OutputPolicy stdout_policy = OutputPolicy::All, stderr_policy = OutputPolicy::All;
   double timeout_s = 0;  // 0 = none
   std::vector<std::string> plugin_path;  // absolute, normalised

@@ -2,7 +2,7 @@
 // verdict, one after the other, the control connections' callbacks and the teardown that every
 // exit path goes through (docs/architecture.md). What it leans on has rooms of its own: the
 // terminal (run_output), the plugins and their configuration (plugin_resolution), the nodes'
-// bootstrap script (bootstrap_script) and the handing out of map tasks (map_scheduler).
+// bootstrap script (bootstrap_script) and a map job's task backend (task_driver).
 #include "run.hpp"
 #include "lent.hpp"
 
@@ -31,12 +31,12 @@
 #include "bootstrap_script.hpp"
 #include "io_loop.hpp"
 #include "loader.hpp"
-#include "map_scheduler.hpp"
 #include "plugin_resolution.hpp"
 #include "protocol.hpp"
 #include "run_output.hpp"
 #include "self_exe.hpp"
 #include "services.hpp"
+#include "task_driver.hpp"
 
 namespace skyforge {
 namespace {
@@ -127,7 +127,8 @@ class PoolRun {
   Clock::time_point deadline_;
   bool has_deadline_ = false;
 
-  MapScheduler map_{m_.job, m_.pool.nodes, m_.pool.concurrency, opt_.pipeline, opt_.timings};
+  std::unique_ptr<PluginInstance> task_backend_;  // a map job's ([tasks] backend)
+  std::optional<TaskDriver> tasks_;
 
   // --timings
   Clock::time_point t0_ = Clock::now();
@@ -168,6 +169,12 @@ void PoolRun::load_plugins() {
   for (const auto& use : m_.plugins)
     frameworks_.push_back(create_plugin(loader_, catalog_, use.name, std::nullopt, use.options));
   if (!m_.job.app.empty()) app_ = &load_app(loader_, catalog_, m_.job);
+  if (m_.job.mode == JobMode::map) {
+    task_backend_ = create_plugin(loader_, catalog_, m_.job.task_backend, SF_KIND_TASK_BACKEND, m_.job.task_options);
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.emplace(*task_backend_, m_.job, m_.pool.nodes, m_.pool.concurrency, uint32_t(std::max(1, opt_.pipeline)),
+                   opt_.timings);
+  }
 }
 
 void PoolRun::client_enter() {
@@ -421,7 +428,26 @@ void PoolRun::on_closed(uint32_t node, const std::string& reason) {
       why = describe_loss(node, reason);
       lock.lock();
     }
-    fail("node " + std::to_string(node) + " lost: " + why);
+    const std::string lost = "node " + std::to_string(node) + " lost: " + why;
+    if (tasks_ && failure_.empty() && !tasks_->done()) {
+      // A map job's task backend says what the loss means: its tasks run again elsewhere
+      // ([tasks] retries), or the job fails.
+      std::optional<std::string> verdict;
+      try {
+        verdict = tasks_->node_lost(node);
+      } catch (const PluginError& e) {
+        verdict = std::string("task backend: ") + e.what();
+      }
+      if (!verdict) {
+        printer_.err(lost + "; the task backend hands its tasks to the other nodes");
+        for (uint32_t i = 0; i < nodes_.size(); ++i) dispatch(i);
+        cv_.notify_all();
+        return;
+      }
+      fail(lost + " — " + *verdict);
+    } else {
+      fail(lost);
+    }
   }
   cv_.notify_all();
 }
@@ -548,7 +574,7 @@ void PoolRun::wait_ready() {
   std::unique_lock<std::mutex> lock(mu_);
   auto deadline = Clock::now() + std::chrono::milliseconds(opt_.join_timeout_ms);
   bool ok = wait_for(lock, [&] {
-    return std::all_of(nodes_.begin(), nodes_.end(), [](const NodeState& n) { return n.ready || n.result; });
+    return std::all_of(nodes_.begin(), nodes_.end(), [](const NodeState& n) { return n.ready || n.result || n.closed; });
   }, deadline);
   if (!ok && failure_.empty()) fail("not every node became ready within " + std::to_string(opt_.join_timeout_ms) + " ms");
 }
@@ -556,12 +582,22 @@ void PoolRun::wait_ready() {
 void PoolRun::dispatch(uint32_t node) {
   NodeState& n = nodes_[node];
   if (!n.ready || n.closed || !failure_.empty()) return;
-  while (auto batch = map_.next_batch(node)) n.conn->send_msg(msg::Type::TaskBatch, *batch);
+  try {
+    while (auto batch = tasks_->next_batch(node)) n.conn->send_msg(msg::Type::TaskBatch, *batch);
+  } catch (const PluginError& e) {
+    fail(std::string("task backend: ") + e.what());
+  }
 }
 
 void PoolRun::on_results(uint32_t node, msg::TaskResults&& r) {
-  if (auto failed = map_.take_results(node, std::move(r))) {
-    if (failure_.empty()) fail(*failed);
+  std::optional<std::string> failed;
+  try {
+    failed = tasks_->take_results(node, std::move(r));
+  } catch (const PluginError& e) {
+    failed = std::string("task backend: ") + e.what();
+  }
+  if (failed) {
+    fail(*failed);
     return;
   }
   dispatch(node);
@@ -571,7 +607,7 @@ void PoolRun::execute() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.empty()) return;
   if (m_.job.mode == JobMode::map) {
-    wait_for(lock, [&] { return map_.done(); }, std::nullopt);
+    wait_for(lock, [&] { return tasks_->done(); }, std::nullopt);
     return;
   }
   bool single = m_.job.mode == JobMode::single && m_.job.command.empty();
@@ -621,8 +657,12 @@ int PoolRun::report() {
   if (m_.job.mode == JobMode::map && failure_.empty()) {
     if (!opt_.quiet_results) {
       std::string out;
-      const auto& results = map_.results();
-      for (uint64_t i = 0; i < results.size(); ++i) out += "[task " + std::to_string(i) + "] => " + results[i].value + "\n";
+      try {
+        for (const auto& line : tasks_->report()) out += line + "\n";
+      } catch (const PluginError& e) {
+        printer_.err(std::string("task backend: ") + e.what());
+        return kExitJobFailed;
+      }
       printer_.out(out.empty() ? "" : out.substr(0, out.size() - 1));
     }
   } else if (m_.job.command.empty() && failure_.empty()) {
@@ -700,7 +740,7 @@ int PoolRun::run() {
   mark("ran");
   teardown();
   mark("torn_down");
-  if (opt_.timings) printer_.err(timings_line(phases_, map_.batch_rtt_us()));
+  if (opt_.timings) printer_.err(timings_line(phases_, tasks_ ? tasks_->batch_rtt_us() : std::vector<double>{}));
   bool ok;
   {
     std::lock_guard<std::mutex> lock(mu_);

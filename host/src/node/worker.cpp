@@ -482,7 +482,7 @@ void Worker::run_tasks() {
           sf_sink sink = {&r.value, [](void* ctx, const char* d, size_t n) {
                             lent([&] { static_cast<std::string*>(ctx)->append(d, n); });
                           }};
-          t_task = static_cast<int64_t>(batch.first + out.results.size());
+          t_task = static_cast<int64_t>(batch.task(out.results.size()));
           sf_status st = h->task(app_->self(), input.data(), input.size(), slot, sink);
           t_task = -1;
           if (st != SF_OK) {

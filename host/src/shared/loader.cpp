@@ -54,7 +54,8 @@ void adapt_table(LoadedPlugin& p) {
     case SF_KIND_PROVIDER: p.table = adapt<sf_provider_hooks>(p.descriptor->hooks); break;
     case SF_KIND_APP: p.table = adapt<sf_app_hooks>(p.descriptor->hooks); break;
     case SF_KIND_COMPUTE_BACKEND: p.table = adapt<sf_compute_hooks>(p.descriptor->hooks); break;
-    default: p.hooks = p.descriptor->hooks; return;  // a kind with no table yet
+    case SF_KIND_TASK_BACKEND: p.table = adapt<sf_task_hooks>(p.descriptor->hooks); break;
+    default: p.hooks = p.descriptor->hooks; return;
   }
   std::visit([&](const auto& t) { p.hooks = &t; }, p.table);
 }
@@ -81,6 +82,10 @@ std::vector<RequiredHook> required_hooks(sf_kind kind) {
             SKYFORGE_REQUIRED(sf_compute_hooks, param_count), SKYFORGE_REQUIRED(sf_compute_hooks, get_params),
             SKYFORGE_REQUIRED(sf_compute_hooks, set_params), SKYFORGE_REQUIRED(sf_compute_hooks, state_dict),
             SKYFORGE_REQUIRED(sf_compute_hooks, load_state)};
+  if (kind == SF_KIND_TASK_BACKEND)
+    return {SKYFORGE_REQUIRED(sf_task_hooks, begin), SKYFORGE_REQUIRED(sf_task_hooks, next_batch),
+            SKYFORGE_REQUIRED(sf_task_hooks, completed), SKYFORGE_REQUIRED(sf_task_hooks, node_lost),
+            SKYFORGE_REQUIRED(sf_task_hooks, state)};
   return {};
 }
 
@@ -178,7 +183,10 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
   for (const auto& other : plugins_)
     if (other->name == p->name)
       throw LoadError("two plugins are named '" + p->name + "': " + other->path + " and " + path);
-  if (!d->hooks && p->kind != SF_KIND_TASK_BACKEND)
+  if (p->kind == SF_KIND_TASK_BACKEND && p->abi_minor < 5)  // the kind had no hooks before 1.5
+    throw LoadError(path + ": task_backend plugin '" + p->name + "' declares ABI " + version_str(p->abi_major, p->abi_minor) +
+                    "; task backends have hooks from ABI 1.5 on: rebuild it against this SDK with abi = \"1.5\"");
+  if (!d->hooks)
     throw LoadError(path + ": " + kind_name(p->kind) + " plugin '" + p->name + "' has no hook table");
   adapt_table(*p);
   for (const auto& req : required_hooks(p->kind))

@@ -48,7 +48,8 @@ struct LoadedPlugin {
   // ncclNet_vN tables): the bytes the plugin's struct_size covers, copied into a zeroed table of
   // the current size, so a hook past an older plugin's table reads as NULL and no caller checks
   // struct_size again. `hooks` points into `table` (the plugin's own table for a kind with none).
-  std::variant<std::monostate, sf_framework_hooks, sf_provider_hooks, sf_app_hooks, sf_compute_hooks> table;
+  std::variant<std::monostate, sf_framework_hooks, sf_provider_hooks, sf_app_hooks, sf_compute_hooks, sf_task_hooks>
+      table;
   const void* hooks = nullptr;
   uint32_t hooks_size = 0;  // the struct_size the plugin declared (what it was built against)
 };

@@ -114,11 +114,14 @@ struct Log {
 };
 
 struct TaskBatch {
-  uint64_t first = 0;  // index of inputs[0] in the map
+  uint64_t first = 0;           // the task of inputs[0]; TaskResults.first names the batch with it
+  std::vector<uint64_t> tasks;  // each input's task when they are not first, first+1, ... (a task
+                                // backend may hand out any set); empty when they are
   std::vector<std::string> inputs;
+  uint64_t task(size_t k) const { return tasks.empty() ? first + k : tasks[k]; }
   template <class A>
   void serialize(A& a, unsigned) {
-    a & first & inputs;
+    a & first & tasks & inputs;
   }
 };
 

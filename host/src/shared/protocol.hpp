@@ -27,6 +27,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/serialization/array_optimization.hpp>
 #include <boost/serialization/collection_size_type.hpp>
 #include <boost/serialization/item_version_type.hpp>
 
@@ -49,7 +50,7 @@
 namespace skyforge::net {
 
 constexpr uint32_t kMagic = 0x46594B53;  // bytes 'S' 'K' 'Y' 'F' read as a little-endian u32
-constexpr uint16_t kProtocolVersion = 2;  // 2: Job holds a NodeIdentity; its mode is a byte (JobMode)
+constexpr uint16_t kProtocolVersion = 3;  // 2: Job holds a NodeIdentity; its mode is a byte (JobMode); 3: TaskBatch.tasks
 constexpr size_t kHeaderSize = 12;
 constexpr uint32_t kDefaultMaxFrame = 16u << 20;  // bound on one frame's payload, in bytes
 constexpr size_t kNonceSize = 32;
@@ -170,6 +171,14 @@ class BoundedIArchive
 
 [[noreturn]] void throw_malformed(const char* type_name, const char* what);
 }  // namespace detail
+}  // namespace skyforge::net
+
+// The writer (binary_oarchive) writes a vector of arithmetic values as one block; the reader
+// must read it the same way (the trait is per archive type). The block's count is checked
+// against the bytes left like every other length.
+BOOST_SERIALIZATION_USE_ARRAY_OPTIMIZATION(skyforge::net::detail::BoundedIArchive)
+
+namespace skyforge::net {
 
 template <class T>
 std::string serialize(const T& value) {

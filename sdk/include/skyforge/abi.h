@@ -26,7 +26,8 @@
  * Threads: the host calls one plugin instance's hooks from one thread at a time, in the order
  * of a run (docs/architecture.md), except where a hook table says which hooks may run
  * concurrently (provider: bootstrap per node, terminate, worker_alive and worker_exit beside anything;
- * app: task, one thread per slot; compute backend: probe beside anything). Services may be called from any thread. Callbacks the host
+ * app: task, one thread per slot; compute backend: probe beside anything; a task backend's
+ * hooks come from the client's threads, one at a time). Services may be called from any thread. Callbacks the host
  * lends (sinks, sf_env, sf_image_editor, sf_node_sink, services) never unwind into the
  * plugin: they return normally, and report failures through their status or last_error.
  *
@@ -41,7 +42,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 4
+#define SKYFORGE_ABI_MINOR 5
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -381,6 +382,71 @@ typedef struct sf_compute_hooks {
   sf_status (*probe)(void* self);
 } sf_compute_hooks;
 
+/* ---- task backends (docs/plugins.md; ABI 1.5) ----------------------------------------- */
+/* A task backend is a map job's policy ([job] mode = "map"; [tasks] backend = "<name>", its
+ * options the rest of [tasks]). The client creates one per run and asks it everything a
+ * scheduler decides: which tasks there are (plan, optional), which go to which node in which
+ * batches and in what order (next_batch), what a failed task or a lost node means (completed,
+ * node_lost, state), and what the run prints at the end (report, optional). The host moves the
+ * bytes: it sends each batch to its node, where the app's `task` hook runs it on the node's
+ * slots, and hands every answer back. The last answer the host received for a task is that
+ * task's result. The hooks are called from the client's threads, one call at a time; none may
+ * block (the control plane waits on them). */
+typedef struct sf_task_job {
+  uint32_t struct_size;
+  uint32_t nodes;          /* nodes in the pool, numbered 0..nodes-1 */
+  uint32_t slots_per_node; /* [pool] concurrency (>= 1): tasks a node runs at once */
+  uint32_t pipeline;       /* batches per slot the host lets a node hold: an upper bound the
+                              backend may stay under (more queued = less idle, worse tail) */
+  uint64_t n_tasks;        /* the job's tasks, indexed 0..n_tasks-1 (plan's count when it made them) */
+  const char* app;         /* the app that runs the tasks */
+} sf_task_job;
+
+/* One task's answer. BORROWED, like every argument. */
+typedef struct sf_task_outcome {
+  uint64_t task;     /* its index */
+  uint32_t node;     /* where it ran */
+  uint32_t slot;     /* the node's slot that ran it */
+  int32_t ok;        /* 1: value is its result; 0: value is its error message */
+  const char* value;
+  size_t size;
+} sf_task_outcome;
+
+/* state() */
+#define SF_TASKS_RUNNING 0 /* answers still to come: the host keeps asking next_batch */
+#define SF_TASKS_DONE 1    /* every task has its final answer */
+#define SF_TASKS_FAILED 2  /* the job failed; the run stops, cancelling what is queued */
+
+/* Every hook but plan and report is required (the host refuses a task backend without them at
+ * load). */
+typedef struct sf_task_hooks {
+  uint32_t struct_size;
+  /* Optional. Called once, before begin: the job's task inputs when the backend makes them
+   * (one write to `inputs` per task, in index order; `manifest_inputs` are the manifest's own,
+   * `tasks = N` giving "0".."N-1", possibly none). Absent, or no write: the manifest's. */
+  sf_status (*plan)(void* self, const char* const* manifest_inputs, size_t n, sf_sink inputs);
+  /* Called once: the job starts, with its final task count. */
+  sf_status (*begin)(void* self, const sf_task_job* job);
+  /* The next batch for `node`: up to `cap` task indices written to `tasks`, their count to *n
+   * (0: nothing for this node now). The host asks whenever the node may take work (it became
+   * ready, answered a batch, or another node was lost), until the answer is 0. A task may be
+   * handed out again only after its last batch was answered or its node lost. */
+  sf_status (*next_batch)(void* self, uint32_t node, uint64_t* tasks, size_t cap, size_t* n);
+  /* The answers to one batch of `node`, in the order its tasks were handed out; `elapsed_ns`:
+   * the node's time on the whole batch (for sizing the next ones). */
+  sf_status (*completed)(void* self, uint32_t node, const sf_task_outcome* outcomes, size_t n,
+                         uint64_t elapsed_ns);
+  /* `node` is gone: the tasks it held without answering are the backend's to hand out again
+   * (next_batch, to other nodes) or to fail the job with (state). It is never asked again. */
+  sf_status (*node_lost)(void* self, uint32_t node);
+  /* Where the job stands: SF_TASKS_RUNNING / DONE / FAILED. With FAILED, `why` gets one write
+   * naming the task, its node and slot, and the cause. */
+  int32_t (*state)(void* self, sf_sink why);
+  /* Optional. After a job that ended DONE: what the run prints instead of its line per task
+   * (`results`: each task's final answer, by index), one write per line. */
+  sf_status (*report)(void* self, const sf_task_outcome* results, size_t n, sf_sink out);
+} sf_task_hooks;
+
 /* ---- the descriptor every plugin returns --------------------------------------------- */
 /* Returned by the entry; static storage, valid as long as the library. name, create, destroy,
  * last_error and hooks are required (hooks: the table of `kind`). */
@@ -400,8 +466,8 @@ typedef struct sf_plugin_descriptor {
   /* Message for the last failure of `self` (NULL self: of create). Owned by the plugin,
    * valid until the plugin's next call on the same thread. */
   const char* (*last_error)(void* self);
-  /* sf_framework_hooks / sf_provider_hooks / sf_app_hooks / sf_compute_hooks, by kind;
-   * first field struct_size */
+  /* sf_framework_hooks / sf_provider_hooks / sf_app_hooks / sf_compute_hooks / sf_task_hooks
+   * (ABI 1.5), by kind; first field struct_size */
   const void* hooks;
 } sf_plugin_descriptor;
 

@@ -1,7 +1,7 @@
 // skyforge SDK — header-only C++ layer over the C ABI in abi.h.
 //
 // A plugin is a class deriving from one of skyforge::Framework, skyforge::Provider,
-// skyforge::App or skyforge::ComputeBackend, constructible from a skyforge::Context, registered with one macro:
+// skyforge::App, skyforge::ComputeBackend or skyforge::TaskBackend, constructible from a skyforge::Context, registered with one macro:
 //
 //     class Hello : public skyforge::App {
 //      public:
@@ -478,6 +478,49 @@ class ComputeBackend : public PluginBase {
   virtual void probe() {}
 };
 
+// ---- task backends (docs/plugins.md; ABI 1.5) -------------------------------------------
+// A map job's policy: which tasks, which node gets which in what batches, what a failure or a
+// lost node means, what the run prints at the end (abi.h, sf_task_hooks). Runs in the client,
+// one call at a time; no hook may block.
+struct TaskJob {
+  uint32_t nodes = 0;
+  uint32_t slots_per_node = 1;  // [pool] concurrency
+  uint32_t pipeline = 1;        // batches per slot a node may hold, at most
+  uint64_t n_tasks = 0;
+  std::string app;
+};
+
+struct TaskOutcome {
+  uint64_t task = 0;
+  uint32_t node = 0;
+  uint32_t slot = 0;
+  bool ok = true;
+  std::string_view value;  // the result, or the error message; valid during the call only
+};
+
+enum class TasksState : int32_t { running = SF_TASKS_RUNNING, done = SF_TASKS_DONE, failed = SF_TASKS_FAILED };
+
+class TaskBackend : public PluginBase {
+ public:
+  static constexpr sf_kind kind = SF_KIND_TASK_BACKEND;
+  using PluginBase::PluginBase;
+  // The job's task inputs when this backend makes them, in index order; empty: the manifest's
+  // (`manifest_inputs`). Not overridden: the hook is absent.
+  virtual std::vector<std::string> plan(const std::vector<std::string>& /*manifest_inputs*/) { return {}; }
+  virtual void begin(const TaskJob& job) = 0;
+  // The next batch for `node` (at most `cap` task indices); empty: nothing for it now.
+  virtual std::vector<uint64_t> next_batch(uint32_t node, size_t cap) = 0;
+  // One batch's answers, in the order handed out, and the node's time on the batch.
+  virtual void completed(uint32_t node, const std::vector<TaskOutcome>& outcomes, uint64_t elapsed_ns) = 0;
+  // The node is gone with the tasks it held: hand them out again or fail.
+  virtual void node_lost(uint32_t node) = 0;
+  // running / done / failed (then `why` says which task, where, and what happened).
+  virtual TasksState state(std::string& why) = 0;
+  // What the run prints after a job that ended done, a line each; not overridden: the hook is
+  // absent and the run prints `[task I] => result` per task.
+  virtual std::vector<std::string> report(const std::vector<TaskOutcome>& /*results*/) { return {}; }
+};
+
 // ---- the C glue -------------------------------------------------------------------------
 namespace detail {
 
@@ -712,14 +755,73 @@ const sf_compute_hooks* compute_hooks() {
   return &h;
 }
 
+inline std::vector<TaskOutcome> outcomes_from_c(const sf_task_outcome* o, size_t n) {
+  std::vector<TaskOutcome> out(n);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = TaskOutcome{o[i].task, o[i].node, o[i].slot, o[i].ok != 0, std::string_view(o[i].value ? o[i].value : "", o[i].size)};
+  return out;
+}
+
+template <class P>
+const sf_task_hooks* task_hooks() {
+  static const sf_task_hooks h = [] {
+    sf_task_hooks t{};
+    t.struct_size = sizeof(sf_task_hooks);
+    if constexpr (SKYFORGE_OVERRIDES(P, TaskBackend, plan))
+      t.plan = [](void* s, const char* const* in, size_t n, sf_sink out) noexcept {
+        return guard<P>(s, [&](P& p) {
+          std::vector<std::string> given;
+          given.reserve(n);
+          for (size_t i = 0; i < n; ++i) given.emplace_back(or_empty(in[i]));
+          for (const auto& input : p.plan(given)) write(out, input);
+        });
+      };
+    t.begin = [](void* s, const sf_task_job* j) noexcept {
+      return guard<P>(s, [&](P& p) {
+        p.begin(TaskJob{j->nodes, j->slots_per_node, j->pipeline, j->n_tasks, or_empty(j->app)});
+      });
+    };
+    t.next_batch = [](void* s, uint32_t node, uint64_t* tasks, size_t cap, size_t* n) noexcept {
+      *n = 0;
+      return guard<P>(s, [&](P& p) {
+        std::vector<uint64_t> b = p.next_batch(node, cap);
+        if (b.size() > cap) throw Error("next_batch: a batch of " + std::to_string(b.size()) + " tasks, at most " +
+                                        std::to_string(cap) + " allowed");
+        std::copy(b.begin(), b.end(), tasks);
+        *n = b.size();
+      });
+    };
+    t.completed = [](void* s, uint32_t node, const sf_task_outcome* o, size_t n, uint64_t ns) noexcept {
+      return guard<P>(s, [&](P& p) { p.completed(node, outcomes_from_c(o, n), ns); });
+    };
+    t.node_lost = [](void* s, uint32_t node) noexcept { return guard<P>(s, [&](P& p) { p.node_lost(node); }); };
+    t.state = [](void* s, sf_sink why) noexcept -> int32_t {
+      std::string w;
+      TasksState st = TasksState::failed;
+      if (guard<P>(s, [&](P& p) { st = p.state(w); }) != SF_OK) w = "state: " + t_last_error;
+      if (st == TasksState::failed) write(why, w);
+      return static_cast<int32_t>(st);
+    };
+    if constexpr (SKYFORGE_OVERRIDES(P, TaskBackend, report))
+      t.report = [](void* s, const sf_task_outcome* r, size_t n, sf_sink out) noexcept {
+        return guard<P>(s, [&](P& p) {
+          for (const auto& line : p.report(outcomes_from_c(r, n))) write(out, line);
+        });
+      };
+    return t;
+  }();
+  return &h;
+}
+
 template <class P>
 const void* hooks_for() {
   if constexpr (std::is_base_of_v<Framework, P>) return framework_hooks<P>();
   else if constexpr (std::is_base_of_v<Provider, P>) return provider_hooks<P>();
   else if constexpr (std::is_base_of_v<App, P>) return app_hooks<P>();
   else if constexpr (std::is_base_of_v<ComputeBackend, P>) return compute_hooks<P>();
+  else if constexpr (std::is_base_of_v<TaskBackend, P>) return task_hooks<P>();
   else static_assert(std::is_base_of_v<Framework, P>,
-                     "a plugin derives from skyforge::Framework, Provider, App or ComputeBackend");
+                     "a plugin derives from skyforge::Framework, Provider, App, ComputeBackend or TaskBackend");
 }
 
 // The ABI minor a plugin requires (docs/plugins.md): skyforge_add_plugin() defines
@@ -739,7 +841,9 @@ const sf_plugin_descriptor* entry(const sf_host_services* host, const char* name
     sf_plugin_descriptor t{};
     t.struct_size = sizeof(sf_plugin_descriptor);
     t.abi_major = SKYFORGE_ABI_MAJOR;
-    t.abi_minor = P::kind == SF_KIND_COMPUTE_BACKEND && SKYFORGE_PLUGIN_ABI_MINOR < 1 ? 1 : SKYFORGE_PLUGIN_ABI_MINOR;
+    // A kind exists from the minor that brought it (compute backends 1.1, task backends' hooks 1.5).
+    constexpr uint16_t kind_minor = P::kind == SF_KIND_COMPUTE_BACKEND ? 1 : P::kind == SF_KIND_TASK_BACKEND ? 5 : 0;
+    t.abi_minor = SKYFORGE_PLUGIN_ABI_MINOR < kind_minor ? kind_minor : SKYFORGE_PLUGIN_ABI_MINOR;
     t.kind = P::kind;
     t.name = name;
     t.version = version;
