@@ -62,8 +62,12 @@ std::vector<uint64_t> Policy::next_batch(uint32_t node, size_t cap) {
     batch.push_back(*again_.begin());
     again_.erase(again_.begin());
   }
+  const bool scattered = !batch.empty();  // tasks to run again come first, in any order
   while (batch.size() < size && next_ < job_.n_tasks) batch.push_back(next_++);
-  nodes_[node].out.emplace(batch.front(), batch);
+  Batch& b = nodes_[node].out[batch.front()];
+  b.first = batch.front();
+  b.count = batch.size();
+  if (scattered) b.tasks = batch;
   return batch;
 }
 
@@ -79,12 +83,12 @@ void Policy::fail(std::string why) {
   if (!failed_) failed_ = std::move(why);
 }
 
-void Policy::completed(uint32_t node, const std::vector<TaskOutcome>& outcomes, uint64_t elapsed_ns) {
+void Policy::completed(uint32_t node, const TaskOutcomes& outcomes, uint64_t elapsed_ns) {
   if (node >= nodes_.size() || outcomes.empty()) return;
   nodes_[node].out.erase(outcomes.front().task);
   const double per = double(elapsed_ns) / double(outcomes.size());
   ns_per_task_ = ns_per_task_ == 0 ? per : 0.7 * ns_per_task_ + 0.3 * per;
-  for (const auto& r : outcomes) {
+  for (const TaskOutcome r : outcomes) {
     if (r.task >= done_.size() || done_[r.task]) continue;
     if (r.ok) {
       done_[r.task] = 1;
@@ -106,7 +110,8 @@ void Policy::node_lost(uint32_t node) {
   n.lost = true;
   --live_nodes_;
   std::vector<uint64_t> held;
-  for (const auto& [first, tasks] : n.out) held.insert(held.end(), tasks.begin(), tasks.end());
+  for (const auto& [first, b] : n.out)
+    for (uint64_t k = 0; k < b.count; ++k) held.push_back(b.tasks.empty() ? b.first + k : b.tasks[k]);
   n.out.clear();
   if (o_.retries == 0) {
     fail("[tasks] retries = 0, so a lost node fails the job (" + held_text(held) + " out on it)");

@@ -40,15 +40,19 @@ class Policy {
   explicit Policy(Options o) : o_(o) {}
   void begin(const TaskJob& job);
   std::vector<uint64_t> next_batch(uint32_t node, size_t cap);
-  void completed(uint32_t node, const std::vector<TaskOutcome>& outcomes, uint64_t elapsed_ns);
+  void completed(uint32_t node, const TaskOutcomes& outcomes, uint64_t elapsed_ns);
   void node_lost(uint32_t node);
   TasksState state(std::string& why) const;
 
   double ns_per_task() const { return ns_per_task_; }
 
  private:
+  struct Batch {
+    uint64_t first = 0, count = 0;
+    std::vector<uint64_t> tasks;  // only when they are not first, first+1, ...
+  };
   struct Node {
-    std::map<uint64_t, std::vector<uint64_t>> out;  // first task -> the batch's tasks
+    std::map<uint64_t, Batch> out;  // first task -> the batch
     bool lost = false;
   };
   uint64_t batch_size(uint64_t available) const;

@@ -11,7 +11,7 @@ class JoblibBackend : public skyforge::TaskBackend {
       : TaskBackend(ctx), policy_(skyforge::joblib::Options::from(ctx.options)) {}
   void begin(const skyforge::TaskJob& job) override { policy_.begin(job); }
   std::vector<uint64_t> next_batch(uint32_t node, size_t cap) override { return policy_.next_batch(node, cap); }
-  void completed(uint32_t node, const std::vector<skyforge::TaskOutcome>& outcomes, uint64_t elapsed_ns) override {
+  void completed(uint32_t node, const skyforge::TaskOutcomes& outcomes, uint64_t elapsed_ns) override {
     policy_.completed(node, outcomes, elapsed_ns);
   }
   void node_lost(uint32_t node) override { policy_.node_lost(node); }

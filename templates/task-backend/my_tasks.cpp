@@ -38,8 +38,8 @@ class MyTasks : public skyforge::TaskBackend {
     return batch;
   }
 
-  void completed(uint32_t node, const std::vector<skyforge::TaskOutcome>& outcomes, uint64_t) override {
-    for (const auto& o : outcomes) {
+  void completed(uint32_t node, const skyforge::TaskOutcomes& outcomes, uint64_t) override {
+    for (const skyforge::TaskOutcome o : outcomes) {
       --todo_;
       if (!o.ok && failure_.empty())
         failure_ = "task " + std::to_string(o.task) + " failed on node " + std::to_string(node) + ": " + std::string(o.value);
@@ -59,7 +59,7 @@ class MyTasks : public skyforge::TaskBackend {
     return todo_ == 0 ? skyforge::TasksState::done : skyforge::TasksState::running;
   }
 
-  std::vector<std::string> report(const std::vector<skyforge::TaskOutcome>& results) override {
+  std::vector<std::string> report(const skyforge::TaskOutcomes& results) override {
     std::vector<std::string> lines;
     for (uint32_t node = 0; node < next_chunk_.size(); ++node) {
       const uint64_t lo = bounds_[uint64_t(node) * slots_], hi = bounds_[uint64_t(node + 1) * slots_];
@@ -67,7 +67,7 @@ class MyTasks : public skyforge::TaskBackend {
                       std::to_string(hi - 1));
     }
     if (report_results_)
-      for (const auto& r : results) lines.push_back("[task " + std::to_string(r.task) + "] => " + std::string(r.value));
+      for (const skyforge::TaskOutcome r : results) lines.push_back("[task " + std::to_string(r.task) + "] => " + std::string(r.value));
     return lines;
   }
 

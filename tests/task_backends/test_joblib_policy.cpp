@@ -7,7 +7,6 @@
 #include "joblib_policy.hpp"
 
 using skyforge::TaskJob;
-using skyforge::TaskOutcome;
 using skyforge::TasksState;
 using skyforge::joblib::Options;
 using skyforge::joblib::Policy;
@@ -27,12 +26,12 @@ TaskJob job(uint32_t nodes, uint32_t slots, uint32_t pipeline, uint64_t tasks) {
 // Answers a batch: every task ok (or the ones in `failing` failed), `ns_each` per task.
 void answer(Policy& p, uint32_t node, const std::vector<uint64_t>& batch, uint64_t ns_each,
             const std::vector<uint64_t>& failing = {}) {
-  std::vector<TaskOutcome> out;
+  std::vector<sf_task_outcome> out;  // as the host hands them over
   for (uint64_t t : batch) {
     const bool fails = std::find(failing.begin(), failing.end(), t) != failing.end();
-    out.push_back(TaskOutcome{t, node, 0, !fails, fails ? "boom" : "ok"});
+    out.push_back(sf_task_outcome{t, node, 0, fails ? 0 : 1, fails ? "boom" : "ok", fails ? 4u : 2u});
   }
-  p.completed(node, out, ns_each * batch.size());
+  p.completed(node, skyforge::TaskOutcomes(out.data(), out.size()), ns_each * batch.size());
 }
 
 TasksState state_of(const Policy& p, std::string* why = nullptr) {
@@ -105,8 +104,8 @@ TEST(JoblibPolicy, TheFirstFailureStopsTheDispatchAndNamesTaskNodeAndSlot) {
   Policy p(Options{2, 0, false});
   p.begin(job(2, 1, 2, 10));
   auto b0 = p.next_batch(0, 100), b1 = p.next_batch(1, 100);
-  std::vector<TaskOutcome> out = {{2, 1, 0, true, "ok"}, {3, 1, 0, false, "ValueError: no"}};
-  p.completed(1, out, 100);
+  std::vector<sf_task_outcome> out = {{2, 1, 0, 1, "ok", 2}, {3, 1, 0, 0, "ValueError: no", 14}};
+  p.completed(1, skyforge::TaskOutcomes(out.data(), out.size()), 100);
   std::string why;
   EXPECT_EQ(state_of(p, &why), TasksState::failed);
   EXPECT_EQ(why, "task 3 failed on node 1 slot 0: ValueError: no");

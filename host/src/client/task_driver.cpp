@@ -95,23 +95,25 @@ std::optional<msg::TaskBatch> TaskDriver::next_batch(uint32_t node) {
     throw PluginError("plugin '" + backend_.plugin().name + "' next_batch: " + std::to_string(n) +
                           " tasks in a buffer of " + std::to_string(buffer_.size()), SF_ERR);
   Sent sent;
-  sent.tasks.assign(buffer_.begin(), buffer_.begin() + n);
+  sent.first = buffer_[0];
+  sent.count = n;
   bool contiguous = true;
   for (size_t k = 0; k < n; ++k) {
-    const uint64_t t = sent.tasks[k];
+    const uint64_t t = buffer_[k];
     if (t >= n_tasks_ || out_[t])
       throw PluginError("plugin '" + backend_.plugin().name + "' next_batch: handed out task " + std::to_string(t) +
                             (t >= n_tasks_ ? ", which does not exist (the job has " + std::to_string(n_tasks_) + ")"
                                            : ", which is already out on a node"),
                         SF_ERR);
     out_[t] = 1;
-    contiguous = contiguous && t == sent.tasks[0] + k;
+    contiguous = contiguous && t == sent.first + k;
   }
+  if (!contiguous) sent.tasks.assign(buffer_.begin(), buffer_.begin() + n);
   msg::TaskBatch b;
-  b.first = sent.tasks[0];
-  if (!contiguous) b.tasks = sent.tasks;
+  b.first = sent.first;
+  b.tasks = sent.tasks;
   b.inputs.reserve(n);
-  for (uint64_t t : sent.tasks) b.inputs.push_back(input(t));
+  for (size_t k = 0; k < n; ++k) b.inputs.push_back(input(sent.task(k)));
   if (timings_) sent.at = Clock::now();
   sent_[node].emplace(b.first, std::move(sent));
   return b;
@@ -122,21 +124,21 @@ std::optional<std::string> TaskDriver::take_results(uint32_t node, msg::TaskResu
   if (it == sent_[node].end()) throw std::runtime_error("results for a batch it was not sent (task " + std::to_string(r.first) + ")");
   Sent sent = std::move(it->second);
   sent_[node].erase(it);
-  if (r.results.size() != sent.tasks.size())
-    throw std::runtime_error(std::to_string(r.results.size()) + " results for a batch of " + std::to_string(sent.tasks.size()));
+  if (r.results.size() != sent.count)
+    throw std::runtime_error(std::to_string(r.results.size()) + " results for a batch of " + std::to_string(sent.count));
   if (timings_)
     batch_rtt_us_.push_back(std::chrono::duration<double, std::micro>(Clock::now() - sent.at).count());
-  std::vector<sf_task_outcome> outcomes(sent.tasks.size());
-  for (size_t k = 0; k < sent.tasks.size(); ++k) {
-    const uint64_t t = sent.tasks[k];
+  outcomes_.resize(sent.count);
+  for (size_t k = 0; k < sent.count; ++k) {
+    const uint64_t t = sent.task(k);
     out_[t] = 0;
-    results_[t] = std::move(r.results[k]);
+    msg::TaskResult& res = results_[t];
+    res = std::move(r.results[k]);
     result_node_[t] = node;
-    outcomes[k] = sf_task_outcome{t, node, results_[t].slot, results_[t].ok ? 1 : 0, results_[t].value.data(),
-                                  results_[t].value.size()};
+    outcomes_[k] = sf_task_outcome{t, node, res.slot, res.ok ? 1 : 0, res.value.data(), res.value.size()};
   }
   if (state_ != SF_TASKS_RUNNING) return std::nullopt;
-  backend_.call(&sf_task_hooks::completed, "completed", node, outcomes.data(), outcomes.size(), r.elapsed_ns);
+  backend_.call(&sf_task_hooks::completed, "completed", node, outcomes_.data(), outcomes_.size(), r.elapsed_ns);
   return refresh_state();
 }
 
@@ -144,7 +146,7 @@ std::optional<std::string> TaskDriver::node_lost(uint32_t node) {
   if (lost_[node]) return std::nullopt;
   lost_[node] = 1;
   for (auto& [first, sent] : sent_[node])
-    for (uint64_t t : sent.tasks) out_[t] = 0;
+    for (size_t k = 0; k < sent.count; ++k) out_[sent.task(k)] = 0;
   sent_[node].clear();
   if (state_ != SF_TASKS_RUNNING) return std::nullopt;
   backend_.call(&sf_task_hooks::node_lost, "node_lost", node);

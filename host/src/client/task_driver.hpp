@@ -44,8 +44,10 @@ class TaskDriver {
  private:
   using Clock = std::chrono::steady_clock;
   struct Sent {
-    std::vector<uint64_t> tasks;
+    uint64_t first = 0, count = 0;
+    std::vector<uint64_t> tasks;  // only when they are not first, first+1, ...
     Clock::time_point at;
+    uint64_t task(size_t k) const { return tasks.empty() ? first + k : tasks[k]; }
   };
 
   std::optional<std::string> refresh_state();
@@ -64,6 +66,7 @@ class TaskDriver {
   std::vector<std::map<uint64_t, Sent>> sent_;  // by node: first task -> the batch
   std::vector<uint8_t> lost_;
   std::vector<uint64_t> buffer_;
+  std::vector<sf_task_outcome> outcomes_;  // reused for every answer
   std::vector<double> batch_rtt_us_;
 };
 

@@ -498,6 +498,42 @@ struct TaskOutcome {
   std::string_view value;  // the result, or the error message; valid during the call only
 };
 
+// The answers the host hands a hook: a view of its own array (no copy), valid during the call.
+class TaskOutcomes {
+ public:
+  TaskOutcomes(const sf_task_outcome* o, size_t n) : o_(o), n_(n) {}
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  TaskOutcome operator[](size_t i) const {
+    const sf_task_outcome& c = o_[i];
+    return TaskOutcome{c.task, c.node, c.slot, c.ok != 0, std::string_view(c.value ? c.value : "", c.size)};
+  }
+  TaskOutcome front() const { return (*this)[0]; }
+  class iterator {
+   public:
+    using value_type = TaskOutcome;
+    using difference_type = std::ptrdiff_t;
+    iterator(const TaskOutcomes* v, size_t i) : v_(v), i_(i) {}
+    TaskOutcome operator*() const { return (*v_)[i_]; }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const iterator& o) const { return i_ != o.i_; }
+    bool operator==(const iterator& o) const { return i_ == o.i_; }
+
+   private:
+    const TaskOutcomes* v_;
+    size_t i_;
+  };
+  iterator begin() const { return {this, 0}; }
+  iterator end() const { return {this, n_}; }
+
+ private:
+  const sf_task_outcome* o_;
+  size_t n_;
+};
+
 enum class TasksState : int32_t { running = SF_TASKS_RUNNING, done = SF_TASKS_DONE, failed = SF_TASKS_FAILED };
 
 class TaskBackend : public PluginBase {
@@ -511,14 +547,14 @@ class TaskBackend : public PluginBase {
   // The next batch for `node` (at most `cap` task indices); empty: nothing for it now.
   virtual std::vector<uint64_t> next_batch(uint32_t node, size_t cap) = 0;
   // One batch's answers, in the order handed out, and the node's time on the batch.
-  virtual void completed(uint32_t node, const std::vector<TaskOutcome>& outcomes, uint64_t elapsed_ns) = 0;
+  virtual void completed(uint32_t node, const TaskOutcomes& outcomes, uint64_t elapsed_ns) = 0;
   // The node is gone with the tasks it held: hand them out again or fail.
   virtual void node_lost(uint32_t node) = 0;
   // running / done / failed (then `why` says which task, where, and what happened).
   virtual TasksState state(std::string& why) = 0;
   // What the run prints after a job that ended done, a line each; not overridden: the hook is
   // absent and the run prints `[task I] => result` per task.
-  virtual std::vector<std::string> report(const std::vector<TaskOutcome>& /*results*/) { return {}; }
+  virtual std::vector<std::string> report(const TaskOutcomes& /*results*/) { return {}; }
 };
 
 // ---- the C glue -------------------------------------------------------------------------
@@ -755,13 +791,6 @@ const sf_compute_hooks* compute_hooks() {
   return &h;
 }
 
-inline std::vector<TaskOutcome> outcomes_from_c(const sf_task_outcome* o, size_t n) {
-  std::vector<TaskOutcome> out(n);
-  for (size_t i = 0; i < n; ++i)
-    out[i] = TaskOutcome{o[i].task, o[i].node, o[i].slot, o[i].ok != 0, std::string_view(o[i].value ? o[i].value : "", o[i].size)};
-  return out;
-}
-
 template <class P>
 const sf_task_hooks* task_hooks() {
   static const sf_task_hooks h = [] {
@@ -792,7 +821,7 @@ const sf_task_hooks* task_hooks() {
       });
     };
     t.completed = [](void* s, uint32_t node, const sf_task_outcome* o, size_t n, uint64_t ns) noexcept {
-      return guard<P>(s, [&](P& p) { p.completed(node, outcomes_from_c(o, n), ns); });
+      return guard<P>(s, [&](P& p) { p.completed(node, TaskOutcomes(o, n), ns); });
     };
     t.node_lost = [](void* s, uint32_t node) noexcept { return guard<P>(s, [&](P& p) { p.node_lost(node); }); };
     t.state = [](void* s, sf_sink why) noexcept -> int32_t {
@@ -805,7 +834,7 @@ const sf_task_hooks* task_hooks() {
     if constexpr (SKYFORGE_OVERRIDES(P, TaskBackend, report))
       t.report = [](void* s, const sf_task_outcome* r, size_t n, sf_sink out) noexcept {
         return guard<P>(s, [&](P& p) {
-          for (const auto& line : p.report(outcomes_from_c(r, n))) write(out, line);
+          for (const auto& line : p.report(TaskOutcomes(r, n))) write(out, line);
         });
       };
     return t;
