@@ -608,6 +608,13 @@ int Worker::run() {
       env.set("SKYFORGE_HEAD_ADDR", job_->id.head_addr);
       env.set("SKYFORGE_POOL_ID", job_->id.pool_id);
       env.set("SKYFORGE_WORK_DIR", args_.work_dir);
+      // The rest of instance_info(), for a command's runtime API (python/skyforge, docs/runtime-api.md).
+      env.set("SKYFORGE_PRIVATE_IP", job_->id.private_ip);
+      env.set("SKYFORGE_LOCAL_RANK", std::to_string(job_->id.local_rank));
+      env.set("SKYFORGE_LOCAL_WORLD_SIZE", std::to_string(job_->id.local_world_size));
+      env.set("SKYFORGE_ACCELERATORS", std::to_string(job_->id.accelerators));
+      env.set("SKYFORGE_ACCELERATOR", job_->id.accelerator);
+      env.set("SKYFORGE_CONCURRENCY", std::to_string(job_->id.concurrency));
       if (!env.get("PYTHONUNBUFFERED")) env.set("PYTHONUNBUFFERED", "1");  // live output from Python
       // [image] pip packages are installed by the bootstrap script into the node's work dir.
       const std::string site = args_.work_dir + "/.skyforge/site";
