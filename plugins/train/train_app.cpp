@@ -11,6 +11,11 @@
 //
 // The result (one line of JSON per node) carries the test metrics, the training throughput and
 // an FNV-1a checksum of the final weights, so a caller can check that the replicas agree.
+//
+// With [search] (a grid search, docs/training.md) the job is a map instead: each task is one fit
+// of one candidate on one fold — "fold=K;name=value;..." — run on one slot with no communicator,
+// validated on the fold (search.cv folds of the training set, split by search.seed), and answered
+// with its validation accuracy and loss as one line of JSON.
 #include <skyforge/datasets.hpp>
 #include <skyforge/keras.hpp>
 #include <skyforge/layer_schema.hpp>
@@ -18,6 +23,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -30,12 +38,16 @@ namespace {
 
 using skyforge::Error;
 
-// Typed access to the host's train.* config keys.
+// Typed access to the host's train.* config keys, with a grid-search task's values over them.
 class TrainConfig {
  public:
-  explicit TrainConfig(const skyforge::Host& host) : host_(host) {}
+  explicit TrainConfig(const skyforge::Host& host, std::map<std::string, std::string> overrides = {})
+      : host_(host), overrides_(std::move(overrides)) {}
 
-  std::optional<std::string> find(const std::string& key) const { return host_.config("train." + key); }
+  std::optional<std::string> find(const std::string& key) const {
+    if (auto it = overrides_.find(key); it != overrides_.end()) return it->second;
+    return host_.config("train." + key);
+  }
   std::string get(const std::string& key, const std::string& fallback) const { return find(key).value_or(fallback); }
   std::string require(const std::string& key) const {
     if (auto v = find(key)) return *v;
@@ -71,6 +83,7 @@ class TrainConfig {
     return n;
   }
   const skyforge::Host& host_;
+  std::map<std::string, std::string> overrides_;
 };
 
 // [[train.layers]] #i as the host checked it against the layer schema (canonical text, no
@@ -108,9 +121,79 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
+K::Sequential build_model(const TrainConfig& c, const std::vector<uint32_t>& sample_shape) {
+  K::Sequential model;
+  model.add(K::Input(sample_shape));
+  const uint64_t layers = c.uint("layers", 0);
+  for (uint64_t i = 0; i < layers; ++i) model.add(layer_from(c, i));
+  return model;
+}
+
+std::vector<std::string> metrics(const TrainConfig& c) {
+  std::vector<std::string> out;
+  const std::string m = c.get("metrics", "accuracy");
+  for (size_t b = 0; b < m.size();) {
+    const size_t e = std::min(m.find(',', b), m.size());
+    if (e > b) out.push_back(m.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
 class Train : public skyforge::App {
  public:
   using App::App;
+
+  // One fit of a grid search: "fold=K;name=value;...".
+  std::string task(std::string_view input, uint32_t /*slot*/) override {
+    std::map<std::string, std::string> values;
+    for (size_t b = 0; b <= input.size();) {
+      const size_t e = std::min(input.find(';', b), input.size());
+      const std::string_view item = input.substr(b, e - b);
+      const size_t eq = item.find('=');
+      if (eq == std::string_view::npos || eq == 0) throw Error("train: a grid-search task reads 'fold=K;name=value;...', got '" + std::string(input) + "'", SF_ERR_INVALID);
+      values[std::string(item.substr(0, eq))] = std::string(item.substr(eq + 1));
+      b = e + 1;
+    }
+    const auto fold_text = values.find("fold");
+    if (fold_text == values.end()) throw Error("train: a grid-search task names no fold: '" + std::string(input) + "'", SF_ERR_INVALID);
+    const uint64_t fold = std::strtoull(fold_text->second.c_str(), nullptr, 10);
+    values.erase(fold_text);
+    const uint64_t folds = std::strtoull(host().config("search.cv").value_or("0").c_str(), nullptr, 10);
+    const uint64_t split_seed = std::strtoull(host().config("search.seed").value_or("0").c_str(), nullptr, 10);
+    if (folds < 2 || fold >= folds) throw Error("train: fold " + std::to_string(fold) + " of search.cv = " + std::to_string(folds), SF_ERR_INVALID);
+    const TrainConfig c(host(), std::move(values));
+
+    // The training set, split into the search's folds the same way on every node.
+    const std::shared_ptr<const skyforge::datasets::Dataset> all = training_set(c);
+    std::vector<size_t> order = skyforge::permutation(all->size(), true, split_seed);
+    const std::vector<size_t> held_out = skyforge::shard(all->size(), uint32_t(fold), uint32_t(folds), true, split_seed);
+    std::vector<size_t> kept;
+    kept.reserve(order.size() - held_out.size());
+    const size_t begin = size_t(std::find(order.begin(), order.end(), held_out.empty() ? 0 : held_out.front()) - order.begin());
+    for (size_t i = 0; i < order.size(); ++i)
+      if (held_out.empty() || i < begin || i >= begin + held_out.size()) kept.push_back(order[i]);
+    const skyforge::datasets::Dataset fit_on = all->take(kept), validate_on = all->take(held_out);
+
+    K::Sequential model = build_model(c, all->sample_shape);
+    K::CompileOptions co;
+    co.backend = K::Backend(host().compute_backend());
+    co.seed = c.uint("seed", split_seed);
+    co.threads = static_cast<uint32_t>(c.uint("threads", 1));  // one core per slot unless [train] threads says
+    model.compile(optimizer_from(c), c.get("loss", "sparse_categorical_crossentropy"), metrics(c), co);
+    K::FitOptions fo;
+    fo.epochs = static_cast<uint32_t>(c.uint("epochs", 1));
+    fo.batch_size = static_cast<uint32_t>(c.uint("batch_size", 32));
+    fo.shuffle = c.boolean("shuffle", true);
+    fo.steps_per_epoch = c.uint("steps_per_epoch", 0);
+    fo.verbose = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    model.fit(fit_on.x, fit_on.y, fo);
+    const double fit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const K::EvalResult r = model.evaluate(validate_on.x, validate_on.y, 512);
+    return "{\"fold\": " + std::to_string(fold) + ", \"accuracy\": " + K::format_double(r.accuracy) +
+           ", \"loss\": " + K::format_double(r.loss) + ", \"fit_seconds\": " + K::format_double(fit_s) + "}";
+  }
 
   std::string run() override {
     const skyforge::InstanceInfo info = instance_info();
@@ -122,10 +205,7 @@ class Train : public skyforge::App {
     const std::string dir = c.get("data_dir", default_data_dir(dataset));
     auto [train, test] = skyforge::datasets::load_fashion_mnist(dir);  // the same IDX layout for MNIST
 
-    K::Sequential model;
-    model.add(K::Input(train.sample_shape));
-    const uint64_t layers = c.uint("layers", 0);
-    for (uint64_t i = 0; i < layers; ++i) model.add(layer_from(c, i));
+    K::Sequential model = build_model(c, train.sample_shape);
 
     K::CompileOptions co;
     co.backend = K::Backend(host().compute_backend());
@@ -191,16 +271,19 @@ class Train : public skyforge::App {
   }
 
  private:
-  static std::vector<std::string> metrics(const TrainConfig& c) {
-    std::vector<std::string> out;
-    const std::string m = c.get("metrics", "accuracy");
-    for (size_t b = 0; b < m.size();) {
-      const size_t e = std::min(m.find(',', b), m.size());
-      if (e > b) out.push_back(m.substr(b, e - b));
-      b = e + 1;
+  // The training set, loaded once per node for every slot's fits.
+  std::shared_ptr<const skyforge::datasets::Dataset> training_set(const TrainConfig& c) {
+    std::lock_guard<std::mutex> lock(data_mu_);
+    if (!train_set_) {
+      const std::string dataset = c.get("dataset", "fashion-mnist");
+      auto [train, test] = skyforge::datasets::load_fashion_mnist(c.get("data_dir", default_data_dir(dataset)));
+      train_set_ = std::make_shared<const skyforge::datasets::Dataset>(std::move(train));
     }
-    return out;
+    return train_set_;
   }
+
+  std::mutex data_mu_;
+  std::shared_ptr<const skyforge::datasets::Dataset> train_set_;
 
   static bool env_flag(const char* name, bool fallback) {
     const char* v = std::getenv(name);

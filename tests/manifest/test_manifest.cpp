@@ -232,9 +232,9 @@ TEST(Manifest, UnknownKeyPointsAtKeyAndListsKnown) {
 
 TEST(Manifest, UnknownTopLevelTablesAndKeys) {
   EXPECT_EQ(problem_of(kJob + "[jbo]\nx = 1\n"),
-            "job.toml:3:1: unknown table [jbo] (known: pool, provider, image, plugins, job, tasks, train) (did you mean 'job'?)");
+            "job.toml:3:1: unknown table [jbo] (known: pool, provider, image, plugins, job, tasks, train, search) (did you mean 'job'?)");
   EXPECT_EQ(problem_of("nodes = 4\n" + kJob),
-            "job.toml:1:1: unknown key 'nodes' at top level (known tables: pool, provider, image, plugins, job, tasks, train)");
+            "job.toml:1:1: unknown key 'nodes' at top level (known tables: pool, provider, image, plugins, job, tasks, train, search)");
 }
 
 TEST(Manifest, MissingJob) {

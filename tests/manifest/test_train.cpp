@@ -307,3 +307,61 @@ TEST(Train, NeedsAComputeBackend) {
   Manifest m2 = parse_manifest(kMlp, "job.toml");
   EXPECT_TRUE(validation_problems(m2, with_cpu).empty());
 }
+
+// ---- [search]: a grid search of the train job -------------------------------------------------
+
+TEST(Search, MakesAMapJobOfTheSklearnBackendWithTheGridAsTheTrainTableWouldHoldIt) {
+  Manifest m = parse_manifest(kMlp + "\n[search]\nparam_grid = { learning_rate = [1e-3, 3e-4], layers = { 1 = { units = [64, 256] } }, "
+                                     "optimizer = [\"sgd\", \"adam\"] }\ncv = 3\ncsv = \"out/cv.csv\"\n",
+                              "/tmp/proj/job.toml");
+  EXPECT_EQ(m.job.app, "train");
+  EXPECT_EQ(m.job.mode, JobMode::map);
+  EXPECT_EQ(m.job.task_backend, "sklearn");
+  std::map<std::string, std::string> c(m.search.config.begin(), m.search.config.end());
+  EXPECT_EQ(c["search.params"], "layers.1.units\nlearning_rate\noptimizer");  // sorted, as ParameterGrid
+  EXPECT_EQ(c["search.param_grid.learning_rate"], "0.001\n3e-04");  // canonical, as [train] holds it
+  EXPECT_EQ(c["search.param_grid.layers.1.units"], "64\n256");
+  EXPECT_EQ(c["search.param_grid.optimizer"], "sgd\nadam");
+  EXPECT_EQ(c["search.cv"], "3");
+  EXPECT_EQ(c["search.seed"], "0");
+  EXPECT_EQ(c["search.csv"], "/tmp/proj/out/cv.csv");
+  // A quoted dotted name is the same parameter.
+  Manifest q = parse_manifest(kMlp + "\n[search]\nparam_grid = { \"layers.1.units\" = [64] }\n", "job.toml");
+  std::map<std::string, std::string> qc(q.search.config.begin(), q.search.config.end());
+  EXPECT_EQ(qc["search.param_grid.layers.1.units"], "64");
+  EXPECT_EQ(qc["search.cv"], "5");  // scikit-learn's default
+}
+
+TEST(Search, EachValueIsCheckedWhereItIsWritten) {
+  const std::string base = kMlp + "\n[search]\n";  // [search] is line 26
+  auto p = problems_of(base + "param_grid = { learning_rate = [1e-3, -2] }\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_EQ(p[0], "job.toml:27:39: [search] param_grid learning_rate: [train] learning_rate: expected a number > 0, got an integer (-2)");
+  p = problems_of(base + "param_grid = { \"layers.1.activation\" = [\"relu\", \"rleu\"] }\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("job.toml:27:49: [search] param_grid layers.1.activation: [[train.layers]] #2 activation: expected one of linear, relu, softmax, got \"rleu\""), std::string::npos) << p[0];
+  EXPECT_NE(p[0].find("(did you mean 'relu'?)"), std::string::npos) << p[0];
+  p = problems_of(base + "param_grid = { dataset = [\"mnist\"] }\n");
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("[search] param_grid dataset: expected a [train] key (optimizer, learning_rate"), std::string::npos) << p[0];
+  p = problems_of(base + "param_grid = { \"layers.7.units\" = [1] }\n");
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("[train] has no layer 7 (layers count from 0)"), std::string::npos) << p[0];
+  p = problems_of(base + "param_grid = { \"layers.1.unit\" = [1] }\n");
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("layer 1 (dense) has no option 'unit'"), std::string::npos) << p[0];
+  EXPECT_NE(p[0].find("(did you mean 'units'?)"), std::string::npos) << p[0];
+  p = problems_of(base + "param_grid = { epochs = [] }\ncv = 1\n");
+  ASSERT_EQ(p.size(), 2u) << ::testing::PrintToString(p);
+  EXPECT_EQ(p[0], "job.toml:27:25: [search] param_grid epochs: expected a non-empty array of the values to try, got an array");
+  EXPECT_EQ(p[1], "job.toml:28:6: [search] cv: expected an integer >= 2, got 1");
+  p = problems_of(base + "param_grid = { epochs = [1, 1] }\n");
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0], "job.toml:27:25: [search] param_grid epochs: a value is listed twice");
+}
+
+TEST(Search, NeedsATrainTable) {
+  auto p = problems_of("[job]\napp = \"hello\"\n[search]\nparam_grid = { epochs = [1] }\n");
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0], "job.toml:3:1: [search]: a grid search needs a [train] table (it searches the built-in train job)");
+}

@@ -194,8 +194,44 @@ TEST_F(TrainE2E, MissingDatasetFailsNamingThePathAndLeavesNothing) {
       << o.out << o.err;
 }
 
+// [search]: GridSearchCV of the train job. The fits are spread over the pool by the `sklearn`
+// task backend; the scores do not depend on the pool (each fit's data, seed and steps are its
+// own), so 2 nodes x 2 slots give exactly what 1 node gives, fit for fit.
+TEST_F(TrainE2E, GridSearchGivesTheSameCvResultsOnAnyPoolAndWritesTheCsv) {
+  auto manifest = [&](const std::string& name, int nodes, int slots) {
+    return write(name, "[pool]\nnodes = " + std::to_string(nodes) + "\nconcurrency = " + std::to_string(slots) +
+                           "\n\n[train]\nbatch_size = 64\nsteps_per_epoch = 40\nseed = 3\n"
+                           "\n[[train.layers]]\ntype = \"flatten\"\n\n[[train.layers]]\ntype = \"dense\"\nunits = 64\n"
+                           "activation = \"relu\"\n\n[[train.layers]]\ntype = \"dense\"\nunits = 10\n"
+                           "\n[search]\nparam_grid = { learning_rate = [1e-3, 1e-2], \"layers.1.units\" = [16, 64] }\ncv = 3\n"
+                           "csv = \"" + name + ".csv\"\n");
+  };
+  Output one = skyforge({"run", manifest("one", 1, 1).string()});
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  Output pool = skyforge({"run", manifest("pool", 2, 2).string()});
+  ASSERT_EQ(pool.exit_code, 0) << pool.out << pool.err;
+  EXPECT_NE(pool.err.find("grid search: 4 candidates x 3 folds = 12 fits"), std::string::npos) << pool.err;
+  EXPECT_NE(pool.out.find("cv_results (3-fold, validation accuracy):"), std::string::npos) << pool.out;
+  EXPECT_TRUE(std::regex_search(pool.out, std::regex(R"(best params: layers\.1\.units = \d+, learning_rate = [0-9.e-]+ \(mean accuracy 0\.\d{4}\))")))
+      << pool.out;
+  // The scores (not the fit times, the last column) are the same, fit for fit.
+  auto scores = [](const std::vector<std::string>& rows) {
+    std::vector<std::string> out;
+    for (const auto& r : rows) out.push_back(r.substr(0, r.rfind(',')));
+    return out;
+  };
+  const auto a = csv_rows(root_ / "one.csv"), b = csv_rows(root_ / "pool.csv");
+  ASSERT_EQ(a.size(), 5u);
+  EXPECT_EQ(a[0], "param_layers.1.units,param_learning_rate,split0_test_score,split1_test_score,split2_test_score,"
+                  "mean_test_score,std_test_score,rank_test_score,mean_fit_time");
+  EXPECT_EQ(scores(a), scores(b));
+  EXPECT_EQ(a[1].substr(0, 9), "16,0.001,") << "ParameterGrid's order: names sorted, the last varying fastest";
+  EXPECT_EQ(a[2].substr(0, 8), "16,0.01,");
+  EXPECT_EQ(a[3].substr(0, 9), "64,0.001,");
+}
+
 TEST_F(TrainE2E, ExamplesAreValid) {
-  for (const char* name : {"fashion-mnist.toml", "fashion-mnist-convnet.toml"}) {
+  for (const char* name : {"fashion-mnist.toml", "fashion-mnist-convnet.toml", "fashion-mnist-search.toml"}) {
     Output o = skyforge({"validate", std::string(EXAMPLES_DIR) + "/" + name}, 30);
     EXPECT_EQ(o.exit_code, 0) << name << ":\n" << o.out << o.err;
   }

@@ -128,7 +128,7 @@ bool has_control_char(const std::string& s) {
   return std::any_of(s.begin(), s.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; });
 }
 
-const std::vector<std::string> kTopKeys = {"pool", "provider", "image", "plugins", "job", "tasks", "train"};
+const std::vector<std::string> kTopKeys = {"pool", "provider", "image", "plugins", "job", "tasks", "train", "search"};
 const std::vector<std::string> kPoolKeys = {"provider", "nodes", "concurrency", "accelerator"};
 const std::vector<std::string> kImageKeys = {"apt", "pip", "env", "files"};
 const std::vector<std::string> kFileKeys = {"source", "target"};
@@ -486,13 +486,22 @@ Manifest parse_manifest(const std::string& text, const std::string& display_name
     read_job(r, *job, m.dir, m.job, train != nullptr);
   else if (!Reader::find(root, "job") && !train)
     r.error(r.start(), "missing [job] table: a manifest needs [job] with 'app' or 'command', or a [train] table");
-  if (const Value* tasks = table("tasks")) read_tasks(r, *tasks, m.job);
+  const Value* search = table("search");
   if (train) {
-    // The built-in `train` job is the `train` app (plugins/train), run once on every node.
+    // The built-in `train` job is the `train` app (plugins/train), run once on every node; with
+    // [search], its fits are a map job's tasks, spread by the `sklearn` task backend.
     m.job.app = "train";
     m.job.app_pos = m.train.pos;
-    m.job.mode = JobMode::broadcast;
+    m.job.mode = search ? JobMode::map : JobMode::broadcast;
+    if (search) {
+      m.job.task_backend = "sklearn";
+      m.job.task_backend_pos = r.pos(*search);
+      read_search(r, *search, *train, m.dir, m.search);
+    }
+  } else if (search) {
+    r.error(r.pos(*search), "[search]: a grid search needs a [train] table (it searches the built-in train job)");
   }
+  if (const Value* tasks = table("tasks")) read_tasks(r, *tasks, m.job);
 
   r.throw_if_failed();
   return m;

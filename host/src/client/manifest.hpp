@@ -123,6 +123,16 @@ struct TrainSpec {
   std::vector<std::pair<std::string, std::string>> config;  // "train.<key>" -> canonical text
 };
 
+// The [search] table (a grid search of the built-in train job, docs/training.md): the grid's
+// values as the [train] table would hold them, carried as flat config keys ("search.cv",
+// "search.params", "search.param_grid.<name>", ...) that the `sklearn` task backend and the
+// `train` app read.
+struct SearchSpec {
+  bool present = false;
+  SourcePos pos;  // the [search] header
+  std::vector<std::pair<std::string, std::string>> config;  // "search.<key>" -> canonical text
+};
+
 struct Manifest {
   std::string path;  // absolute, normalised
   std::string dir;   // directory of path: relative paths in the manifest resolve against it
@@ -131,6 +141,7 @@ struct Manifest {
   std::vector<PluginUse> plugins;  // manifest order
   JobSpec job;
   TrainSpec train;
+  SearchSpec search;
 };
 
 // Reads and parses a manifest file. Messages name the file as `path` was given.

@@ -59,6 +59,7 @@ std::map<std::string, std::string> job_config(const Manifest& m, bool verbose) {
     c["job.timeout"] = t.str();
   }
   for (const auto& [key, value] : m.train.config) c[key] = value;
+  for (const auto& [key, value] : m.search.config) c[key] = value;
   return c;
 }
 

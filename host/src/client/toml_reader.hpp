@@ -101,6 +101,7 @@ class Reader {
 
   void error(SourcePos p, std::string message) { problems_.push_back({std::move(p), std::move(message)}); }
   bool failed() const { return !problems_.empty(); }
+  const std::vector<Problem>& problems() const { return problems_; }
 
   // Throws every problem, ordered by position, when there is any.
   void throw_if_failed() {

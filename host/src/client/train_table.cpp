@@ -195,4 +195,125 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
   }
 }
 
+namespace {
+
+// [train] keys a grid search may vary (a layer's options are named "layers.<i>.<option>").
+const std::vector<std::string> kSearchableKeys = {"optimizer", "learning_rate", "momentum", "epochs",
+                                                  "batch_size", "steps_per_epoch", "shuffle"};
+
+// param_grid's entries, flattened: { learning_rate = [...], layers = { 0 = { units = [...] } } }
+// and { "layers.0.units" = [...] } both name "layers.0.units". Leaves are the value arrays.
+void flatten_grid(Reader& r, const Value& t, const std::string& prefix, std::vector<std::pair<std::string, const Value*>>& out) {
+  for (const auto& [key, value] : t.as_table()) {
+    const std::string name = prefix.empty() ? key : prefix + "." + key;
+    if (value.is_table()) {
+      flatten_grid(r, value, name, out);
+    } else if (value.is_array() && !value.as_array().empty()) {
+      out.emplace_back(name, &value);
+    } else {
+      r.expected(value, "[search] param_grid " + name, "a non-empty array of the values to try");
+    }
+  }
+}
+
+// The [train] table with `name` (a searchable key or "layers.<i>.<option>") set to `v`, or a
+// reason it cannot be.
+std::string substitute(Value& train, const std::string& name, const Value& v) {
+  if (std::find(kSearchableKeys.begin(), kSearchableKeys.end(), name) != kSearchableKeys.end()) {
+    train.as_table()[name] = v;
+    return "";
+  }
+  const std::string hint = "a [train] key (" + join(kSearchableKeys, ", ") + ") or a layer's option, \"layers.<i>.<option>\"";
+  if (name.rfind("layers.", 0) != 0) return "expected " + hint;
+  const size_t dot = name.find('.', 7);
+  const std::string index = name.substr(7, dot == std::string::npos ? std::string::npos : dot - 7);
+  if (dot == std::string::npos || index.empty() || index.find_first_not_of("0123456789") != std::string::npos)
+    return "expected " + hint;
+  Value* layers = train.is_table() && train.as_table().count("layers") ? &train.as_table()["layers"] : nullptr;
+  const size_t i = std::stoul(index);
+  if (!layers || !layers->is_array() || i >= layers->as_array().size() || !layers->as_array()[i].is_table())
+    return "[train] has no layer " + index + " (layers count from 0)";
+  Value& layer = layers->as_array()[i];
+  const Value* type = Reader::find(layer, "type");
+  const schema::LayerDef* def = type && type->is_string() ? schema::find(type->as_string().str) : nullptr;
+  if (!def) return "";  // read_train reports the layer itself
+  const std::string option = name.substr(dot + 1);
+  std::vector<std::string> names;
+  for (const auto& o : def->options) names.emplace_back(o.name);
+  if (std::find(names.begin(), names.end(), option) == names.end())
+    return "layer " + index + " (" + std::string(def->type) + ") has no option '" + option + "' (it has: " +
+           join(names, ", ") + ")" + did_you_mean(option, names);
+  layer.as_table()[option] = v;
+  return "";
+}
+
+}  // namespace
+
+void read_search(Reader& r, const Value& t, const Value& train, const std::string& dir, SearchSpec& search) {
+  r.check_keys(t, {"param_grid", "cv", "seed", "csv"}, "[search]");
+  search.present = true;
+  search.pos = r.pos(t);
+  auto put = [&](const std::string& key, std::string value) { search.config.emplace_back("search." + key, std::move(value)); };
+  const int64_t cv = r.integer(t, "cv", "[search]", 2, 1000).value_or(5);
+  put("cv", std::to_string(cv));
+  put("seed", std::to_string(r.integer(t, "seed", "[search]", 0, std::numeric_limits<int64_t>::max()).value_or(0)));
+  put("csv", detail::normalise_path(r.string(t, "csv", "[search]", true).value_or("cv_results.csv"), dir));
+
+  const Value* grid = Reader::find(t, "param_grid");
+  if (!grid || !grid->is_table() || grid->as_table().empty()) {
+    if (grid)
+      r.expected(*grid, "[search] param_grid", "a table of the values to try, e.g. { learning_rate = [1e-3, 3e-4] }");
+    else
+      r.error(r.pos(t), "[search]: missing 'param_grid' (a table of the values to try, e.g. { learning_rate = [1e-3, 3e-4] })");
+    return;
+  }
+  std::vector<std::pair<std::string, const Value*>> entries;
+  flatten_grid(r, *grid, "", entries);
+  // scikit-learn's ParameterGrid order: names sorted, the last one varying fastest.
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> names;
+  uint64_t candidates = 1;
+  for (const auto& [name, values] : entries) {
+    // Each value as the [train] table would hold it: the table with the value put in, read by
+    // read_train; what it says about the value (found at the value's own position) is ours.
+    std::vector<std::string> texts;
+    bool ok = true;
+    for (const Value& v : values->as_array()) {
+      Value copy = train;
+      if (std::string why = substitute(copy, name, v); !why.empty()) {
+        r.error(r.key_pos(*values, name.substr(name.rfind('.') + 1)), "[search] param_grid " + name + ": " + why);
+        ok = false;
+        break;
+      }
+      Reader scratch(r.file());
+      TrainSpec spec;
+      read_train(scratch, copy, dir, spec);
+      const SourcePos at = r.pos(v);
+      for (const auto& problem : scratch.problems())
+        if (problem.pos.line == at.line && problem.pos.column == at.column) {
+          r.error(at, "[search] param_grid " + name + ": " + problem.message);
+          ok = false;
+        }
+      const auto it = std::find_if(spec.config.begin(), spec.config.end(),
+                                   [&](const auto& kv) { return kv.first == "train." + name; });
+      if (ok && it != spec.config.end()) texts.push_back(it->second);
+    }
+    if (!ok) continue;
+    std::vector<std::string> unique = texts;
+    std::sort(unique.begin(), unique.end());
+    if (std::adjacent_find(unique.begin(), unique.end()) != unique.end()) {
+      r.error(r.pos(*values), "[search] param_grid " + name + ": a value is listed twice");
+      continue;
+    }
+    names.push_back(name);
+    candidates *= texts.size();
+    put("param_grid." + name, join(texts, "\n"));
+  }
+  if (candidates * uint64_t(cv) > 1000000)
+    r.error(r.pos(*grid), "[search] param_grid: " + std::to_string(candidates) + " candidates x cv " + std::to_string(cv) +
+                              " fits is more than 1000000");
+  put("params", join(names, "\n"));
+}
+
 }  // namespace skyforge
+

@@ -1,0 +1,64 @@
+// A grid search's candidates and its report, as scikit-learn's GridSearchCV makes them
+// (docs/training.md, "Grid search"): ParameterGrid's order (names sorted, the last varying
+// fastest), one task per candidate and fold ("fold=K;name=value;..."), and cv_results_ with
+// mean and population standard deviation of the folds' scores and rank by mean (ties share the
+// lowest rank, as scipy's rankdata(method="min")).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace skyforge::grid {
+
+struct Grid {
+  std::vector<std::string> names;                 // sorted
+  std::vector<std::vector<std::string>> values;   // per name, in the manifest's order
+  uint32_t cv = 5;
+  std::string csv;                                // where the table is written; empty: nowhere
+
+  // From the job's config: search.params, search.param_grid.<name>, search.cv, search.csv.
+  template <class Config>
+  static Grid from(const Config& config);
+  uint64_t candidates() const;
+  std::vector<std::string> candidate(uint64_t c) const;  // its value of each name
+  std::vector<std::string> task_inputs() const;          // candidate-major, fold fastest
+};
+
+struct Row {
+  std::vector<std::string> params;
+  std::vector<double> split_scores;  // per fold
+  double mean = 0, stdev = 0, mean_fit_seconds = 0;
+  uint32_t rank = 0;
+};
+
+// One row per candidate from the tasks' answers (JSON with "accuracy" and "fit_seconds"), in
+// task order. Throws std::runtime_error for an answer without an accuracy.
+std::vector<Row> cv_results(const Grid& g, const std::vector<std::string>& answers);
+// The table a run prints, and the best candidate's line.
+std::vector<std::string> table(const Grid& g, const std::vector<Row>& rows);
+// cv_results as CSV (scikit-learn's column names).
+std::string csv(const Grid& g, const std::vector<Row>& rows);
+// A JSON number's text after "key": in a one-line object; empty when absent.
+std::string json_number(const std::string& json, const std::string& key);
+
+template <class Config>
+Grid Grid::from(const Config& config) {
+  auto split = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (size_t b = 0; b <= text.size() && !text.empty();) {
+      const size_t e = std::min(text.find('\n', b), text.size());
+      out.push_back(text.substr(b, e - b));
+      b = e + 1;
+    }
+    return out;
+  };
+  Grid g;
+  g.names = split(config("search.params").value_or(""));
+  for (const auto& n : g.names) g.values.push_back(split(config("search.param_grid." + n).value_or("")));
+  g.cv = uint32_t(std::stoul(config("search.cv").value_or("5")));
+  g.csv = config("search.csv").value_or("");
+  return g;
+}
+
+}  // namespace skyforge::grid
