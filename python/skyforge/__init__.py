@@ -7,6 +7,17 @@
 from .data import DistributedSampler, Rng, permutation, shard, shard_indices
 from .runtime import InstanceInfo, NotOnANode, instance_info
 
+
+def __getattr__(name):
+    # joblib is needed only by the pool API: import it when that is used.
+    if name in ("joblib_pool", "joblib_backend", "sklearn_pool", "SkyforgeBackend"):
+        from . import _joblib_backend
+        return getattr(_joblib_backend, name)
+    if name in ("Pool", "PoolError", "RemoteTraceback", "WorkerLostError"):
+        from . import _pool
+        return getattr(_pool, name)
+    raise AttributeError(f"module 'skyforge' has no attribute {name!r}")
+
 __all__ = [
     "DistributedSampler",
     "InstanceInfo",
@@ -16,5 +27,13 @@ __all__ = [
     "permutation",
     "shard",
     "shard_indices",
+    "joblib_pool",
+    "joblib_backend",
+    "sklearn_pool",
+    "SkyforgeBackend",
+    "Pool",
+    "PoolError",
+    "RemoteTraceback",
+    "WorkerLostError",
 ]
 __version__ = "0.1.0"

@@ -29,7 +29,13 @@ def test_every_node_gets_the_sdks_answer(tmp_path, skyforge_bin, oracle):
         f"[job]\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(script))}]\n"
     )
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    run = subprocess.run([skyforge_bin, "run", str(manifest)], capture_output=True, text=True, env=env, timeout=120)
+    # The nodes import the package as this interpreter does (an install, or PYTHONPATH).
+    pass_env = []
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
+        pass_env = ["--env", "PYTHONPATH"]
+    run = subprocess.run([skyforge_bin, "run", *pass_env, str(manifest)], capture_output=True, text=True, env=env,
+                         timeout=120)
     assert run.returncode == 0, run.stderr
     results = {}
     for line in run.stdout.splitlines():

@@ -122,6 +122,18 @@ TEST_F(E2E, NonZeroExitFailsTheRunAndNamesTheNode) {
   EXPECT_NE(o.err.find("exit 3"), std::string::npos) << o.err;
 }
 
+TEST_F(E2E, EnvPassesAVariableByNameToEveryNodesJob) {
+  auto m = write("env.toml", command_manifest(2, "echo token=$SF_TEST_TOKEN"));
+  extra_env_["SF_TEST_TOKEN"] = "s3cr3t";
+  Output o = run({"run", "--env", "SF_TEST_TOKEN", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("[node 0] token=s3cr3t"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("[node 1] token=s3cr3t"), std::string::npos) << o.out;
+  o = run({"run", "--env", "SF_TEST_NOT_SET", m.string()});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("--env SF_TEST_NOT_SET: not set in this environment"), std::string::npos) << o.err;
+}
+
 TEST_F(E2E, NodesTheTeardownStoppedAreNotReportedAsFailed) {
   auto m = write("onefails.toml", command_manifest(3, "if [ $SKYFORGE_NODE = 1 ]; then exit 3; fi; exec sleep 30"));
   Output o = run({"run", m.string()});

@@ -147,17 +147,30 @@ int cmd_run(int argc, char** argv) {
       "succeeded, 1 when the job failed, 2 for a bad manifest, 130 when interrupted.\n\noptions");
   std::string manifest;
   RunOptions opt;
+  std::vector<std::string> env_names;
   desc.add_options()("manifest", po::value(&manifest), "the job manifest")(
       "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugins' debug-level logs (info and above always show)")(
       "quiet-results", po::bool_switch(&opt.quiet_results), "do not print per-task results of a map job")(
       "pipeline", po::value(&opt.pipeline)->default_value(2), "map: batches in flight per slot (>= 1)")(
       "timings", po::bool_switch(&opt.timings), "print phase timings (ms) and map batch round trips on stderr")(
+      "env", po::value(&env_names)->composing(),
+      "NAME: pass this environment variable of skyforge's to every node's job (repeatable; the value never "
+      "appears on a command line or in a file)")(
       "join-timeout", po::value(&opt.join_timeout_ms)->default_value(60000),
       "ms to wait for every worker to join and become ready");
   if (auto done = parse_command("run", argc, argv, desc, "manifest", manifest, "<job.toml>")) return *done;
   if (opt.pipeline < 1) {
     std::cerr << "skyforge run: --pipeline must be >= 1\n";
     return kExitUsage;
+  }
+  for (const auto& name : env_names) {
+    const char* value = std::getenv(name.c_str());
+    if (name.empty() || name.find('=') != std::string::npos || !value) {
+      std::cerr << "skyforge run: --env " << name << ": " << (value ? "expected a variable's NAME" : "not set in this environment")
+                << "\n";
+      return kExitUsage;
+    }
+    opt.env[name] = value;
   }
   Manifest m;
   std::unique_ptr<Catalog> catalog;

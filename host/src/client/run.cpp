@@ -185,6 +185,7 @@ void PoolRun::client_enter() {
   cluster_.provider = m_.pool.provider.c_str();
   cluster_.pool_id = pool_id_.c_str();
   image_ = m_.image;
+  for (const auto& [k, v] : opt_.env) image_.env[k] = v;
   sf_image_editor ed{};
   ed.ctx = &image_;
   ed.add_apt = [](void* c, const char* p) { lent([&] { static_cast<Image*>(c)->apt.emplace_back(p ? p : ""); }); };

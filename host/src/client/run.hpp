@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 
 #include "bootstrap_script.hpp"  // bootstrap_script(), still part of this interface
@@ -20,6 +21,9 @@ struct RunOptions {
   bool quiet_results = false;   // do not print per-task results (benchmarks)
   int pipeline = 2;              // map: batches in flight per slot
   bool timings = false;         // print phase timings and map batch round trips on stderr
+  // --env NAME: variables of this process's environment added to every node's job environment
+  // (as [image] env, never written anywhere: a secret passes by name, not on a command line).
+  std::map<std::string, std::string> env;
   // Sees each chunk of node output (stream 1 stdout, 2 stderr, 3 worker log) before the output
   // policy; returning true consumes it (nothing is printed). `skyforge env` captures with it.
   std::function<bool(uint32_t node, int stream, const std::string& text)> output_filter;

@@ -615,6 +615,8 @@ int Worker::run() {
       env.set("SKYFORGE_ACCELERATORS", std::to_string(job_->id.accelerators));
       env.set("SKYFORGE_ACCELERATOR", job_->id.accelerator);
       env.set("SKYFORGE_CONCURRENCY", std::to_string(job_->id.concurrency));
+      // The address this node reaches the client's machine at (what it connected to).
+      env.set("SKYFORGE_CLIENT_ADDR", args_.host);
       if (!env.get("PYTHONUNBUFFERED")) env.set("PYTHONUNBUFFERED", "1");  // live output from Python
       // [image] pip packages are installed by the bootstrap script into the node's work dir.
       const std::string site = args_.work_dir + "/.skyforge/site";

@@ -1,0 +1,143 @@
+"""The node agent of a Python pool: `python -m skyforge._node`, the command app `skyforge run`
+starts on every node for skyforge.joblib_pool() (docs/python.md).
+
+It connects to the client at $SKYFORGE_CLIENT_ADDR:$SKYFORGE_PY_PORT, proves the pool key
+($SKYFORGE_PY_KEY, from the job's environment, never argv), starts one worker process per slot
+($SKYFORGE_CONCURRENCY) that lives as long as the pool, and hands each task to a free slot. A
+worker that dies (a segfault, os._exit) fails the task it held, naming the node and slot, and is
+replaced, so the pool stays usable. When the client says bye or its connection ends, the agent
+stops its workers and leaves — and with it the node.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import sys
+import threading
+from multiprocessing.connection import Client
+
+from . import _slot
+from ._wire import ErrorReport, dumps
+
+
+class Slot:
+    """A slot's worker process and the thread that feeds it: tasks from the node's queue, and
+    before each, what the client shared since ("put"/"drop", in the order they came)."""
+
+    def __init__(self, ctx, node: int, index: int, tasks, send):
+        self.ctx, self.node, self.index, self.tasks, self.send = ctx, node, index, tasks, send
+        self.control: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.start()
+        threading.Thread(target=self.loop, daemon=True, name=f"skyforge-slot-{index}").start()
+
+    def start(self):
+        self.conn, child = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=_slot.serve, args=(child, self.node, self.index), daemon=True,
+                                     name=f"skyforge-slot-{self.index}")
+        self.proc.start()
+        child.close()
+
+    def how_it_ended(self) -> str:
+        self.proc.join(5)
+        code = self.proc.exitcode
+        if code is None:
+            return "its worker process stopped answering"
+        if code < 0:
+            import signal
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"its worker process was killed by {name}"
+        return f"its worker process exited with status {code}"
+
+    def loop(self):
+        shared = {}  # what this slot's worker holds, to give a replacement
+        while True:
+            task = self.tasks.get()
+            while True:
+                try:
+                    msg = self.control.get_nowait()
+                except queue.Empty:
+                    break
+                if msg[0] == "put":
+                    shared[msg[1]] = msg[2]
+                else:
+                    for k in msg[1]:
+                        shared.pop(k, None)
+                self._tell(msg)
+            if task is None:
+                self._tell(("bye",))
+                return
+            task_id, payload = task
+            if task_id in cancelled:
+                continue
+            try:
+                self.conn.send(("task", task_id, payload))
+                answer = self.conn.recv()
+                self.send(answer[:2] + (self.index,) + answer[2:])
+            except (EOFError, OSError):
+                how = self.how_it_ended()
+                report = ErrorReport(None, "WorkerLostError",
+                                     f"node {self.node} slot {self.index}: {how} while running the task", "",
+                                     self.node, self.index)
+                self.send(("done", task_id, self.index, False, dumps(report)))
+                self.start()  # a fresh worker, told what the old one held
+                for k, blob in shared.items():
+                    self._tell(("put", k, blob))
+
+    def _tell(self, msg):
+        try:
+            self.conn.send(msg)
+        except OSError:
+            pass  # a dead worker: the next task finds out and replaces it
+
+
+cancelled = set()  # task ids the client no longer wants (joblib's abort_everything)
+
+
+def main() -> int:
+    node = int(os.environ["SKYFORGE_NODE"])
+    slots = max(1, int(os.environ.get("SKYFORGE_CONCURRENCY", "1")))
+    address = (os.environ["SKYFORGE_CLIENT_ADDR"], int(os.environ["SKYFORGE_PY_PORT"]))
+    key = bytes.fromhex(os.environ.pop("SKYFORGE_PY_KEY"))
+    conn = Client(address, authkey=key)
+    ctx = mp.get_context("spawn")  # no thread or socket of this process reaches the workers
+    send_lock = threading.Lock()
+
+    def send(msg):
+        with send_lock:
+            conn.send(msg)
+
+    tasks: "queue.SimpleQueue" = queue.SimpleQueue()
+    workers = [Slot(ctx, node, i, tasks, send) for i in range(slots)]
+    send(("hello", node, slots, os.getpid()))
+    # This loop only reads: a slot busy with a long task never stops the node from hearing the
+    # client (a cancel, a put for the next call, a bye).
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        kind = msg[0]
+        if kind == "task":
+            tasks.put((msg[1], msg[2]))
+        elif kind in ("put", "drop"):
+            for w in workers:
+                w.control.put(msg)
+        elif kind == "cancel":
+            cancelled.update(msg[1])
+        elif kind == "bye":
+            break
+    for _ in workers:
+        tasks.put(None)
+    for w in workers:
+        w.proc.join(5)
+        if w.proc.is_alive():
+            w.proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
