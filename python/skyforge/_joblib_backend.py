@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover
     from joblib.parallel import FallbackToBackend  # type: ignore
 
-from ._pool import Pool
+from ._pool import Pool, WorkerLostError
 from ._wire import dumps_task
 
 _active: Optional[Pool] = None  # the pool of the innermost `with skyforge.joblib_pool(...)`
@@ -108,6 +108,8 @@ class SkyforgeBackend(AutoBatchingMixin, ParallelBackendBase):
                     return  # aborted: nobody waits for it
             exc = f.exception()
             if exc is not None:
+                if isinstance(exc, WorkerLostError) and hasattr(exc, "add_note"):
+                    exc.add_note("the batch: " + _describe(func))
                 job.set_exception(exc)
             else:
                 job.set_result(pickle.loads(f.result()))
@@ -143,6 +145,18 @@ class SkyforgeBackend(AutoBatchingMixin, ParallelBackendBase):
                 self.pool.unshare(keys)
             except Exception:  # noqa: BLE001 - a pool already closed
                 pass
+
+
+def _describe(func) -> str:
+    """What a joblib batch runs, for an error about it: "f(1, x=2) and 3 more calls"."""
+    items = getattr(func, "items", None) or []
+    if not items:
+        return repr(func)[:200]
+    f, args, kwargs = (list(items[0]) + [(), {}])[:3]
+    name = getattr(f, "__qualname__", None) or getattr(getattr(f, "function", None), "__qualname__", None) or repr(f)
+    text = ", ".join([repr(a)[:40] for a in args] + [f"{k}={v!r}"[:40] for k, v in kwargs.items()])
+    more = f" and {len(items) - 1} more call{'s' if len(items) > 2 else ''}" if len(items) > 1 else ""
+    return f"{name}({text}){more}"
 
 
 def _register() -> None:

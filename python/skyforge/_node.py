@@ -18,7 +18,7 @@ import threading
 from multiprocessing.connection import Client
 
 from . import _slot
-from ._wire import ErrorReport, dumps
+from ._wire import ErrorReport, control_frame, done_frame, dumps, kind_of, parse_control, parse_task
 
 
 class Slot:
@@ -70,26 +70,25 @@ class Slot:
             if task is None:
                 self._tell(("bye",))
                 return
-            task_id, payload = task
+            task_id, frame = task
             if task_id in cancelled:
                 continue
             try:
-                self.conn.send(("task", task_id, payload))
-                answer = self.conn.recv()
-                self.send(answer[:2] + (self.index,) + answer[2:])
+                self.conn.send_bytes(frame)  # relayed as it came: never unpickled here
+                self.send(self.conn.recv_bytes())
             except (EOFError, OSError):
                 how = self.how_it_ended()
                 report = ErrorReport(None, "WorkerLostError",
                                      f"node {self.node} slot {self.index}: {how} while running the task", "",
                                      self.node, self.index)
-                self.send(("done", task_id, self.index, False, dumps(report)))
+                self.send(done_frame(task_id, self.index, False, dumps(report)))
                 self.start()  # a fresh worker, told what the old one held
                 for k, blob in shared.items():
                     self._tell(("put", k, blob))
 
     def _tell(self, msg):
         try:
-            self.conn.send(msg)
+            self.conn.send_bytes(control_frame(msg))
         except OSError:
             pass  # a dead worker: the next task finds out and replaces it
 
@@ -106,24 +105,26 @@ def main() -> int:
     ctx = mp.get_context("spawn")  # no thread or socket of this process reaches the workers
     send_lock = threading.Lock()
 
-    def send(msg):
+    def send(frame: bytes):
         with send_lock:
-            conn.send(msg)
+            conn.send_bytes(frame)
 
     tasks: "queue.SimpleQueue" = queue.SimpleQueue()
     workers = [Slot(ctx, node, i, tasks, send) for i in range(slots)]
-    send(("hello", node, slots, os.getpid()))
+    send(control_frame(("hello", node, slots, os.getpid())))
     # This loop only reads: a slot busy with a long task never stops the node from hearing the
     # client (a cancel, a put for the next call, a bye).
     while True:
         try:
-            msg = conn.recv()
+            frame = conn.recv_bytes()
         except (EOFError, OSError):
             break
+        if kind_of(frame) == b"T":
+            tasks.put((parse_task(frame)[0], frame))
+            continue
+        msg = parse_control(frame)
         kind = msg[0]
-        if kind == "task":
-            tasks.put((msg[1], msg[2]))
-        elif kind in ("put", "drop"):
+        if kind in ("put", "drop"):
             for w in workers:
                 w.control.put(msg)
         elif kind == "cancel":

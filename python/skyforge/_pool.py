@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Listener
 from typing import Any, Callable, Dict, List, Optional
 
-from ._wire import ErrorReport
+from ._wire import ErrorReport, control_frame, parse_control, parse_done, task_frame
 
 
 class PoolError(RuntimeError):
@@ -67,8 +67,10 @@ class Node:
         self.shared = set()  # keys this node holds
 
     def send(self, msg) -> None:
+        """A control message (a tuple), or a frame (bytes) as it is."""
+        frame = msg if isinstance(msg, (bytes, bytearray)) else control_frame(msg)
         with self.send_lock:
-            self.conn.send(msg)
+            self.conn.send_bytes(frame)
 
 
 class Pool:
@@ -183,7 +185,7 @@ class Pool:
         while True:
             while pending:
                 conn = pending.pop()
-                kind, node, slots, _pid = conn.recv()
+                kind, node, slots, _pid = parse_control(conn.recv_bytes())
                 if kind != "hello":
                     raise PoolError(f"a node spoke out of turn: {kind!r}")
                 by_node[node] = Node(node, slots, conn)
@@ -237,7 +239,7 @@ class Pool:
             self._next_id += 1
             node.in_flight[task_id] = fut
         try:
-            node.send(("task", task_id, payload))
+            node.send(task_frame(task_id, payload))
         except OSError as e:
             self._lose(node, f"sending to it failed: {e}")
         return fut
@@ -277,12 +279,12 @@ class Pool:
     def _reader(self, node: Node) -> None:
         while True:
             try:
-                msg = node.conn.recv()
+                frame = node.conn.recv_bytes()
             except (EOFError, OSError) as e:
                 if not self._closed:
                     self._lose(node, "its connection ended" + (f" ({e})" if str(e) else ""))
                 return
-            _, task_id, slot, ok, payload = msg
+            task_id, slot, ok, payload = parse_done(frame)
             with self._lock:
                 fut = node.in_flight.pop(task_id, None)
             if fut is not None:

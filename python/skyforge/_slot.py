@@ -1,7 +1,7 @@
 """One slot's Python worker process: runs tasks one after another for as long as the pool lives.
 
-Started by the node agent (skyforge._node); reads ("put" | "drop" | "task", ...) from its pipe and
-answers each task with ("done", task_id, ok, payload). Nested joblib parallelism inside a task
+Started by the node agent (skyforge._node); reads task and control frames (skyforge._wire) from
+its pipe and answers each task with a done frame. Nested joblib parallelism inside a task
 runs sequentially, as joblib's own rule for nested calls in a worker says.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import pickle
 import traceback
 
-from ._wire import ErrorReport, dumps, loads_task
+from ._wire import ErrorReport, done_frame, dumps, kind_of, loads_task, parse_control, parse_task
 
 
 def _sequential_nested():
@@ -32,20 +32,15 @@ def serve(conn, node: int, slot: int) -> None:
     store = {}
     while True:
         try:
-            msg = conn.recv()
+            frame = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        kind = msg[0]
-        if kind == "put":
-            store[msg[1]] = pickle.loads(msg[2])
-        elif kind == "drop":
-            for key in msg[1]:
-                store.pop(key, None)
-        elif kind == "task":
-            task_id, payload = msg[1], msg[2]
+        kind = kind_of(frame)
+        if kind == b"T":
+            task_id, payload = parse_task(frame)
             try:
                 result = loads_task(payload, store)()
-                answer = ("done", task_id, True, dumps(result))
+                answer = done_frame(task_id, slot, True, dumps(result))
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
                 try:
                     blob = dumps(exc)
@@ -53,10 +48,17 @@ def serve(conn, node: int, slot: int) -> None:
                 except Exception:  # noqa: BLE001 - an exception that does not travel
                     blob = None
                 report = ErrorReport(blob, type(exc).__qualname__, str(exc), traceback.format_exc(), node, slot)
-                answer = ("done", task_id, False, dumps(report))
+                answer = done_frame(task_id, slot, False, dumps(report))
             try:
-                conn.send(answer)
+                conn.send_bytes(answer)
             except (BrokenPipeError, OSError):
                 return
-        elif kind == "bye":
+            continue
+        msg = parse_control(frame)
+        if msg[0] == "put":
+            store[msg[1]] = pickle.loads(msg[2])
+        elif msg[0] == "drop":
+            for key in msg[1]:
+                store.pop(key, None)
+        elif msg[0] == "bye":
             return

@@ -1,21 +1,23 @@
 """What the pieces of a Python pool say to each other (docs/python.md, "How it works").
 
 Client <-> node agent: multiprocessing.connection over TCP, authenticated with the pool's key
-(HMAC challenge-response both ways before any message is unpickled). Messages are tuples:
+(HMAC challenge-response both ways before any message is unpickled); agent <-> slot worker: a
+multiprocessing Pipe. Every message is one frame (send_bytes), its first byte its kind:
 
-  agent -> client  ("hello", node, slots, pid)
-  client -> agent  ("put", key, blob)          a large argument, once per node per Parallel call
-                   ("drop", keys)              the call is over: forget them
-                   ("task", task_id, payload)  cloudpickled callable; run it on a free slot
-                   ("bye",)                    stop the workers and leave
-  agent -> client  ("done", task_id, slot, ok, payload)   payload: the pickled result, or an
-                                               ErrorReport
-Agent <-> slot worker: a multiprocessing Pipe with the same ("put"/"drop"/"task") messages.
+  T task_id:u64 payload          client -> agent -> slot: a cloudpickled callable to run. The
+                                 agent relays the frame as it came, without unpickling it.
+  D task_id:u64 slot:u32 ok:u8 payload   slot -> agent -> client: the pickled result, or an
+                                 ErrorReport (ok = 0); relayed as it came
+  C pickle(tuple)                control: ("hello", node, slots, pid) agent -> client;
+                                 ("put", key, blob) a large argument, once per node per call;
+                                 ("drop", keys) the call is over; ("cancel", task_ids) skip
+                                 these if not started; ("bye",) stop the workers and leave
 """
 from __future__ import annotations
 
 import io
 import pickle
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
@@ -26,6 +28,39 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 # Arguments at least this large travel once per node per Parallel call, not once per task.
 LARGE_BYTES = 1 << 20
+
+_TASK = struct.Struct("<cQ")
+_DONE = struct.Struct("<cQIB")
+
+
+def task_frame(task_id: int, payload: bytes) -> bytes:
+    return _TASK.pack(b"T", task_id) + payload
+
+
+def done_frame(task_id: int, slot: int, ok: bool, payload: bytes) -> bytes:
+    return _DONE.pack(b"D", task_id, slot, 1 if ok else 0) + payload
+
+
+def control_frame(msg: tuple) -> bytes:
+    return b"C" + pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def kind_of(frame) -> bytes:
+    return bytes(frame[:1])
+
+
+def parse_task(frame):
+    _, task_id = _TASK.unpack_from(frame)
+    return task_id, memoryview(frame)[_TASK.size:]
+
+
+def parse_done(frame):
+    _, task_id, slot, ok = _DONE.unpack_from(frame)
+    return task_id, slot, bool(ok), memoryview(frame)[_DONE.size:]
+
+
+def parse_control(frame) -> tuple:
+    return pickle.loads(memoryview(frame)[1:])
 
 
 @dataclass
@@ -57,8 +92,34 @@ class _SharingPickler(cloudpickle.CloudPickler):
         return None
 
 
+def _has_large_array(fn: Any) -> bool:
+    """Whether a joblib batch passes a large NumPy array among its calls' arguments (one level
+    into tuples, lists and dicts). Only then does it pay for the sharing pickler's per-object hook."""
+    items = getattr(fn, "items", None)
+    if items is None:
+        return True  # not a joblib batch: look at everything
+
+    def large(v, depth=0):
+        if type(v).__name__ == "ndarray" and type(v).__module__ == "numpy":
+            return v.nbytes >= LARGE_BYTES
+        if depth == 0 and isinstance(v, (tuple, list)):
+            return any(large(x, 1) for x in v)
+        if depth == 0 and isinstance(v, dict):
+            return any(large(x, 1) for x in v.values())
+        return False
+
+    for item in items:
+        args = item[1] if len(item) > 1 else ()
+        kwargs = item[2] if len(item) > 2 else {}
+        if any(large(a) for a in args) or any(large(v) for v in kwargs.values()):
+            return True
+    return False
+
+
 def dumps_task(fn: Any, shared: Dict[int, tuple]) -> bytes:
     """The callable, its large arrays replaced by keys recorded in `shared` (id -> (array, blob))."""
+    if not _has_large_array(fn):
+        return cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
     buf = io.BytesIO()
     _SharingPickler(buf, shared).dump(fn)
     return buf.getvalue()

@@ -84,8 +84,9 @@ def test_an_exception_keeps_its_type_and_message_and_says_where(pool_env):
 
 def test_a_task_that_kills_its_worker_fails_the_call_and_the_pool_goes_on(pool_env):
     with skyforge.joblib_pool(nodes=2, concurrency=1):
-        with pytest.raises(skyforge.WorkerLostError, match=r"node \d slot 0: its worker process exited with status 7"):
+        with pytest.raises(skyforge.WorkerLostError, match=r"node \d slot 0: its worker process exited with status 7") as info:
             Parallel(n_jobs=-1, batch_size=1)(delayed(os._exit)(7) for _ in range(1))
+        assert "the batch: _exit(7)" in "".join(getattr(info.value, "__notes__", [])), info.value
         with pytest.raises(skyforge.WorkerLostError, match="killed by SIGSEGV"):
             Parallel(n_jobs=-1, batch_size=1)(delayed(os.kill)(0, 11) if False else delayed(_segv)() for _ in range(1))
         assert Parallel(n_jobs=-1)(delayed(square)(i) for i in range(10)) == [i * i for i in range(10)]
