@@ -94,7 +94,11 @@ class _SharingPickler(cloudpickle.CloudPickler):
 
 def _has_large_array(fn: Any) -> bool:
     """Whether a joblib batch passes a large NumPy array among its calls' arguments (one level
-    into tuples, lists and dicts). Only then does it pay for the sharing pickler's per-object hook."""
+    into tuples, lists and dicts). Only then does it pay for the sharing pickler's per-object hook.
+    A batch of up to 16 calls is looked at whole; a longer one (auto batching makes those of tiny
+    tasks only) through its first and last calls: the calls of one Parallel are alike (the same X
+    in every fit), and a look at each of 10,000 tiny calls cost more than running them. A large
+    array that only a middle call of a long batch passes still travels, inline with that batch."""
     items = getattr(fn, "items", None)
     if items is None:
         return True  # not a joblib batch: look at everything
@@ -108,7 +112,7 @@ def _has_large_array(fn: Any) -> bool:
             return any(large(x, 1) for x in v.values())
         return False
 
-    for item in items:
+    for item in items if len(items) <= 16 else (items[0], items[-1]):
         args = item[1] if len(item) > 1 else ()
         kwargs = item[2] if len(item) > 2 else {}
         if any(large(a) for a in args) or any(large(v) for v in kwargs.values()):
