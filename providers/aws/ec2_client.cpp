@@ -90,11 +90,19 @@ std::string explain(const std::string& action, const std::string& code, const st
   return what.empty() ? head : head + " -- " + what;
 }
 
+// application/x-www-form-urlencoded as botocore writes it (a space is '+'): AWS reads any correct
+// encoding, but endpoints that check the signature against a body they re-encode (moto) need
+// this one.
 std::string form_encode(const QueryParams& params) {
+  auto enc = [](const std::string& s) {
+    std::string out;
+    for (char c : s) out += c == ' ' ? std::string("+") : uri_encode(std::string_view(&c, 1), false);
+    return out;
+  };
   std::string out;
   for (const auto& [k, v] : params) {
     if (!out.empty()) out += '&';
-    out += uri_encode(k, false) + "=" + uri_encode(v, false);
+    out += enc(k) + "=" + enc(v);
   }
   return out;
 }
@@ -161,7 +169,8 @@ Ec2Client::Response Ec2Client::post(const std::string& body) {
   return r;
 }
 
-pugi::xml_document Ec2Client::call(const std::string& action, const QueryParams& params) {
+pugi::xml_document Ec2Client::call(const std::string& action, const QueryParams& params, int max_attempts) {
+  const int attempts = max_attempts > 0 ? max_attempts : options_.max_attempts;
   QueryParams all = {{"Action", action}, {"Version", options_.api_version}};
   all.insert(all.end(), params.begin(), params.end());
   const std::string body = form_encode(all);
@@ -190,7 +199,7 @@ pugi::xml_document Ec2Client::call(const std::string& action, const QueryParams&
     const bool transient = r.transport_error.empty() ? (retryable_code(code) || retryable_transport(r.status, ""))
                                                      : true;
     const auto elapsed = std::chrono::steady_clock::now() - start;
-    if (!transient || attempt >= options_.max_attempts || elapsed >= options_.deadline) {
+    if (!transient || attempt >= attempts || elapsed >= options_.deadline) {
       if (!r.transport_error.empty()) {
         throw ApiError("aws " + action + " (" + aws_.region + "): no answer from " + aws_.endpoint + ": " +
                            r.transport_error + " (after " + std::to_string(attempt) + " attempt" +
@@ -206,7 +215,7 @@ pugi::xml_document Ec2Client::call(const std::string& action, const QueryParams&
     auto wait = std::chrono::milliseconds(int64_t(std::uniform_real_distribution<double>(0, cap)(rng)));
     if (options_.on_retry) {
       options_.on_retry("aws " + action + ": " + (r.transport_error.empty() ? code : r.transport_error) +
-                        "; retry " + std::to_string(attempt) + "/" + std::to_string(options_.max_attempts - 1) +
+                        "; retry " + std::to_string(attempt) + "/" + std::to_string(attempts - 1) +
                         " in " + std::to_string(wait.count()) + " ms");
     }
     std::this_thread::sleep_for(wait);

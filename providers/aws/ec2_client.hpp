@@ -54,11 +54,12 @@ class Ec2Client {
   Ec2Client(const Ec2Client&) = delete;
   Ec2Client& operator=(const Ec2Client&) = delete;
 
-  // The action's response document. Throws ApiError.
-  pugi::xml_document call(const std::string& action, const QueryParams& params = {});
+  // The action's response document. Throws ApiError. `max_attempts` > 0 overrides the
+  // options' for this call (1: no retry, the caller decides).
+  pugi::xml_document call(const std::string& action, const QueryParams& params = {}, int max_attempts = 0);
 
   const ResolvedAws& aws() const { return aws_; }
-  ClientOptions& options() { return options_; }
+  const ClientOptions& options() const { return options_; }
   size_t requests() const;  // HTTP requests sent (every attempt), for the figures
 
  private:

@@ -227,7 +227,9 @@ std::string platform_mismatch(const Platform& here, const Platform& there) {
 
 // ---- the provider ------------------------------------------------------------------------------
 
-SshProvider::SshProvider(const Context& ctx) : Provider(ctx), config_(SshConfig::from(ctx.options)) {
+SshProvider::SshProvider(const Context& ctx) : SshProvider(ctx, SshConfig::from(ctx.options)) {}
+
+SshProvider::SshProvider(const Context& ctx, SshConfig config) : Provider(ctx), config_(std::move(config)) {
   ssh_ = providers::find_program("ssh");
   if (ssh_.empty()) throw Error("ssh provider: no `ssh` program on PATH (Debian: openssh-client)", SF_ERR_UNSUPPORTED);
 }

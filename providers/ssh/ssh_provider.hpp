@@ -71,6 +71,8 @@ std::string platform_mismatch(const Platform& here, const Platform& there);
 class SshProvider : public Provider {
  public:
   explicit SshProvider(const Context& ctx);
+  // With a configuration made by another provider (aws: the instances it made).
+  SshProvider(const Context& ctx, SshConfig config);
   ~SshProvider() override;
 
   Provisioned provision(const PoolSpec& spec) override;

@@ -116,7 +116,7 @@ TEST(Ec2ClientErrors, EachCodeSaysWhatToDo) {
   EXPECT_TRUE(retryable_code("RequestLimitExceeded"));
   EXPECT_FALSE(retryable_code("InvalidParameterValue"));
   EXPECT_EQ(form_encode({{"A b", "c/d"}, {"TagSpecification.1.Tag.1.Key", "skyforge:pool"}}),
-            "A%20b=c%2Fd&TagSpecification.1.Tag.1.Key=skyforge%3Apool");
+            "A+b=c%2Fd&TagSpecification.1.Tag.1.Key=skyforge%3Apool");
 }
 
 }  // namespace

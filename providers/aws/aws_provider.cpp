@@ -1,0 +1,217 @@
+#include "aws_provider.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+namespace skyforge::aws {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// Whether an SSH server answers on addr:22 with its banner within `wait`.
+bool sshd_answers(const std::string& addr, std::chrono::milliseconds wait) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  if (::getaddrinfo(addr.c_str(), "22", &hints, &res) != 0 || !res) return false;
+  int s = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  bool ok = false;
+  if (s >= 0) {
+    int rc = ::connect(s, res->ai_addr, res->ai_addrlen);
+    pollfd p{s, POLLOUT, 0};
+    if (rc == 0 || (errno == EINPROGRESS && ::poll(&p, 1, int(wait.count())) == 1)) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err == 0) {
+        p = {s, POLLIN, 0};
+        char buf[8] = {0};
+        if (::poll(&p, 1, int(wait.count())) == 1 && ::recv(s, buf, 4, MSG_PEEK) == 4)
+          ok = std::string(buf, 4) == "SSH-";
+      }
+    }
+    ::close(s);
+  }
+  ::freeaddrinfo(res);
+  return ok;
+}
+
+fs::path state_root() {
+  const char* rt = std::getenv("XDG_RUNTIME_DIR");
+  return rt && *rt ? fs::path(rt) : fs::temp_directory_path();
+}
+
+}  // namespace
+
+AwsProvider::AwsProvider(const Context& ctx) : Provider(ctx), ctx_(ctx), opt_(AwsOptions::from(ctx.options)) {
+  int64_t t = ctx.options.get_int("ssh_timeout", 300);
+  if (t < 1 || t > 3600) throw Error("aws provider: option 'ssh_timeout': expected 1 to 3600 seconds", SF_ERR_INVALID);
+  ssh_timeout_s_ = int(t);
+  // The ssh half's options are checked now too (a bad remote_dir fails validate, not a paid run).
+  ssh::SshConfig probe = ssh::SshConfig::from([&] {
+    Options o = ctx.options;
+    std::vector<sf_kv> kv;
+    std::vector<std::pair<std::string, std::string>> all(o.all().begin(), o.all().end());
+    all.emplace_back("hosts", "probe");
+    for (const auto& [k, v] : all) kv.push_back(sf_kv{k.c_str(), v.c_str()});
+    return Options(kv.data(), kv.size());
+  }());
+  (void)probe;
+}
+
+AwsProvider::~AwsProvider() {
+  try {
+    terminate({});
+  } catch (...) {
+  }
+}
+
+ssh::SshProvider& AwsProvider::ssh(const char* op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ssh_) throw Error(std::string("aws provider: ") + op + " before the pool was provisioned", SF_ERR);
+  return *ssh_;
+}
+
+void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances) {
+  const auto start = Clock::now();
+  std::vector<bool> up(instances.size(), false);
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < instances.size(); ++i) {
+      if (up[i]) continue;
+      if (sshd_answers(pool_->address_of(instances[i]), std::chrono::milliseconds(2000))) {
+        up[i] = true;
+        host().info("aws: node " + std::to_string(i) + " " + instances[i].id + ": ssh up (" +
+                    std::to_string(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count()) +
+                    " s)");
+      } else {
+        all = false;
+      }
+    }
+    if (all) return;
+    if (Clock::now() - start > std::chrono::seconds(ssh_timeout_s_)) {
+      std::string missing;
+      for (size_t i = 0; i < instances.size(); ++i)
+        if (!up[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i) + " (" + instances[i].id + " at " +
+                               pool_->address_of(instances[i]) + ")";
+      throw Error("aws provider: no SSH server answered within " + std::to_string(ssh_timeout_s_) +
+                      " s (ssh_timeout) on node(s) " + missing +
+                      (opt_.use_private_ip ? "" : "; inside a VPC without public addresses set use_private_ip = true"),
+                  SF_ERR);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+Provisioned AwsProvider::provision(const PoolSpec& spec) {
+  ResolvedAws aws;
+  try {
+    aws = resolve_aws(process_env(), opt_.profile, opt_.region);
+  } catch (const std::runtime_error& e) {
+    throw Error(std::string("aws provider: ") + e.what(), SF_ERR_INVALID);
+  }
+  host().info("aws: " + aws.region + " at " + aws.endpoint + ", credentials from " + aws.credentials.source);
+  ClientOptions copt;
+  copt.on_retry = [h = host()](const std::string& line) { h.info(line); };
+  auto client = std::make_unique<Ec2Client>(aws, copt);
+  const fs::path state = state_root() / ("skyforge-aws-" + spec.pool_id);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pool_ = std::make_unique<Ec2Pool>(opt_, std::move(client), state, [h = host()](const std::string& l) { h.info(l); });
+  }
+  auto instances = pool_->create(spec.pool_id, spec.nodes);
+  wait_for_sshd(instances);
+
+  ssh::SshConfig cfg = ssh::SshConfig::from([&] {
+    std::vector<std::pair<std::string, std::string>> all(ctx_.options.all().begin(), ctx_.options.all().end());
+    std::string hosts;
+    for (const auto& i : instances) hosts += (hosts.empty() ? "" : "\n") + pool_->address_of(i);
+    all.emplace_back("hosts", hosts);
+    std::vector<sf_kv> kv;
+    for (const auto& [k, v] : all) kv.push_back(sf_kv{k.c_str(), v.c_str()});
+    return Options(kv.data(), kv.size());
+  }());
+  cfg.user = pool_->ssh_user();
+  cfg.identity_file = pool_->identity_file();
+  cfg.slots_per_host = 1;
+  // Each instance is new: its host key is recorded on first contact in the pool's own file
+  // (never the user's known_hosts), and a changed key within the pool is still refused.
+  cfg.known_hosts_file = (state / "known_hosts").string();
+  cfg.strict_host_keys = "accept-new";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ssh_ = std::make_unique<ssh::SshProvider>(ctx_, cfg);
+  }
+  Provisioned out = ssh_->provision(spec);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < out.nodes.size() && i < instances.size(); ++i) instance_of_[out.nodes[i].id] = instances[i].id;
+  return out;
+}
+
+void AwsProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {
+  ssh("bootstrap").bootstrap(node_id, script, log);
+}
+
+void AwsProvider::start_worker(const std::string& node_id, const std::vector<std::string>& argv,
+                               const std::map<std::string, std::string>& env) {
+  auto with_lease = env;
+  with_lease["SKYFORGE_LEASE_FILE"] = kLeaseFile;  // the dead-man switch's (ec2_pool.hpp)
+  ssh("start_worker").start_worker(node_id, argv, with_lease);
+}
+
+int AwsProvider::worker_alive(const std::string& node_id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!ssh_) return -1;
+  auto* s = ssh_.get();
+  lock.unlock();
+  return s->worker_alive(node_id);
+}
+
+int AwsProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!ssh_) return -1;
+  auto* s = ssh_.get();
+  lock.unlock();
+  return s->worker_exit(node_id, out);
+}
+
+void AwsProvider::terminate(const std::vector<std::string>& node_ids) {
+  ssh::SshProvider* s;
+  Ec2Pool* pool;
+  std::vector<std::string> instances;
+  bool everything;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = ssh_.get();
+    pool = pool_.get();
+    everything = node_ids.empty() || node_ids.size() >= instance_of_.size();
+    for (const auto& id : node_ids)
+      if (auto it = instance_of_.find(id); it != instance_of_.end()) instances.push_back(it->second);
+  }
+  if (!pool) return;
+  if (everything) pool->cancel();  // a provision still waiting stops now
+  std::string ssh_error;
+  if (s) {
+    // Stop the workers and remove their directories while the machines are still there; the
+    // machines go next whatever happens here.
+    try {
+      s->terminate(node_ids);
+    } catch (const std::exception& e) {
+      ssh_error = e.what();
+    }
+  }
+  pool->teardown(everything ? std::vector<std::string>{} : instances);
+  if (!ssh_error.empty()) host().warn("aws: " + ssh_error + " (the instances are terminated all the same)");
+}
+
+}  // namespace skyforge::aws

@@ -1,0 +1,44 @@
+// The `aws` provider: a pool of EC2 instances made for one job and gone after it (Ec2Pool),
+// reached and run over SSH exactly as the `ssh` provider runs hosts (SshProvider, given the
+// instances' addresses and the pool's key). docs/providers.md, "aws".
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <skyforge/sdk.hpp>
+
+#include "ec2_pool.hpp"
+#include "ssh_provider.hpp"
+
+namespace skyforge::aws {
+
+class AwsProvider : public Provider {
+ public:
+  explicit AwsProvider(const Context& ctx);
+  ~AwsProvider() override;
+
+  Provisioned provision(const PoolSpec& spec) override;
+  void bootstrap(const std::string& node_id, const std::string& script, sf_sink log) override;
+  void start_worker(const std::string& node_id, const std::vector<std::string>& argv,
+                    const std::map<std::string, std::string>& env) override;
+  void terminate(const std::vector<std::string>& node_ids) override;
+  int worker_alive(const std::string& node_id) override;
+  int worker_exit(const std::string& node_id, WorkerExit& out) override;
+
+ private:
+  ssh::SshProvider& ssh(const char* op);
+  void wait_for_sshd(const std::vector<InstanceView>& instances);
+
+  Context ctx_;
+  AwsOptions opt_;
+  int ssh_timeout_s_ = 300;
+  std::mutex mu_;
+  std::unique_ptr<Ec2Pool> pool_;
+  std::unique_ptr<ssh::SshProvider> ssh_;
+  std::map<std::string, std::string> instance_of_;  // node id -> instance id
+};
+
+}  // namespace skyforge::aws

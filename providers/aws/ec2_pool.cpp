@@ -1,0 +1,649 @@
+#include "ec2_pool.hpp"
+
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "spawn.hpp"
+
+namespace skyforge::aws {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+Error invalid(const std::string& what) { return Error("aws provider: " + what, SF_ERR_INVALID); }
+
+std::string base64(const std::string& in) {
+  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()), int(in.size()));
+  out.resize(size_t(n));
+  return out;
+}
+
+std::string iso8601(std::chrono::system_clock::time_point t) {
+  std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string whoami() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const char* user = std::getenv("USER");
+  return std::string(user && *user ? user : "uid" + std::to_string(::getuid())) + "@" + host;
+}
+
+std::string seconds_text(Clock::duration d) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
+}
+
+bool gone_state(const std::string& s) { return s == "shutting-down" || s == "terminated"; }
+
+}  // namespace
+
+// Teardown's calls outlast an API that is down: transient failures (no answer, 5xx, throttling)
+// are retried, a few seconds apart, until teardown_timeout; other errors are thrown at once.
+pugi::xml_document Ec2Pool::persist(const std::string& action, const QueryParams& params) {
+  const auto start = Clock::now();
+  for (int i = 0;; ++i) {
+    try {
+      return ec2_->call(action, params);
+    } catch (const ApiError& e) {
+      const bool transient = e.http_status == 0 || e.http_status >= 500 || retryable_code(e.code);
+      if (!transient || Clock::now() - start > opt_.teardown_timeout) throw;
+      if (i == 0) log_("aws: " + action + " failed (" + (e.code.empty() ? e.aws_message : e.code) +
+                       "); retrying until it answers (teardown_timeout " +
+                       std::to_string(opt_.teardown_timeout.count()) + " s)");
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
+  }
+}
+
+std::chrono::seconds parse_duration(const std::string& text) {
+  if (text.empty()) throw std::invalid_argument("empty duration");
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("expected a duration such as \"2h\", \"90m\" or \"3600\" (seconds), got \"" + text + "\"");
+  }
+  std::string unit = text.substr(used);
+  long long mult = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : 0;
+  if (mult == 0 || v <= 0)
+    throw std::invalid_argument("expected a positive duration such as \"2h\", \"90m\" or \"3600\" (seconds), got \"" +
+                                text + "\"");
+  return std::chrono::seconds(v * mult);
+}
+
+AwsOptions AwsOptions::from(const Options& o) {
+  AwsOptions a;
+  a.region = o.get("region", "");
+  a.profile = o.get("profile", "");
+  a.image = o.get("image", a.image);
+  if (a.image.empty()) throw invalid("option 'image': expected an AMI id (\"ami-...\") or a named image");
+  if (a.image.rfind("ami-", 0) != 0) {
+    bool known = false;
+    std::string names;
+    for (const auto& n : named_images()) {
+      known |= a.image == n.name;
+      names += (names.empty() ? "" : ", ") + std::string(n.name);
+    }
+    if (!known) throw invalid("option 'image': \"" + a.image + "\" is neither an AMI id (\"ami-...\") nor one of: " + names);
+  }
+  if (std::string t = o.get("instance_type", ""); !t.empty()) a.instance_types.push_back(t);
+  for (const auto& t : o.get_list("fallback_instance_types")) a.instance_types.push_back(t);
+  a.spot = o.get_bool("spot", false);
+  a.max_price = o.get("max_price", "");
+  if (!a.max_price.empty()) {
+    char* end = nullptr;
+    double p = std::strtod(a.max_price.c_str(), &end);
+    if (*end != '\0' || p <= 0) throw invalid("option 'max_price': expected a price in USD per hour (\"0.45\"), got \"" + a.max_price + "\"");
+    if (!a.spot) throw invalid("option 'max_price' applies to spot instances only: add spot = true");
+  }
+  if (std::string s = o.get("subnet", ""); !s.empty()) a.subnets.push_back(s);
+  for (const auto& s : o.get_list("fallback_subnets")) a.subnets.push_back(s);
+  a.security_group = o.get("security_group", "");
+  a.key_name = o.get("key_name", "");
+  a.identity_file = o.get("identity_file", "");
+  if (!a.key_name.empty() && a.identity_file.empty())
+    throw invalid("option 'key_name' needs 'identity_file' (the key pair's private key) to log in with");
+  try {
+    a.ttl = parse_duration(o.get("ttl", "1h"));
+  } catch (const std::invalid_argument& e) {
+    throw invalid(std::string("option 'ttl': ") + e.what());
+  }
+  if (a.ttl < std::chrono::minutes(2)) throw invalid("option 'ttl': at least 2 minutes (\"2m\"): the machines must have time to boot");
+  for (const auto& kv : o.get_list("tags")) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw invalid("option 'tags': expected \"key=value\" entries, got \"" + kv + "\"");
+    std::string key = kv.substr(0, eq);
+    if (key.rfind("skyforge:", 0) == 0 || key.rfind("aws:", 0) == 0)
+      throw invalid("option 'tags': the keys skyforge:* and aws:* are reserved, got \"" + key + "\"");
+    a.tags.emplace_back(key, kv.substr(eq + 1));
+  }
+  a.use_private_ip = o.get_bool("use_private_ip", false);
+  a.ssh_user = o.get("ssh_user", "");
+  a.ssh_cidr = o.get("ssh_cidr", a.ssh_cidr);
+  a.root_volume_gb = int(o.get_int("root_volume_gb", 0));
+  if (a.root_volume_gb < 0 || a.root_volume_gb > 16384) throw invalid("option 'root_volume_gb': expected 0 to 16384");
+  int64_t pt = o.get_int("provision_timeout", 600);
+  if (pt < 10 || pt > 86400) throw invalid("option 'provision_timeout': expected 10 to 86400 seconds");
+  a.provision_timeout = std::chrono::seconds(pt);
+  int64_t poll = o.get_int("poll_interval_ms", 2000);
+  if (poll < 10 || poll > 60000) throw invalid("option 'poll_interval_ms': expected 10 to 60000");
+  a.poll_interval = std::chrono::milliseconds(poll);
+  int64_t td = o.get_int("teardown_timeout", 900);
+  if (td < 10 || td > 86400) throw invalid("option 'teardown_timeout': expected 10 to 86400 seconds");
+  a.teardown_timeout = std::chrono::seconds(td);
+  return a;
+}
+
+const std::vector<NamedImage>& named_images() {
+  // Publishers' accounts as AWS documents them; the newest matching image is used.
+  static const std::vector<NamedImage> images = {
+      {"ubuntu-24.04", "099720109477", "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*", "ubuntu"},
+      {"ubuntu-22.04", "099720109477", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*", "ubuntu"},
+      {"debian-12", "136693071363", "debian-12-amd64-*", "admin"},
+  };
+  return images;
+}
+
+std::string newest_image(Ec2Client& ec2, const std::string& owner, const std::string& pattern) {
+  auto doc = ec2.call("DescribeImages", {{"Owner.1", owner},
+                                         {"Filter.1.Name", "name"},
+                                         {"Filter.1.Value.1", pattern},
+                                         {"Filter.2.Name", "architecture"},
+                                         {"Filter.2.Value.1", "x86_64"},
+                                         {"Filter.3.Name", "state"},
+                                         {"Filter.3.Value.1", "available"}});
+  std::string best, best_date;
+  for (auto item : doc.select_nodes("//imagesSet/item")) {
+    std::string date = item.node().child_value("creationDate");
+    if (best.empty() || date > best_date) {
+      best = item.node().child_value("imageId");
+      best_date = date;
+    }
+  }
+  if (best.empty())
+    throw Error("aws provider: no available x86_64 image of owner " + owner + " named like \"" + pattern + "\" in " +
+                    ec2.aws().region,
+                SF_ERR_INVALID);
+  return best;
+}
+
+std::vector<InstanceView> instances_of(const pugi::xml_document& doc) {
+  std::vector<InstanceView> out;
+  for (auto x : doc.select_nodes("//instancesSet/item[instanceId]")) {
+    pugi::xml_node n = x.node();
+    InstanceView v;
+    v.id = n.child_value("instanceId");
+    v.state = n.child("instanceState").child_value("name");
+    v.private_ip = n.child_value("privateIpAddress");
+    v.public_ip = n.child_value("ipAddress");
+    v.zone = n.child("placement").child_value("availabilityZone");
+    v.reason = n.child("stateReason").child_value("message");
+    v.launch_index = n.child_value("amiLaunchIndex");
+    for (auto tag : n.child("tagSet").children("item")) {
+      std::string key = tag.child_value("key");
+      if (key == "skyforge:pool") v.pool = tag.child_value("value");
+      if (key == "skyforge:expires") v.expires = tag.child_value("value");
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+std::string dead_man_user_data(std::chrono::seconds ttl) {
+  // Runs once, as root, at first boot (cloud-init). Powers the machine off -- terminated, by
+  // InstanceInitiatedShutdownBehavior -- when the lease file has not been touched for ttl
+  // seconds: the worker touches it while it holds the host's lease and ages it to the epoch
+  // the moment it loses it, so a lost host costs at most one check interval more.
+  std::ostringstream s;
+  s << "#!/bin/sh\n"
+       "# skyforge dead-man switch (docs/providers.md, \"aws: when the host dies\")\n"
+       "ttl=" << ttl.count() << "\n"
+       "lease=" << kLeaseFile << "\n"
+       "mkdir -p \"$(dirname \"$lease\")\" && chmod 1777 \"$(dirname \"$lease\")\"\n"
+       "touch \"$lease\" && chmod 666 \"$lease\"\n"
+       "nohup sh -c '\n"
+       "  while sleep 5; do\n"
+       "    now=$(date +%s); last=$(stat -c %Y \"$0\" 2>/dev/null || echo 0)\n"
+       "    if [ $((now - last)) -gt \"$1\" ]; then\n"
+       "      logger -t skyforge \"lease $0 untouched for more than $1 s: powering off\" 2>/dev/null\n"
+       "      exec poweroff\n"
+       "    fi\n"
+       "  done' \"$lease\" \"$ttl\" >/dev/null 2>&1 &\n";
+  return s.str();
+}
+
+Ec2Pool::Ec2Pool(AwsOptions options, std::unique_ptr<Ec2Client> client, fs::path state_dir, Log log)
+    : opt_(std::move(options)), ec2_(std::move(client)), state_dir_(std::move(state_dir)), log_(std::move(log)),
+      owner_(whoami()) {
+  if (!log_) log_ = [](const std::string&) {};
+}
+
+Ec2Pool::~Ec2Pool() {
+  try {
+    teardown({});
+  } catch (...) {
+  }
+}
+
+void Ec2Pool::cancel() { cancelled_ = true; }
+
+void Ec2Pool::check_cancelled() const {
+  if (cancelled_) throw Error("aws provider: provisioning cancelled", SF_ERR);
+}
+
+std::string Ec2Pool::identity_file() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return made_key_name_.empty() ? opt_.identity_file : (state_dir_ / "id_ed25519").string();
+}
+
+std::string Ec2Pool::ssh_user() const { return ssh_user_; }
+
+std::string Ec2Pool::address_of(const InstanceView& i) const {
+  return opt_.use_private_ip ? i.private_ip : i.public_ip;
+}
+
+std::vector<std::string> Ec2Pool::instance_ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return instances_;
+}
+
+QueryParams Ec2Pool::tag_spec(int index, const std::string& resource_type, bool with_expiry) const {
+  const std::string p = "TagSpecification." + std::to_string(index) + ".";
+  QueryParams q = {{p + "ResourceType", resource_type}};
+  std::vector<std::pair<std::string, std::string>> tags = {
+      {"skyforge:pool", pool_id_}, {"skyforge:owner", owner_}, {"Name", "skyforge-" + pool_id_}};
+  if (with_expiry) tags.emplace_back("skyforge:expires", iso8601(std::chrono::system_clock::now() + opt_.ttl));
+  tags.insert(tags.end(), opt_.tags.begin(), opt_.tags.end());
+  for (size_t i = 0; i < tags.size(); ++i) {
+    q.emplace_back(p + "Tag." + std::to_string(i + 1) + ".Key", tags[i].first);
+    q.emplace_back(p + "Tag." + std::to_string(i + 1) + ".Value", tags[i].second);
+  }
+  return q;
+}
+
+std::string Ec2Pool::resolve_image() {
+  if (opt_.image.rfind("ami-", 0) == 0) {
+    ssh_user_ = opt_.ssh_user.empty() ? "ubuntu" : opt_.ssh_user;
+    return opt_.image;
+  }
+  for (const auto& n : named_images()) {
+    if (opt_.image != n.name) continue;
+    ssh_user_ = opt_.ssh_user.empty() ? n.ssh_user : opt_.ssh_user;
+    std::string id = newest_image(*ec2_, n.owner, n.pattern);
+    log_("aws: image " + opt_.image + " is " + id + " in " + ec2_->aws().region);
+    return id;
+  }
+  throw invalid("option 'image': unknown named image \"" + opt_.image + "\"");
+}
+
+void Ec2Pool::make_key_pair() {
+  if (!opt_.key_name.empty()) return;
+  fs::create_directories(state_dir_);
+  fs::permissions(state_dir_, fs::perms::owner_all, fs::perm_options::replace);
+  const fs::path key = state_dir_ / "id_ed25519";
+  std::error_code ec;
+  fs::remove(key, ec);
+  fs::remove(key.string() + ".pub", ec);
+  auto r = providers::run_command({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "skyforge-" + pool_id_, "-f",
+                                   key.string()},
+                                  providers::CommandOptions{});
+  if (r.status != 0) throw Error("aws provider: ssh-keygen failed: " + r.err, SF_ERR);
+  std::ifstream in(key.string() + ".pub");
+  std::string pub((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string name = "skyforge-" + pool_id_;
+  QueryParams q = {{"KeyName", name}, {"PublicKeyMaterial", base64(pub)}};
+  auto tags = tag_spec(1, "key-pair", false);
+  q.insert(q.end(), tags.begin(), tags.end());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    made_key_name_ = name;  // before the call: a lost response still leaves it found by name
+  }
+  ec2_->call("ImportKeyPair", q);
+  log_("aws: key pair " + name + " imported");
+}
+
+void Ec2Pool::make_security_group() {
+  if (!opt_.security_group.empty()) return;
+  if (!opt_.subnets.empty()) {
+    auto doc = ec2_->call("DescribeSubnets", {{"SubnetId.1", opt_.subnets.front()}});
+    vpc_id_ = doc.select_node("//subnetSet/item/vpcId").node().child_value();
+  } else {
+    auto doc = ec2_->call("DescribeVpcs", {{"Filter.1.Name", "is-default"}, {"Filter.1.Value.1", "true"}});
+    vpc_id_ = doc.select_node("//vpcSet/item/vpcId").node().child_value();
+    if (vpc_id_.empty())
+      throw Error("aws provider: the region " + ec2_->aws().region +
+                      " has no default VPC: name a subnet in [provider] subnet", SF_ERR_INVALID);
+  }
+  const std::string name = "skyforge-" + pool_id_;
+  QueryParams q = {{"GroupName", name}, {"GroupDescription", "skyforge pool " + pool_id_ + " (deleted at teardown)"}};
+  if (!vpc_id_.empty()) q.emplace_back("VpcId", vpc_id_);
+  auto tags = tag_spec(1, "security-group", false);
+  q.insert(q.end(), tags.begin(), tags.end());
+  auto doc = ec2_->call("CreateSecurityGroup", q);
+  std::string id = doc.select_node("//groupId").node().child_value();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    made_group_id_ = id;
+  }
+  // SSH from ssh_cidr; everything between the pool's members (collectives, the control plane).
+  ec2_->call("AuthorizeSecurityGroupIngress",
+             {{"GroupId", id},
+              {"IpPermissions.1.IpProtocol", "tcp"},
+              {"IpPermissions.1.FromPort", "22"},
+              {"IpPermissions.1.ToPort", "22"},
+              {"IpPermissions.1.IpRanges.1.CidrIp", opt_.ssh_cidr},
+              {"IpPermissions.2.IpProtocol", "-1"},
+              {"IpPermissions.2.Groups.1.GroupId", id}});
+  log_("aws: security group " + id + " (" + name + ") made");
+}
+
+std::vector<InstanceView> Ec2Pool::describe_pool_instances(bool persistent) {
+  QueryParams q = {{"Filter.1.Name", "tag:skyforge:pool"},
+                                              {"Filter.1.Value.1", pool_id_},
+                                              {"Filter.2.Name", "instance-state-name"},
+                                              {"Filter.2.Value.1", "pending"},
+                                              {"Filter.2.Value.2", "running"},
+                                              {"Filter.2.Value.3", "stopping"},
+                                              {"Filter.2.Value.4", "stopped"},
+                                              {"Filter.2.Value.5", "shutting-down"}};
+  return instances_of(persistent ? persist("DescribeInstances", q) : ec2_->call("DescribeInstances", q));
+}
+
+// One RunInstances per (instance type, subnet) until one has capacity. A response lost on the
+// way (no answer, 5xx) may hide instances that exist: before sending again, look them up by the
+// pool's tag -- the tags come with RunInstances itself -- and adopt them; the ClientToken makes a
+// resend idempotent on AWS, the lookup makes it so on endpoints that ignore the token.
+std::vector<InstanceView> Ec2Pool::run_instances(uint32_t n) {
+  std::vector<std::string> types = opt_.instance_types;
+  if (types.empty()) types.push_back("m6i.large");
+  std::vector<std::string> subnets = opt_.subnets;
+  if (subnets.empty()) subnets.push_back("");
+  const std::string user_data = base64(dead_man_user_data(opt_.ttl));
+  std::string last_error;
+  int attempt_no = 0;
+  for (const auto& type : types) {
+    for (const auto& subnet : subnets) {
+      check_cancelled();
+      ++attempt_no;
+      QueryParams q = {{"ImageId", image_id_},
+                       {"InstanceType", type},
+                       {"MinCount", std::to_string(n)},
+                       {"MaxCount", std::to_string(n)},
+                       {"ClientToken", "skyforge-" + pool_id_ + "-" + std::to_string(attempt_no)},
+                       {"InstanceInitiatedShutdownBehavior", "terminate"},
+                       {"UserData", user_data},
+                       {"KeyName", opt_.key_name.empty() ? "skyforge-" + pool_id_ : opt_.key_name}};
+      std::string group;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        group = opt_.security_group.empty() ? made_group_id_ : opt_.security_group;
+      }
+      if (!subnet.empty()) {
+        // A subnet and a group: through a network interface, so a public address can be asked for.
+        q.insert(q.end(), {{"NetworkInterface.1.DeviceIndex", "0"},
+                           {"NetworkInterface.1.SubnetId", subnet},
+                           {"NetworkInterface.1.SecurityGroupId.1", group},
+                           {"NetworkInterface.1.AssociatePublicIpAddress", opt_.use_private_ip ? "false" : "true"}});
+      } else {
+        q.emplace_back("SecurityGroupId.1", group);
+      }
+      if (opt_.spot) {
+        q.insert(q.end(), {{"InstanceMarketOptions.MarketType", "spot"},
+                           {"InstanceMarketOptions.SpotOptions.SpotInstanceType", "one-time"},
+                           {"InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior", "terminate"}});
+        if (!opt_.max_price.empty()) q.emplace_back("InstanceMarketOptions.SpotOptions.MaxPrice", opt_.max_price);
+      }
+      if (opt_.root_volume_gb > 0) {
+        q.insert(q.end(), {{"BlockDeviceMapping.1.DeviceName", "/dev/sda1"},
+                           {"BlockDeviceMapping.1.Ebs.VolumeSize", std::to_string(opt_.root_volume_gb)},
+                           {"BlockDeviceMapping.1.Ebs.DeleteOnTermination", "true"}});
+      }
+      auto t1 = tag_spec(1, "instance", true);
+      auto t2 = tag_spec(2, "volume", false);
+      q.insert(q.end(), t1.begin(), t1.end());
+      q.insert(q.end(), t2.begin(), t2.end());
+
+      const std::string where = type + (subnet.empty() ? "" : " in " + subnet);
+      log_("aws: requesting " + std::to_string(n) + " x " + where + (opt_.spot ? " (spot)" : ""));
+      const int tries = std::max(1, ec2_->options().max_attempts);
+      for (int i = 1;; ++i) {
+        check_cancelled();
+        try {
+          std::unique_lock<std::timed_mutex> in_flight(run_mu_);  // teardown waits for the answer
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            run_sent_ = true;
+          }
+          auto doc = ec2_->call("RunInstances", q, 1);  // retried here, with the lookup in between
+          auto made = instances_of(doc);
+          std::lock_guard<std::mutex> lock(mu_);
+          for (const auto& m : made) instances_.push_back(m.id);
+          return made;
+        } catch (const ApiError& e) {
+          const bool lost = e.http_status == 0 || e.http_status >= 500 || retryable_code(e.code);
+          if (!lost) {
+            if (e.code == "InsufficientInstanceCapacity" || e.code == "InsufficientCapacity" ||
+                e.code == "InsufficientFreeAddressesInSubnet" || e.code == "SpotMaxPriceTooLow" ||
+                e.code == "Unsupported") {
+              last_error = e.what();
+              log_("aws: no capacity for " + where + " (" + e.code + "); trying the next subnet or type listed");
+              break;  // next (type, subnet)
+            }
+            throw Error(e.what(), SF_ERR);
+          }
+          // The request may have made the instances: look before sending it again.
+          auto found = describe_pool_instances();
+          if (!found.empty()) {
+            log_("aws: RunInstances answered " + (e.code.empty() ? std::string("nothing") : e.code) + ", but " +
+                 std::to_string(found.size()) + " instance(s) of the pool exist: adopting them");
+            std::lock_guard<std::mutex> lock(mu_);
+            for (const auto& m : found) instances_.push_back(m.id);
+            return found;
+          }
+          if (i >= tries) throw Error(e.what(), SF_ERR);
+          log_("aws: RunInstances: " + std::string(e.code.empty() ? e.aws_message : e.code) + "; sending it again (" +
+               std::to_string(i) + "/" + std::to_string(tries - 1) + ")");
+          std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(
+              ec2_->options().backoff_base * (1 << std::min(i, 10)), ec2_->options().backoff_cap));
+        }
+      }
+    }
+  }
+  throw Error("aws provider: no capacity for " + std::to_string(n) + " instance(s) in any subnet or type listed; last: " +
+                  last_error,
+              SF_ERR);
+}
+
+std::vector<InstanceView> Ec2Pool::wait_running(const std::vector<std::string>& ids) {
+  const auto start = Clock::now();
+  std::map<std::string, std::string> shown;  // id -> last state shown
+  for (;;) {
+    check_cancelled();
+    QueryParams q;
+    for (size_t i = 0; i < ids.size(); ++i) q.emplace_back("InstanceId." + std::to_string(i + 1), ids[i]);
+    std::vector<InstanceView> now;
+    try {
+      now = instances_of(ec2_->call("DescribeInstances", q));
+    } catch (const ApiError& e) {
+      // Just made: AWS's read side may not know them yet (eventual consistency).
+      if (e.code != "InvalidInstanceID.NotFound") throw Error(e.what(), SF_ERR);
+    }
+    std::map<std::string, InstanceView> by_id;
+    for (auto& v : now) by_id[v.id] = v;
+    bool all = by_id.size() == ids.size();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto it = by_id.find(ids[i]);
+      if (it == by_id.end()) continue;
+      const InstanceView& v = it->second;
+      if (shown[v.id] != v.state) {
+        shown[v.id] = v.state;
+        log_("aws: node " + std::to_string(i) + " " + v.id + ": " + v.state + " (" + seconds_text(Clock::now() - start) +
+             ")");
+      }
+      if (gone_state(v.state) || v.state == "stopped" || v.state == "stopping")
+        throw Error("aws provider: node " + std::to_string(i) + " (" + v.id + ") is " + v.state +
+                        " before it ever ran" + (v.reason.empty() ? "" : ": " + v.reason),
+                    SF_ERR);
+      if (v.state != "running" || address_of(v).empty()) all = false;
+    }
+    check_cancelled();  // a teardown while that answer was on its way
+    if (all) {
+      std::vector<InstanceView> ordered;
+      for (const auto& id : ids) ordered.push_back(by_id[id]);
+      return ordered;
+    }
+    if (Clock::now() - start > opt_.provision_timeout)
+      throw Error("aws provider: the instances were not all running with " +
+                      std::string(opt_.use_private_ip ? "a private" : "a public") + " address within " +
+                      std::to_string(opt_.provision_timeout.count()) + " s (provision_timeout)",
+                  SF_ERR);
+    std::this_thread::sleep_for(opt_.poll_interval);
+  }
+}
+
+std::vector<InstanceView> Ec2Pool::create(const std::string& pool_id, uint32_t n) {
+  pool_id_ = pool_id;
+  image_id_ = resolve_image();
+  check_cancelled();
+  make_key_pair();
+  check_cancelled();
+  make_security_group();
+  check_cancelled();
+  auto made = run_instances(n);
+  // RunInstances lists them in launch order; keep node i = launch index i.
+  std::sort(made.begin(), made.end(), [](const InstanceView& a, const InstanceView& b) {
+    return std::atoi(a.launch_index.c_str()) < std::atoi(b.launch_index.c_str());
+  });
+  std::vector<std::string> ids;
+  for (const auto& m : made) ids.push_back(m.id);
+  return wait_running(ids);
+}
+
+void Ec2Pool::wait_terminated(const std::vector<std::string>& ids) {
+  if (ids.empty()) return;
+  const auto start = Clock::now();
+  for (;;) {
+    QueryParams q;
+    for (size_t i = 0; i < ids.size(); ++i) q.emplace_back("InstanceId." + std::to_string(i + 1), ids[i]);
+    auto now = instances_of(persist("DescribeInstances", q));
+    bool all = std::all_of(now.begin(), now.end(), [](const InstanceView& v) { return v.state == "terminated"; });
+    if (all) {
+      log_("aws: " + std::to_string(ids.size()) + " instance(s) terminated (" + seconds_text(Clock::now() - start) + ")");
+      return;
+    }
+    if (Clock::now() - start > opt_.teardown_timeout)
+      throw Error("aws provider: instances still not terminated after " + std::to_string(opt_.teardown_timeout.count()) +
+                      " s (teardown_timeout)", SF_ERR);
+    std::this_thread::sleep_for(opt_.poll_interval);
+  }
+}
+
+void Ec2Pool::teardown(const std::vector<std::string>& only) {
+  std::lock_guard<std::mutex> one(teardown_mu_);
+  if (only.empty()) cancelled_ = true;  // a create() still running stops at its next step
+  if (only.empty()) {
+    // A RunInstances in flight: wait for its answer (bounded by the request timeout), so the
+    // instances it makes are in instances_ below.
+    std::unique_lock<std::timed_mutex> in_flight(run_mu_, std::defer_lock);
+    (void)in_flight.try_lock_for(ec2_->options().timeout + std::chrono::seconds(5));
+  }
+  std::vector<std::string> ids;
+  bool sent;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids = only.empty() ? instances_ : only;
+    sent = run_sent_;
+  }
+  std::string errors;
+  auto note = [&](const std::string& what) { errors += (errors.empty() ? "" : "; ") + what; };
+  if (only.empty() && sent && !pool_id_.empty()) {
+    // A RunInstances whose answer never came may have made instances: find them by tag.
+    try {
+      for (const auto& v : describe_pool_instances(true))
+        if (std::find(ids.begin(), ids.end(), v.id) == ids.end()) ids.push_back(v.id);
+    } catch (const std::exception& e) {
+      note(e.what());
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  if (!ids.empty()) {
+    QueryParams q;
+    for (size_t i = 0; i < ids.size(); ++i) q.emplace_back("InstanceId." + std::to_string(i + 1), ids[i]);
+    try {
+      persist("TerminateInstances", q);
+      wait_terminated(ids);
+    } catch (const std::exception& e) {
+      note(e.what());
+    }
+  }
+  if (only.empty() && errors.empty()) {
+    std::string group, key;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      group = made_group_id_;
+      key = made_key_name_;
+    }
+    if (!group.empty()) {
+      // A group still attached to an instance's interface is DependencyViolation for a while
+      // after the instance is terminated.
+      for (int i = 0;; ++i) {
+        try {
+          persist("DeleteSecurityGroup", {{"GroupId", group}});
+          log_("aws: security group " + group + " deleted");
+          break;
+        } catch (const ApiError& e) {
+          if (e.code == "InvalidGroup.NotFound") break;
+          if (e.code != "DependencyViolation" || i >= 60) {
+            note(e.what());
+            break;
+          }
+          std::this_thread::sleep_for(std::chrono::seconds(2));
+        }
+      }
+    }
+    if (!key.empty()) {
+      try {
+        persist("DeleteKeyPair", {{"KeyName", key}});
+        log_("aws: key pair " + key + " deleted");
+      } catch (const std::exception& e) {
+        note(e.what());
+      }
+    }
+    std::error_code ec;
+    fs::remove_all(state_dir_, ec);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (errors.empty()) {
+      made_group_id_.clear();
+      made_key_name_.clear();
+      instances_.clear();
+      run_sent_ = false;
+    }
+  } else if (errors.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& id : ids) instances_.erase(std::remove(instances_.begin(), instances_.end(), id), instances_.end());
+  }
+  if (!errors.empty())
+    throw Error("aws provider: teardown incomplete (" + errors + "); `skyforge sweep --provider aws` finds what is left by "
+                "its skyforge:pool tag",
+                SF_ERR);
+}
+
+}  // namespace skyforge::aws

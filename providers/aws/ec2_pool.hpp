@@ -1,0 +1,147 @@
+// The EC2 half of the aws provider: the machines of one pool, made for it and gone after it
+// (docs/providers.md, "aws"). The other half -- copying, bootstrap, workers -- is the ssh
+// provider's, over SSH to the instances this makes (aws_provider.hpp).
+//
+// What a pool makes, all tagged skyforge:pool = <pool id>, skyforge:owner, and (instances)
+// skyforge:expires, in the call that makes it (TagSpecifications, never a second call):
+//   a key pair      skyforge-<pool id>, from a key made here with ssh-keygen (unless key_name)
+//   a security group skyforge-<pool id>: SSH from ssh_cidr, everything between its members
+//                    (unless security_group)
+//   instances       RunInstances with MinCount = MaxCount = nodes (all or nothing), a
+//                    ClientToken, InstanceInitiatedShutdownBehavior = terminate and user data
+//                    that powers the machine off when its lease file goes stale (the dead-man
+//                    switch, `ttl`)
+// teardown() terminates the instances, waits until AWS says terminated, then deletes the group
+// and the key pair; it is idempotent and safe after a partial create() or from another thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <skyforge/sdk.hpp>
+
+#include "ec2_client.hpp"
+
+namespace skyforge::aws {
+
+struct AwsOptions {
+  std::string region;   // empty: the environment's or the profile's
+  std::string profile;  // empty: AWS_PROFILE, else "default"
+  std::string image = "ubuntu-24.04";       // an AMI id, or a named default (named_images())
+  std::vector<std::string> instance_types;  // tried in order when AWS has no capacity
+  bool spot = false;
+  std::string max_price;                // spot only; empty: up to the on-demand price
+  std::vector<std::string> subnets;     // tried in order when AWS has no capacity; empty: the default VPC's
+  std::string security_group;           // empty: one per pool
+  std::string key_name;                 // empty: one per pool
+  std::string identity_file;            // the private key of key_name
+  std::chrono::seconds ttl{3600};       // dead-man switch: a lease file untouched this long powers it off
+  std::vector<std::pair<std::string, std::string>> tags;  // extra tags on everything made
+  bool use_private_ip = false;          // reach instances on their private addresses
+  std::string ssh_user;                 // empty: the named image's, else "ubuntu"
+  std::string ssh_cidr = "0.0.0.0/0";   // who may reach port 22 of a per-pool group
+  int root_volume_gb = 0;               // 0: the image's size
+  std::chrono::seconds provision_timeout{600};  // requested -> every instance running
+  std::chrono::milliseconds poll_interval{2000};
+  std::chrono::seconds teardown_timeout{900};   // teardown keeps retrying an API that is down this long
+
+  // From the plugin's options (plugin.toml). Throws Error(SF_ERR_INVALID) naming the option.
+  static AwsOptions from(const Options& options);
+};
+
+// "2h", "90m", "45s", "3600" (seconds). Throws std::invalid_argument.
+std::chrono::seconds parse_duration(const std::string& text);
+
+struct NamedImage {
+  const char* name;       // "ubuntu-24.04"
+  const char* owner;      // the publisher's account
+  const char* pattern;    // DescribeImages name filter
+  const char* ssh_user;
+};
+const std::vector<NamedImage>& named_images();
+
+// The newest image (CreationDate) of `owner` whose name matches `pattern`, x86_64. Throws
+// std::runtime_error naming the owner and pattern when there is none.
+std::string newest_image(Ec2Client& ec2, const std::string& owner, const std::string& pattern);
+
+struct InstanceView {
+  std::string id;
+  std::string state;        // pending, running, shutting-down, terminated, stopping, stopped
+  std::string private_ip;
+  std::string public_ip;
+  std::string zone;
+  std::string reason;       // stateReason/message
+  std::string pool;         // tag skyforge:pool
+  std::string expires;      // tag skyforge:expires
+  std::string launch_index;
+};
+// Every instance `doc` (a DescribeInstances or RunInstances response) lists.
+std::vector<InstanceView> instances_of(const pugi::xml_document& doc);
+
+// The user data of a pool's instances: the dead-man switch (a shell script cloud-init runs as
+// root at first boot). The node's worker keeps `lease_file` fresh while it holds the host's lease
+// (SKYFORGE_LEASE_FILE) and ages it to the epoch when it loses it.
+std::string dead_man_user_data(std::chrono::seconds ttl);
+inline constexpr const char* kLeaseFile = "/run/skyforge/lease";
+
+class Ec2Pool {
+ public:
+  using Log = std::function<void(const std::string&)>;
+  Ec2Pool(AwsOptions options, std::unique_ptr<Ec2Client> client, std::filesystem::path state_dir, Log log);
+  ~Ec2Pool();
+
+  // Makes what the pool needs and `n` instances, and waits until each is running with the
+  // address it will be reached at. Throws Error naming what failed; whatever was made is
+  // recorded first, so teardown() finds it.
+  std::vector<InstanceView> create(const std::string& pool_id, uint32_t n);
+  // Terminates `ids` (every instance of the pool when empty) and waits for `terminated`; with
+  // every instance, also the per-pool group and key pair. Idempotent; callable from any thread,
+  // while create() runs included (create() then stops waiting and throws).
+  void teardown(const std::vector<std::string>& ids = {});
+  // create() stops waiting and throws "cancelled" (a first Ctrl-C).
+  void cancel();
+
+  const AwsOptions& options() const { return opt_; }
+  Ec2Client& client() { return *ec2_; }
+  std::string identity_file() const;  // the per-pool key, or options().identity_file
+  std::string ssh_user() const;
+  std::string address_of(const InstanceView& i) const;  // public or private, as use_private_ip says
+  std::vector<std::string> instance_ids() const;
+
+ private:
+  void check_cancelled() const;
+  void make_key_pair();
+  void make_security_group();
+  std::vector<InstanceView> run_instances(uint32_t n);
+  std::vector<InstanceView> describe_pool_instances(bool persistent = false);  // by tag, not terminated
+  pugi::xml_document persist(const std::string& action, const QueryParams& params);
+  std::vector<InstanceView> wait_running(const std::vector<std::string>& ids);
+  void wait_terminated(const std::vector<std::string>& ids);
+  QueryParams tag_spec(int index, const std::string& resource_type, bool with_expiry) const;
+  std::string resolve_image();
+
+  AwsOptions opt_;
+  std::unique_ptr<Ec2Client> ec2_;
+  std::filesystem::path state_dir_;
+  Log log_;
+  std::string pool_id_;
+  std::string owner_;
+  std::string image_id_, ssh_user_;
+  std::string vpc_id_;
+
+  mutable std::mutex mu_;  // what exists, for teardown from any thread
+  std::vector<std::string> instances_;
+  std::string made_group_id_, made_key_name_;
+  bool run_sent_ = false;  // a RunInstances went out: instances may exist that we never heard of
+  std::atomic<bool> cancelled_{false};
+  std::mutex teardown_mu_;  // one teardown at a time
+  std::timed_mutex run_mu_;  // held while a RunInstances is in flight
+};
+
+}  // namespace skyforge::aws
