@@ -3,6 +3,9 @@
 // behind" is checked precisely: no process whose cwd is there, no directory left there.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -538,6 +541,29 @@ TEST_F(E2E, HostKilledWorkersExitOnTheirOwn) {
   c->wait(10);
   // Each worker's dead-man switch: it kills its command and removes its work dir.
   EXPECT_TRUE(wait_no_processes_under(root_, 8).empty());
+}
+
+// SKYFORGE_LEASE_FILE, the file a provider's dead-man switch watches (aws): each worker keeps it
+// fresh while it holds the host's lease and ages it to the epoch the moment it loses it.
+TEST_F(E2E, TheLeaseFileIsFreshWhileTheHostLivesAndAgedWhenItDies) {
+  const fs::path lease = root_ / "lease";
+  std::ofstream(lease) << "";
+  const struct timespec old[2] = {{1000, 0}, {1000, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, lease.c_str(), old, 0), 0);
+  extra_env_["SKYFORGE_LEASE_FILE"] = lease.string();
+  auto m = write("sleep.toml", command_manifest(1, "echo up; exec sleep 120"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 0] up", 30));
+  auto mtime = [&] {
+    struct stat sb {};
+    ::stat(lease.c_str(), &sb);
+    return sb.st_mtime;
+  };
+  EXPECT_GE(mtime(), ::time(nullptr) - 10) << "the worker renews it";
+  c->signal(SIGKILL);
+  c->wait(10);
+  EXPECT_TRUE(wait_no_processes_under(root_, 10).empty());
+  EXPECT_EQ(mtime(), 0) << "a worker that lost its host ages the lease file to the epoch";
 }
 
 TEST_F(E2E, HostFrozenWorkersLeaseRunsOut) {

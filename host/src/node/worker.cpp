@@ -6,10 +6,13 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -199,6 +202,7 @@ class Worker {
   // around_app_exit of every entered plugin, in reverse; the failures, in call order.
   std::vector<std::string> exit_hooks(bool ok);
   void dead_man(const std::string& reason);
+  void renew_lease_file();
   std::shared_ptr<const sf_communicator> make_communicator();
 
   WorkerArgs args_;
@@ -223,6 +227,10 @@ class Worker {
   bool shutdown_ = false;
   std::atomic<bool> finishing_{false};
   std::atomic<int32_t> min_log_level_{SF_LOG_INFO};  // plugin logs below this stay on the node (debug: -v)
+  // SKYFORGE_LEASE_FILE (a provider's dead-man switch, e.g. aws): touched every few seconds
+  // while this worker holds the host's lease, aged to the epoch the moment it loses it.
+  std::string lease_file_;
+  std::unique_ptr<boost::asio::steady_timer> lease_timer_;
 };
 
 void Worker::send_log(int stream, std::string text) {
@@ -290,6 +298,10 @@ std::shared_ptr<const sf_communicator> Worker::make_communicator() {
 // The host is gone: nobody will tear this node down, so do it ourselves, now.
 void Worker::dead_man(const std::string& reason) {
   diag("node " + std::to_string(args_.node) + ": " + reason + "; shutting down");
+  if (!lease_file_.empty()) {
+    const struct timespec epoch[2] = {{0, 0}, {0, 0}};
+    ::utimensat(AT_FDCWD, lease_file_.c_str(), epoch, 0);  // the machine's switch acts now, not after its ttl
+  }
   kill_children();
   if (args_.remove_work_dir && !args_.work_dir.empty()) {
     std::error_code ec;
@@ -300,6 +312,14 @@ void Worker::dead_man(const std::string& reason) {
     }
   }
   _exit(3);
+}
+
+void Worker::renew_lease_file() {
+  ::utimensat(AT_FDCWD, lease_file_.c_str(), nullptr, 0);
+  lease_timer_->expires_after(std::chrono::seconds(5));
+  lease_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) renew_lease_file();
+  });
 }
 
 bool Worker::wait_job() {
@@ -552,6 +572,11 @@ int Worker::run() {
   if (args_.work_dir.empty()) args_.work_dir = std::filesystem::current_path().string();
 
   auto guard = boost::asio::make_work_guard(io_);
+  if (const char* lease = std::getenv("SKYFORGE_LEASE_FILE"); lease && *lease) {
+    lease_file_ = lease;
+    lease_timer_ = std::make_unique<boost::asio::steady_timer>(io_);
+    boost::asio::post(io_, [this] { renew_lease_file(); });
+  }
   io_thread_ = std::thread([this] { io_.run(); });
   auto stop_io = [&] {
     guard.reset();
