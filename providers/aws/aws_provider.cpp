@@ -86,6 +86,7 @@ void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances) {
   const auto start = Clock::now();
   std::vector<bool> up(instances.size(), false);
   for (;;) {
+    if (cancelled_) throw Error("aws provider: provisioning cancelled", SF_ERR);
     bool all = true;
     for (size_t i = 0; i < instances.size(); ++i) {
       if (up[i]) continue;
@@ -113,7 +114,7 @@ void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances) {
   }
 }
 
-Provisioned AwsProvider::provision(const PoolSpec& spec) {
+std::unique_ptr<Ec2Client> AwsProvider::make_client() {
   ResolvedAws aws;
   try {
     aws = resolve_aws(process_env(), opt_.profile, opt_.region);
@@ -123,11 +124,27 @@ Provisioned AwsProvider::provision(const PoolSpec& spec) {
   host().info("aws: " + aws.region + " at " + aws.endpoint + ", credentials from " + aws.credentials.source);
   ClientOptions copt;
   copt.on_retry = [h = host()](const std::string& line) { h.info(line); };
-  auto client = std::make_unique<Ec2Client>(aws, copt);
+  return std::make_unique<Ec2Client>(aws, copt);
+}
+
+void AwsProvider::cancel() {
+  cancelled_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pool_) pool_->cancel();
+}
+
+std::vector<std::string> AwsProvider::reconcile(bool terminate) {
+  Ec2Pool any(opt_, make_client(), fs::path(), [h = host()](const std::string& l) { h.info(l); });
+  return any.sweep(terminate, std::chrono::system_clock::now());
+}
+
+Provisioned AwsProvider::provision(const PoolSpec& spec) {
+  auto client = make_client();
   const fs::path state = state_root() / ("skyforge-aws-" + spec.pool_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     pool_ = std::make_unique<Ec2Pool>(opt_, std::move(client), state, [h = host()](const std::string& l) { h.info(l); });
+    if (cancelled_) pool_->cancel();
   }
   auto instances = pool_->create(spec.pool_id, spec.nodes);
   wait_for_sshd(instances);

@@ -3,6 +3,7 @@
 // instances' addresses and the pool's key). docs/providers.md, "aws".
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,14 +28,18 @@ class AwsProvider : public Provider {
   void terminate(const std::vector<std::string>& node_ids) override;
   int worker_alive(const std::string& node_id) override;
   int worker_exit(const std::string& node_id, WorkerExit& out) override;
+  void cancel() override;
+  std::vector<std::string> reconcile(bool terminate) override;
 
  private:
   ssh::SshProvider& ssh(const char* op);
+  std::unique_ptr<Ec2Client> make_client();
   void wait_for_sshd(const std::vector<InstanceView>& instances);
 
   Context ctx_;
   AwsOptions opt_;
   int ssh_timeout_s_ = 300;
+  std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::unique_ptr<Ec2Pool> pool_;
   std::unique_ptr<ssh::SshProvider> ssh_;

@@ -309,7 +309,7 @@ void Ec2Pool::make_key_pair() {
   std::string pub((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string name = "skyforge-" + pool_id_;
   QueryParams q = {{"KeyName", name}, {"PublicKeyMaterial", base64(pub)}};
-  auto tags = tag_spec(1, "key-pair", false);
+  auto tags = tag_spec(1, "key-pair", true);
   q.insert(q.end(), tags.begin(), tags.end());
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -334,7 +334,7 @@ void Ec2Pool::make_security_group() {
   const std::string name = "skyforge-" + pool_id_;
   QueryParams q = {{"GroupName", name}, {"GroupDescription", "skyforge pool " + pool_id_ + " (deleted at teardown)"}};
   if (!vpc_id_.empty()) q.emplace_back("VpcId", vpc_id_);
-  auto tags = tag_spec(1, "security-group", false);
+  auto tags = tag_spec(1, "security-group", true);
   q.insert(q.end(), tags.begin(), tags.end());
   auto doc = ec2_->call("CreateSecurityGroup", q);
   std::string id = doc.select_node("//groupId").node().child_value();
@@ -628,7 +628,7 @@ void Ec2Pool::teardown(const std::vector<std::string>& only) {
       }
     }
     std::error_code ec;
-    fs::remove_all(state_dir_, ec);
+    if (!state_dir_.empty()) fs::remove_all(state_dir_, ec);
     std::lock_guard<std::mutex> lock(mu_);
     if (errors.empty()) {
       made_group_id_.clear();
@@ -644,6 +644,75 @@ void Ec2Pool::teardown(const std::vector<std::string>& only) {
     throw Error("aws provider: teardown incomplete (" + errors + "); `skyforge sweep --provider aws` finds what is left by "
                 "its skyforge:pool tag",
                 SF_ERR);
+}
+
+std::vector<std::string> Ec2Pool::sweep(bool terminate, std::chrono::system_clock::time_point now) {
+  const std::string cutoff = iso8601(now);
+  const std::string region = ec2_->aws().region;
+  std::vector<std::string> report;
+  auto tag_of = [](pugi::xml_node item, const char* key) {
+    for (auto t : item.child("tagSet").children("item"))
+      if (std::string(t.child_value("key")) == key) return std::string(t.child_value("value"));
+    return std::string();
+  };
+  auto expired = [&](const std::string& expires) { return !expires.empty() && expires < cutoff; };
+
+  auto doc = persist("DescribeInstances", {{"Filter.1.Name", "tag-key"},
+                                           {"Filter.1.Value.1", "skyforge:pool"},
+                                           {"Filter.2.Name", "instance-state-name"},
+                                           {"Filter.2.Value.1", "pending"},
+                                           {"Filter.2.Value.2", "running"},
+                                           {"Filter.2.Value.3", "stopping"},
+                                           {"Filter.2.Value.4", "stopped"}});
+  std::vector<std::string> doomed;
+  std::set<std::string> live_pools;
+  for (const auto& v : instances_of(doc)) {
+    if (!expired(v.expires)) {
+      live_pools.insert(v.pool);
+      continue;
+    }
+    doomed.push_back(v.id);
+    report.push_back(v.id + " (" + region + ", pool " + v.pool + ", " + v.state + ", expired " + v.expires + "): " +
+                     (terminate ? "terminated" : "would be terminated"));
+  }
+  if (terminate && !doomed.empty()) {
+    QueryParams q;
+    for (size_t i = 0; i < doomed.size(); ++i) q.emplace_back("InstanceId." + std::to_string(i + 1), doomed[i]);
+    persist("TerminateInstances", q);
+    wait_terminated(doomed);
+  }
+  // Groups and key pairs of expired pools with no live instance left.
+  auto sweep_resources = [&](const char* describe, const char* xpath, const char* id_field, const char* kind,
+                             const char* remove, const char* remove_param) {
+    auto d = persist(describe, {{"Filter.1.Name", "tag-key"}, {"Filter.1.Value.1", "skyforge:pool"}});
+    for (auto it : d.select_nodes(xpath)) {
+      pugi::xml_node item = it.node();
+      const std::string pool = tag_of(item, "skyforge:pool"), expires = tag_of(item, "skyforge:expires");
+      if (!expired(expires) || live_pools.count(pool)) continue;
+      const std::string id = item.child_value(id_field);
+      std::string what = terminate ? "deleted" : "would be deleted";
+      if (terminate) {
+        for (int i = 0;; ++i) {
+          try {
+            persist(remove, {{remove_param, id}});
+            break;
+          } catch (const ApiError& e) {
+            if (e.code != "DependencyViolation" || i >= 30) {
+              what = "not deleted: " + std::string(e.what());
+              break;
+            }
+            std::this_thread::sleep_for(std::chrono::seconds(2));
+          }
+        }
+      }
+      report.push_back(std::string(kind) + " " + id + " (" + region + ", pool " + pool + ", expired " + expires +
+                       "): " + what);
+    }
+  };
+  sweep_resources("DescribeSecurityGroups", "//securityGroupInfo/item", "groupId", "security group",
+                  "DeleteSecurityGroup", "GroupId");
+  sweep_resources("DescribeKeyPairs", "//keySet/item", "keyName", "key pair", "DeleteKeyPair", "KeyName");
+  return report;
 }
 
 }  // namespace skyforge::aws

@@ -106,6 +106,11 @@ class Ec2Pool {
   void teardown(const std::vector<std::string>& ids = {});
   // create() stops waiting and throws "cancelled" (a first Ctrl-C).
   void cancel();
+  // `skyforge sweep`: every instance, security group and key pair in the region tagged
+  // skyforge:pool whose skyforge:expires has passed (groups and key pairs: only once no live
+  // instance of their pool is left), terminated and deleted when `terminate`. One line each.
+  // Not for a pool this object made: any Ec2Pool (with a client for the region) will do.
+  std::vector<std::string> sweep(bool terminate, std::chrono::system_clock::time_point now);
 
   const AwsOptions& options() const { return opt_; }
   Ec2Client& client() { return *ec2_; }

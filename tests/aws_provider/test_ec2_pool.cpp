@@ -3,6 +3,7 @@
 // RunInstances answer, no capacity, an API that is down for 30 s during teardown.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -234,6 +235,51 @@ TEST_F(Ec2PoolTest, AHundredProvisionsAndTeardownsLeaveNothing) {
   EXPECT_TRUE(live("tag-key", "skyforge:pool").empty());
   EXPECT_EQ(count("DescribeKeyPairs", "//keySet/item"), 0u);
   EXPECT_EQ(count("DescribeSecurityGroups", "//securityGroupInfo/item"), 0u);
+}
+
+// A host killed before its teardown leaves its pool; sweep finds it by its expiry tag and takes
+// it down, and leaves a pool that has not expired alone.
+TEST_F(Ec2PoolTest, SweepTakesDownWhatExpiredAndNothingElse) {
+  // The dead host: a process that makes its pool and dies without tearing anything down.
+  pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      Ec2Pool dead(options_, client(false), state_ / "dead", nullptr);
+      dead.create("dead", 2);
+      ::_exit(0);  // no destructor runs: as kill -9
+    } catch (...) {
+      ::_exit(1);
+    }
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ASSERT_EQ(live("tag:skyforge:pool", "dead").size(), 2u);
+
+  AwsOptions longer = options_;
+  longer.ttl = std::chrono::hours(4);
+  Ec2Pool alive(longer, client(false), state_ / "alive", nullptr);
+  alive.create("alive", 1);
+
+  const auto later = std::chrono::system_clock::now() + std::chrono::hours(2);  // past "dead"'s 1 h ttl
+  Ec2Pool sweeper(options_, client(false), fs::path(), nullptr);
+  auto listed = sweeper.sweep(false, later);
+  std::string all;
+  for (const auto& l : listed) all += l + "\n";
+  EXPECT_EQ(listed.size(), 4u) << all << "(2 instances, a group, a key pair)";
+  EXPECT_EQ(all.find("pool alive"), std::string::npos) << all;
+  EXPECT_NE(all.find("would be terminated"), std::string::npos) << all;
+  EXPECT_EQ(live("tag:skyforge:pool", "dead").size(), 2u) << "a dry run tears nothing down";
+  EXPECT_TRUE(sweeper.sweep(false, std::chrono::system_clock::now()).empty()) << "nothing has expired yet";
+
+  listed = sweeper.sweep(true, later);
+  EXPECT_EQ(listed.size(), 4u);
+  EXPECT_TRUE(live("tag:skyforge:pool", "dead").empty());
+  EXPECT_EQ(live("tag:skyforge:pool", "alive").size(), 1u);
+  EXPECT_EQ(count("DescribeKeyPairs", "//keySet/item"), 1u) << "only the live pool's key pair is left";
+  EXPECT_EQ(count("DescribeSecurityGroups", "//securityGroupInfo/item"), 1u);
+  EXPECT_TRUE(sweeper.sweep(true, later).empty());
+  alive.teardown();
 }
 
 TEST_F(Ec2PoolTest, ANamedImageIsTheNewestOfItsOwnerAndPattern) {

@@ -39,6 +39,7 @@ const char* kMainHelp =
     "  env <job.toml>        print the environment a node's command gets (debug a script by hand)\n"
     "  plugins               list installed plugins (kind, name, version, ABI, path)\n"
     "  backend-check <name>  run a compute backend through the conformance suite\n"
+    "  sweep --provider NAME find and tear down what a provider left behind for pools that are gone\n"
     "\n"
     "`skyforge <command> --help` describes a command's options. Plugins are searched in the\n"
     "manifest's job.plugin_path, then $SKYFORGE_PLUGIN_PATH, then the install directory.\n";
@@ -329,6 +330,93 @@ int cmd_backend_check(int argc, char** argv) {
   return run_backend_check(o, std::cout, std::cerr);
 }
 
+// `skyforge sweep`: the provider's reconcile hook (ABI 1.6) finds, by its own marks, what it left
+// behind for pools that are gone (a host killed before its teardown, a lost network) and tears it
+// down. The aws provider: instances whose skyforge:expires tag has passed.
+int cmd_sweep(int argc, char** argv) {
+  po::options_description desc(
+      "usage: skyforge sweep --provider NAME [options] [<job.toml>]\n\n"
+      "Finds what the provider NAME left behind for pools that are gone -- by its own marks, e.g. the\n"
+      "aws provider's instances whose skyforge:expires tag has passed -- and tears it down (with\n"
+      "--dry-run, only lists it). The provider's options come from --option KEY=VALUE and, when a\n"
+      "manifest whose [pool] names the same provider is given, from its [provider] table. Exits 0\n"
+      "when nothing is left, 1 when something could not be torn down, 2 on bad input.\n\noptions");
+  std::string provider, manifest;
+  std::vector<std::string> kv, plugin_path;
+  bool dry_run = false;
+  desc.add_options()("provider", po::value(&provider), "the provider plugin (\"aws\")")(
+      "dry-run,n", po::bool_switch(&dry_run), "list, tear nothing down")(
+      "option,o", po::value(&kv)->composing(), "KEY=VALUE: an option of the provider (repeatable)")(
+      "plugin-path,p", po::value(&plugin_path)->composing(), "a directory searched for plugins first (repeatable)")(
+      "manifest", po::value(&manifest), "a job manifest whose [provider] options to use");
+  po::positional_options_description pos;
+  pos.add("manifest", 1);
+  if (parse("sweep", argc, argv, desc, &pos).help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (provider.empty()) {
+    std::cerr << "skyforge sweep: missing --provider NAME\n" << desc;
+    return kExitUsage;
+  }
+  OptionList options;
+  if (!manifest.empty()) {
+    try {
+      const Manifest m = load_manifest(manifest);
+      plugin_path.insert(plugin_path.end(), m.job.plugin_path.begin(), m.job.plugin_path.end());
+      if (m.pool.provider == provider) options = m.pool.provider_options;
+    } catch (const ManifestError& e) {
+      print_problems(e);
+      return kExitUsage;
+    }
+  }
+  for (const auto& item : kv) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "skyforge sweep: --option " << item << ": expected KEY=VALUE\n";
+      return kExitUsage;
+    }
+    options.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  Catalog catalog(Catalog::default_search_dirs(plugin_path));
+  const PluginInfo* info = catalog.find(provider);
+  if (!info || info->kind != "provider") {
+    std::cerr << "skyforge sweep: no provider plugin named '" << provider << "' (see skyforge plugins)\n";
+    return kExitUsage;
+  }
+  for (const auto& [key, value] : options) {
+    if (!info->option(key)) {
+      std::cerr << "skyforge sweep: provider '" << provider << "' has no option '" << key << "'\n";
+      return kExitUsage;
+    }
+  }
+  Services services([](int32_t level, const std::string& message) {
+    if (level >= SF_LOG_INFO) std::cerr << message << "\n";
+  });
+  Loader loader(services.table());
+  try {
+    auto instance = loader.create(loader.load(info->library, info->name), options);
+    const sf_provider_hooks* h = instance->hooks<sf_provider_hooks>();
+    if (!h || !h->reconcile) {
+      std::cerr << "skyforge sweep: provider '" << provider
+                << "' cannot find what it left behind (it has no reconcile hook, ABI 1.6)\n";
+      return kExitUsage;
+    }
+    std::string report;
+    sf_sink sink{&report, [](void* c, const char* d, size_t n) { static_cast<std::string*>(c)->append(d, n); }};
+    instance->check(h->reconcile(instance->self(), dry_run ? 0 : 1, sink), "reconcile");
+    std::cout << report;
+    if (report.empty()) std::cout << "nothing left behind by " << provider << "\n";
+    return kExitOk;
+  } catch (const PluginError& e) {
+    std::cerr << "skyforge sweep: " << e.what() << "\n";
+    return kExitJobFailed;
+  } catch (const LoadError& e) {
+    std::cerr << "skyforge sweep: " << e.what() << "\n";
+    return kExitUsage;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -353,6 +441,7 @@ int main(int argc, char** argv) {
     if (cmd == "plugins") return cmd_plugins(argc - 1, argv + 1);
     if (cmd == "env") return cmd_env(argc - 1, argv + 1);
     if (cmd == "backend-check") return cmd_backend_check(argc - 1, argv + 1);
+    if (cmd == "sweep") return cmd_sweep(argc - 1, argv + 1);
     std::cerr << "skyforge: unknown command '" << cmd << "'\n\n" << kMainHelp;
     return kExitUsage;
   } catch (const po::error& e) {

@@ -123,6 +123,7 @@ class PoolRun {
   bool provisioned_ = false;
   std::string failure_;        // first failure; the run's verdict
   std::atomic<int> signals_{0};
+  std::atomic<bool> provisioning_{false};  // provision() is running: a first signal cancels it
   int signal_exit_ = 0;
   Clock::time_point deadline_;
   bool has_deadline_ = false;
@@ -261,6 +262,11 @@ void PoolRun::provision() {
     std::lock_guard<std::mutex> lock(mu_);
     provisioned_ = true;  // from here on, teardown calls terminate even if provision fails half-way
   }
+  provisioning_ = true;
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag = false; }
+  } done{provisioning_};
   provider_->call(&sf_provider_hooks::provision, "provision", &spec, &ns);
   if (nodes_.size() != m_.pool.nodes)
     throw std::runtime_error("provider '" + m_.pool.provider + "' provisioned " + std::to_string(nodes_.size()) +
@@ -490,8 +496,15 @@ void PoolRun::on_signal(int sig) {
     signal_exit_ = 128 + sig;
     printer_.err(std::string(sig == SIGINT ? "interrupted" : "terminated") +
                  ": tearing the pool down (Ctrl-C again to force)");
-    std::lock_guard<std::mutex> lock(mu_);
-    fail(std::string("cancelled by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fail(std::string("cancelled by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+    }
+    // A provision still waiting (machines booting, a job queued) stops now (ABI 1.6).
+    if (provisioning_ && provider_) {
+      const sf_provider_hooks* h = provider_->hooks<sf_provider_hooks>();
+      if (h->cancel) h->cancel(provider_->self());
+    }
     return;
   }
   // Second signal: no more waiting on anyone. Terminate what exists, then leave.

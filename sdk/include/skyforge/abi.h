@@ -25,7 +25,7 @@
  *
  * Threads: the host calls one plugin instance's hooks from one thread at a time, in the order
  * of a run (docs/architecture.md), except where a hook table says which hooks may run
- * concurrently (provider: bootstrap per node, terminate, worker_alive and worker_exit beside anything;
+ * concurrently (provider: bootstrap per node, terminate, cancel, worker_alive and worker_exit beside anything;
  * app: task, one thread per slot; compute backend: probe beside anything; a task backend's
  * hooks come from the client's threads, one at a time). Services may be called from any thread. Callbacks the host
  * lends (sinks, sf_env, sf_image_editor, sf_node_sink, services) never unwind into the
@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 5
+#define SKYFORGE_ABI_MINOR 6
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -299,6 +299,17 @@ typedef struct sf_provider_hooks {
    * while it runs, <0 when the provider cannot tell. Must not block. The host asks when a node's
    * connection drops before its result, to say why (signal, exit status, last words). */
   int32_t (*worker_exit)(void* self, const char* node_id, sf_worker_exit* out);
+  /* ABI 1.6. Optional. Stop waiting: a provision() running on another thread returns, with an
+   * error, as soon as it can instead of finishing (a machine still booting, a job still queued).
+   * Called from the host's signal thread on the first Ctrl-C / SIGTERM, beside provision();
+   * must not block; terminate() follows as usual. */
+  void (*cancel)(void* self);
+  /* ABI 1.6. Optional. `skyforge sweep --provider NAME`: find what this provider made for pools
+   * that are gone (by its own marks: tags, names, expiry), and with terminate != 0 tear it down.
+   * One line per thing found to `report`, each ending in '\n' (what it is, why it is left over,
+   * what was done).
+   * Runs on the client with no pool; may take as long as the teardown takes. */
+  sf_status (*reconcile)(void* self, int32_t terminate, sf_sink report);
 } sf_provider_hooks;
 
 /* ---- native apps (docs/plugins.md) --------------------------------------------------- */

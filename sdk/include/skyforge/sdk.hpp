@@ -398,6 +398,14 @@ class Provider : public PluginBase {
     std::string last_words;  // the last line of the worker's stderr, when kept
   };
   virtual int worker_exit(const std::string& /*node_id*/, WorkerExit& /*out*/) { return -1; }
+  // ABI 1.6: a provision() running on another thread should stop waiting and throw. Must not
+  // block; called from the host's signal thread.
+  virtual void cancel() {}
+  // ABI 1.6: `skyforge sweep`: what this provider left behind for pools that are gone, found by
+  // its own marks; torn down when `terminate`. One line per thing found.
+  virtual std::vector<std::string> reconcile(bool /*terminate*/) {
+    throw Error("this provider cannot find what it left behind", SF_ERR_UNSUPPORTED);
+  }
 };
 
 // ---- native apps -------------------------------------------------------------------------
@@ -724,6 +732,14 @@ const sf_provider_hooks* provider_hooks() {
         std::memcpy(out->last_words, e.last_words.data(), n);
         out->last_words[n] = '\0';
         return 1;
+      };
+    if constexpr (SKYFORGE_OVERRIDES(P, Provider, cancel))
+      t.cancel = [](void* s) noexcept { (void)guard<P>(s, [&](P& p) { p.cancel(); }); };
+    if constexpr (SKYFORGE_OVERRIDES(P, Provider, reconcile))
+      t.reconcile = [](void* s, int32_t terminate, sf_sink report) noexcept {
+        return guard<P>(s, [&](P& p) {
+          for (const auto& line : p.reconcile(terminate != 0)) write(report, line + "\n");
+        });
       };
     return t;
   }();
