@@ -135,7 +135,15 @@ void AwsProvider::cancel() {
 
 std::vector<std::string> AwsProvider::reconcile(bool terminate) {
   Ec2Pool any(opt_, make_client(), fs::path(), [h = host()](const std::string& l) { h.info(l); });
-  return any.sweep(terminate, std::chrono::system_clock::now());
+  std::set<std::string> pools;
+  auto report = any.sweep(terminate, std::chrono::system_clock::now(), &pools);
+  // A killed host's local state of those pools (their private key, known_hosts) goes too.
+  for (const auto& pool : pools) {
+    std::error_code ec;
+    const fs::path dir = state_root() / ("skyforge-aws-" + pool);
+    if (fs::remove_all(dir, ec) > 0) report.push_back("local state " + dir.string() + ": removed");
+  }
+  return report;
 }
 
 Provisioned AwsProvider::provision(const PoolSpec& spec) {

@@ -124,7 +124,8 @@ AwsOptions AwsOptions::from(const Options& o) {
   } catch (const std::invalid_argument& e) {
     throw invalid(std::string("option 'ttl': ") + e.what());
   }
-  if (a.ttl < std::chrono::minutes(2)) throw invalid("option 'ttl': at least 2 minutes (\"2m\"): the machines must have time to boot");
+  if (a.ttl < std::chrono::minutes(1))
+    throw invalid("option 'ttl': at least 1 minute (\"1m\"): a machine must boot and start its worker within it");
   for (const auto& kv : o.get_list("tags")) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
@@ -646,7 +647,8 @@ void Ec2Pool::teardown(const std::vector<std::string>& only) {
                 SF_ERR);
 }
 
-std::vector<std::string> Ec2Pool::sweep(bool terminate, std::chrono::system_clock::time_point now) {
+std::vector<std::string> Ec2Pool::sweep(bool terminate, std::chrono::system_clock::time_point now,
+                                        std::set<std::string>* swept_pools) {
   const std::string cutoff = iso8601(now);
   const std::string region = ec2_->aws().region;
   std::vector<std::string> report;
@@ -695,6 +697,7 @@ std::vector<std::string> Ec2Pool::sweep(bool terminate, std::chrono::system_cloc
         for (int i = 0;; ++i) {
           try {
             persist(remove, {{remove_param, id}});
+            if (swept_pools && std::string(kind) == "key pair") swept_pools->insert(pool);
             break;
           } catch (const ApiError& e) {
             if (e.code != "DependencyViolation" || i >= 30) {

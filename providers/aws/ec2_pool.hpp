@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -110,7 +111,9 @@ class Ec2Pool {
   // skyforge:pool whose skyforge:expires has passed (groups and key pairs: only once no live
   // instance of their pool is left), terminated and deleted when `terminate`. One line each.
   // Not for a pool this object made: any Ec2Pool (with a client for the region) will do.
-  std::vector<std::string> sweep(bool terminate, std::chrono::system_clock::time_point now);
+  // `swept_pools`: the pools whose key pair it deleted (their local state can go too).
+  std::vector<std::string> sweep(bool terminate, std::chrono::system_clock::time_point now,
+                                 std::set<std::string>* swept_pools = nullptr);
 
   const AwsOptions& options() const { return opt_; }
   Ec2Client& client() { return *ec2_; }

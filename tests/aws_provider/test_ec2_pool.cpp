@@ -314,7 +314,7 @@ TEST(AwsOptionsTest, BadOptionsAreNamed) {
     }
   };
   expect_invalid({{"ttl", "soon"}}, "option 'ttl'");
-  expect_invalid({{"ttl", "30s"}}, "at least 2 minutes");
+  expect_invalid({{"ttl", "30s"}}, "at least 1 minute");
   expect_invalid({{"tags", "skyforge:pool=x"}}, "reserved");
   expect_invalid({{"tags", "novalue"}}, "key=value");
   expect_invalid({{"max_price", "0.5"}}, "spot = true");

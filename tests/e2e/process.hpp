@@ -104,6 +104,12 @@ class Child {
     return o;
   }
 
+  // What it wrote to stderr so far.
+  std::string err_so_far() {
+    std::lock_guard<std::mutex> l(mu_);
+    return err_;
+  }
+
   // Waits until stdout contains `needle` (true) or timeout.
   bool wait_for_output(const std::string& needle, double timeout_s) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
