@@ -14,6 +14,7 @@
 
 #include <regex>
 
+#include "api_proxy.hpp"
 #include "ec2_hypervisor.hpp"
 #include "moto.hpp"
 #include "process.hpp"
@@ -111,8 +112,26 @@ class AwsE2E : public SkyforgeRunTest {
 };
 
 TEST_F(AwsE2E, HelloOnTwoInstancesAndNothingIsLeft) {
-  Output o = run("hello.toml", aws_pool(2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n");
+  // Through a counting proxy: the API calls one pool costs (a figure of the README).
+  aws::testing::ApiProxy proxy(moto_->port());
+  extra_env_["AWS_ENDPOINT_URL_EC2"] = proxy.endpoint();
+  Output o = skyforge({"run", "--timings",
+                       write("hello.toml", aws_pool(2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n").string()},
+                      180);
   ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
+  std::string calls;
+  int total = 0;
+  for (const char* a : {"DescribeSubnets", "ImportKeyPair", "CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
+                        "RunInstances", "DescribeInstances", "TerminateInstances", "DeleteSecurityGroup", "DeleteKeyPair"}) {
+    calls += std::string(" ") + a + "=" + std::to_string(proxy.seen(a));
+    total += proxy.seen(a);
+  }
+  std::smatch t;
+  std::regex_search(o.err, t, std::regex("timings:.*"));
+  std::cerr << "[ figure ] aws pool of 2 on the harness: " << total << " API calls:" << calls << "\n[ figure ] " << t.str()
+            << "\n";
+  EXPECT_EQ(proxy.seen("RunInstances"), 1);
+  EXPECT_EQ(proxy.seen("CreateTags"), 0);
   EXPECT_NE(o.out.find("hello from node 0 of 2"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("hello from node 1 of 2"), std::string::npos) << o.out;
   // Each node ran on its own machine, at the address moto gave its instance.
