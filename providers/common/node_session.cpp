@@ -109,6 +109,8 @@ while kill -0 "$w" 2>/dev/null; do
     kill -TERM -- -"$w" 2>/dev/null
     for i in $(seq 50); do kill -0 "$w" 2>/dev/null || break; sleep 0.1; done
     kill -KILL -- -"$w" 2>/dev/null
+    # The host's session is gone: a machine-level dead-man switch acts now (SKYFORGE_LEASE_FILE, aws).
+    [ -n "${SKYFORGE_LEASE_FILE:-}" ] && touch -d @0 "$SKYFORGE_LEASE_FILE" 2>/dev/null
     break
   fi
 done

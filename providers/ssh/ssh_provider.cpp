@@ -644,6 +644,8 @@ void SshProvider::terminate(const std::vector<std::string>& node_ids) {
         ::kill(master, SIGTERM);  // ssh closes its sessions and removes the control socket
         reap_within(master, std::chrono::milliseconds(2000));
       }
+      // A master SIGKILLed after the grace (a loaded machine) could not remove its socket.
+      ::unlink(h->control_path.c_str());
     }
   }
   if (!problems.empty()) {

@@ -624,7 +624,9 @@ int Worker::run() {
       if (auto it = job_->config.find("log.verbose"); it != job_->config.end() && it->second == "true")
         min_log_level_ = SF_LOG_DEBUG;
       auto [store_host, store_port] = split_host_port(job_->id.store_addr);
-      services_.set_store(net::StoreClient::connect(store_host, store_port, args_.secret, args_.node, 15000));
+      services_.set_store_connector([this, store_host = store_host, store_port = store_port] {
+        return net::StoreClient::connect(store_host, store_port, args_.secret, args_.node, 15000);
+      });
       services_.set_communicator_factory([this] { return make_communicator(); });
       EnvMap env = EnvMap::from_environ(environ);
       for (const auto& [k, v] : job_->env) env.set(k, v);

@@ -31,9 +31,10 @@ Services::Services(LogFn log) : log_(std::move(log)) {
   table_.instance_info = [](void* ctx) -> const sf_instance_info* { return self(ctx).instance(); };
   table_.kv_set = [](void* ctx, const char* key, const char* value, size_t size) -> sf_status {
     Services& s = self(ctx);
-    if (!s.store_) return fail(SF_ERR_UNSUPPORTED, "the rendezvous store exists only on nodes");
     try {
-      s.store_->set(key, std::string_view(value, size));
+      net::StoreClient* store = s.store();
+      if (!store) return fail(SF_ERR_UNSUPPORTED, "the rendezvous store exists only on nodes");
+      store->set(key, std::string_view(value, size));
       return SF_OK;
     } catch (const std::exception& e) {
       return fail(SF_ERR, e.what());
@@ -41,9 +42,10 @@ Services::Services(LogFn log) : log_(std::move(log)) {
   };
   table_.kv_get = [](void* ctx, const char* key, int64_t timeout_ms, sf_sink out) -> sf_status {
     Services& s = self(ctx);
-    if (!s.store_) return fail(SF_ERR_UNSUPPORTED, "the rendezvous store exists only on nodes");
     try {
-      std::string v = s.store_->get(key, timeout_ms);
+      net::StoreClient* store = s.store();
+      if (!store) return fail(SF_ERR_UNSUPPORTED, "the rendezvous store exists only on nodes");
+      std::string v = store->get(key, timeout_ms);
       if (out.write) out.write(out.ctx, v.data(), v.size());
       return SF_OK;
     } catch (const net::StoreTimeout& e) {
@@ -54,9 +56,10 @@ Services::Services(LogFn log) : log_(std::move(log)) {
   };
   table_.kv_add = [](void* ctx, const char* key, int64_t delta, int64_t* result) -> sf_status {
     Services& s = self(ctx);
-    if (!s.store_) return fail(SF_ERR_UNSUPPORTED, "the rendezvous store exists only on nodes");
     try {
-      *result = s.store_->add(key, delta);
+      net::StoreClient* store = s.store();
+      if (!store) return fail(SF_ERR_UNSUPPORTED, "the rendezvous store exists only on nodes");
+      *result = store->add(key, delta);
       return SF_OK;
     } catch (const std::exception& e) {
       return fail(SF_ERR, e.what());
@@ -202,6 +205,28 @@ const sf_instance_info* Services::instance() const {
   return &info_;
 }
 
-void Services::set_store(std::unique_ptr<net::StoreClient> store) { store_ = std::move(store); }
+void Services::set_store(std::unique_ptr<net::StoreClient> store) {
+  std::lock_guard<std::mutex> lock(store_mutex_);
+  store_ = std::move(store);
+  if (!store_) store_connector_ = nullptr;  // the job is over: no new connection
+}
+
+void Services::set_store_connector(StoreConnector connect) {
+  std::lock_guard<std::mutex> lock(store_mutex_);
+  store_connector_ = std::move(connect);
+}
+
+net::StoreClient* Services::store() {
+  std::lock_guard<std::mutex> lock(store_mutex_);
+  if (store_ || !store_connector_) return store_.get();
+  if (!store_error_.empty()) throw std::runtime_error(store_error_);
+  try {
+    store_ = store_connector_();
+  } catch (const std::exception& e) {
+    store_error_ = std::string("the rendezvous store: ") + e.what();
+    throw std::runtime_error(store_error_);
+  }
+  return store_.get();
+}
 
 }  // namespace skyforge

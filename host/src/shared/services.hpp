@@ -40,6 +40,11 @@ class Services {
   // Node side: identity from the job, and the store every node shares.
   void set_instance(const msg::NodeIdentity& id, const std::string& work_dir);
   void set_store(std::unique_ptr<net::StoreClient> store);
+  // The store is connected on first use, not at job start: a node that never calls kv_* or
+  // communicator() never depends on the head (a map job survives losing node 0 before another
+  // node started). A failed connection is remembered and repeated.
+  using StoreConnector = std::function<std::unique_ptr<net::StoreClient>()>;
+  void set_store_connector(StoreConnector connect);
   void set_config(std::map<std::string, std::string> config) { config_ = std::move(config); }
   // This node's identity, as the calling thread sees it: on a task slot's thread (see
   // SlotScope) the slot's own record, whose `slot` is that slot; elsewhere the node's (slot 0).
@@ -53,7 +58,9 @@ class Services {
     SlotScope(const SlotScope&) = delete;
     SlotScope& operator=(const SlotScope&) = delete;
   };
-  net::StoreClient* store() const { return store_.get(); }
+  // Connects on first use (set_store_connector); nullptr where no store exists (the client).
+  // Throws std::runtime_error when the connection failed.
+  net::StoreClient* store();
 
   // Node side: communicator() builds it with `factory` on first use and returns the same one
   // afterwards; a failure is remembered (a retry could not be collective) and repeated.
@@ -82,6 +89,9 @@ class Services {
   // storage behind info_'s strings
   msg::NodeIdentity id_;
   std::string work_dir_;
+  std::mutex store_mutex_;
+  StoreConnector store_connector_;
+  std::string store_error_;
   std::unique_ptr<net::StoreClient> store_;
   std::map<std::string, std::string> config_;
 
