@@ -28,14 +28,7 @@ std::string base64(const std::string& in) {
   return out;
 }
 
-std::string iso8601(std::chrono::system_clock::time_point t) {
-  std::time_t tt = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  gmtime_r(&tt, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string iso8601(std::chrono::system_clock::time_point t) { return utc_text(t, "%Y-%m-%dT%H:%M:%SZ"); }
 
 std::string whoami() {
   char host[256] = {0};

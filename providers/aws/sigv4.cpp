@@ -196,12 +196,12 @@ std::string uri_decode(std::string_view s) {
   return out;
 }
 
-std::string amz_date(std::chrono::system_clock::time_point t) {
+std::string utc_text(std::chrono::system_clock::time_point t, const char* format) {
   std::time_t tt = std::chrono::system_clock::to_time_t(t);
   std::tm tm{};
   gmtime_r(&tt, &tm);
-  char buf[20];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
   return buf;
 }
 

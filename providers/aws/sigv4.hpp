@@ -65,7 +65,9 @@ std::string sha256_hex(std::string_view data);
 std::string uri_encode(std::string_view s, bool keep_slash);
 // Percent-decoding (%XX only; '+' stays '+').
 std::string uri_decode(std::string_view s);
+// `t` in UTC through strftime's `format`.
+std::string utc_text(std::chrono::system_clock::time_point t, const char* format);
 // "20150830T123600Z"
-std::string amz_date(std::chrono::system_clock::time_point t);
+inline std::string amz_date(std::chrono::system_clock::time_point t) { return utc_text(t, "%Y%m%dT%H%M%SZ"); }
 
 }  // namespace skyforge::aws

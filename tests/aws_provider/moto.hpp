@@ -49,6 +49,10 @@ inline bool connects(int port) {
 
 inline std::string moto_server_path() { return MOTO_SERVER; }
 inline bool moto_available() { return std::filesystem::exists(moto_server_path()); }
+// Why the moto tests skip here ("" when they can run).
+inline std::string moto_missing() {
+  return moto_available() ? "" : "no moto_server at " + moto_server_path() + " (run .ci/setup-venv: it installs moto[server] into .venv)";
+}
 
 class MotoServer {
  public:

@@ -36,8 +36,7 @@ class AwsE2E : public SkyforgeRunTest {
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "not root: the harness's machines are network namespaces";
     if (!g_isolated) GTEST_SKIP() << "could not make the test's own network namespace (unshare CLONE_NEWNET)";
-    if (!aws::testing::moto_available())
-      GTEST_SKIP() << "no moto_server at " << aws::testing::moto_server_path() << " (run .ci/setup-venv)";
+    if (auto why = aws::testing::moto_missing(); !why.empty()) GTEST_SKIP() << why;
     if (::access("/usr/sbin/sshd", X_OK) != 0) GTEST_SKIP() << "no /usr/sbin/sshd (openssh-server)";
     SkyforgeRunTest::SetUp();
     moto_ = std::make_unique<MotoServer>();

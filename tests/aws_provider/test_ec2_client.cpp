@@ -12,9 +12,7 @@ namespace {
 class Ec2ClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!skyforge::aws::testing::moto_available())
-      GTEST_SKIP() << "no moto_server at " << skyforge::aws::testing::moto_server_path()
-                   << " (run .ci/setup-venv: it installs moto[server] into .venv)";
+    if (auto why = skyforge::aws::testing::moto_missing(); !why.empty()) GTEST_SKIP() << why;
     moto_ = std::make_unique<MotoServer>();
   }
   std::unique_ptr<MotoServer> moto_;

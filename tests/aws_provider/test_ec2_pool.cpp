@@ -31,9 +31,7 @@ skyforge::Options options_of(const std::vector<std::pair<std::string, std::strin
 class Ec2PoolTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!skyforge::aws::testing::moto_available())
-      GTEST_SKIP() << "no moto_server at " << skyforge::aws::testing::moto_server_path()
-                   << " (run .ci/setup-venv: it installs moto[server] into .venv)";
+    if (auto why = skyforge::aws::testing::moto_missing(); !why.empty()) GTEST_SKIP() << why;
     moto_ = std::make_unique<MotoServer>();
     proxy_ = std::make_unique<ApiProxy>(moto_->port());
     state_ = fs::temp_directory_path() / ("skyforge-ec2pool-test-" + std::to_string(::getpid()));
