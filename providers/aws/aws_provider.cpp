@@ -1,5 +1,7 @@
 #include "aws_provider.hpp"
 
+#include <skyforge/accelerator.hpp>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -11,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
+
+#include "offers.hpp"
 
 namespace skyforge::aws {
 namespace {
@@ -57,6 +61,7 @@ AwsProvider::AwsProvider(const Context& ctx) : Provider(ctx), ctx_(ctx), opt_(Aw
   int64_t t = ctx.options.get_int("ssh_timeout", 300);
   if (t < 1 || t > 3600) throw Error("aws provider: option 'ssh_timeout': expected 1 to 3600 seconds", SF_ERR_INVALID);
   ssh_timeout_s_ = int(t);
+  offers_file_ = ctx.options.get("offers_file", "");
   // The ssh half's options are checked now too (a bad remote_dir fails validate, not a paid run).
   ssh::SshConfig probe = ssh::SshConfig::from([&] {
     Options o = ctx.options;
@@ -146,7 +151,62 @@ std::vector<std::string> AwsProvider::reconcile(bool terminate) {
   return report;
 }
 
+std::string AwsProvider::offers_path() const { return offers_file_.empty() ? default_offers_path() : offers_file_; }
+
+std::string AwsProvider::offers_region() const {
+  if (!opt_.region.empty()) return opt_.region;
+  auto env = process_env();
+  return !env("AWS_REGION").empty() ? env("AWS_REGION") : env("AWS_DEFAULT_REGION");
+}
+
+std::string AwsProvider::offers(const std::string& accelerator) {
+  std::vector<Offer> all;
+  try {
+    all = load_offers(offers_path());
+  } catch (const std::runtime_error& e) {
+    throw Error(e.what(), SF_ERR_INVALID);
+  }
+  AcceleratorSpec spec;
+  try {
+    spec = parse_accelerator(accelerator);
+  } catch (const std::invalid_argument& e) {
+    throw Error(e.what(), SF_ERR_INVALID);
+  }
+  const std::string region = offers_region();
+  auto fit = offers_for(all, spec.name, spec.count, region, opt_.spot);
+  std::string out = format_offers(fit);
+  out += std::to_string(fit.size()) + " offer(s)" + (spec.name.empty() ? "" : " for " + accelerator) +
+         (region.empty() ? " in every region listed" : " in " + region) + ", by " +
+         (opt_.spot ? "spot" : "on-demand") + " price; prices from " + offers_path() +
+         " (its header says their source and date)\n";
+  return out;
+}
+
 Provisioned AwsProvider::provision(const PoolSpec& spec) {
+  if (opt_.instance_types.empty() && !spec.accelerator.empty()) {
+    // [pool] accelerator without an instance type: the cheapest types that fit, in price order
+    // (the first, then the next ones when AWS has no capacity).
+    const AcceleratorSpec acc = parse_accelerator(spec.accelerator);
+    std::vector<Offer> all;
+    try {
+      all = load_offers(offers_path());
+    } catch (const std::runtime_error& e) {
+      throw Error(std::string("aws provider: ") + e.what(), SF_ERR_INVALID);
+    }
+    const std::string region = offers_region();
+    auto fit = offers_for(all, acc.name, acc.count, region, opt_.spot);
+    if (fit.empty())
+      throw Error("aws provider: no instance type with " + spec.accelerator + " per instance" +
+                      (region.empty() ? "" : " in " + region) + " in " + offers_path() +
+                      " (see `skyforge offers --provider aws`; or set [provider] instance_type)",
+                  SF_ERR_INVALID);
+    for (size_t i = 0; i < fit.size() && i < 3; ++i) opt_.instance_types.push_back(fit[i].instance_type);
+    char price[32];
+    std::snprintf(price, sizeof price, "%.4f", *(opt_.spot ? fit[0].spot_price : fit[0].price));
+    host().info("aws: accelerator " + spec.accelerator + " -> " + fit[0].instance_type + " at $" + price + "/h (" +
+                (opt_.spot ? "spot" : "on-demand") + ", the cheapest that fits" +
+                (region.empty() ? "" : " in " + region) + ")");
+  }
   auto client = make_client();
   const fs::path state = state_root() / ("skyforge-aws-" + spec.pool_id);
   {

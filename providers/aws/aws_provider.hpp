@@ -30,15 +30,21 @@ class AwsProvider : public Provider {
   int worker_exit(const std::string& node_id, WorkerExit& out) override;
   void cancel() override;
   std::vector<std::string> reconcile(bool terminate) override;
+  std::string offers(const std::string& accelerator) override;
 
  private:
   ssh::SshProvider& ssh(const char* op);
   std::unique_ptr<Ec2Client> make_client();
+  // Where the offers come from: the offers_file option, else the file beside this plugin.
+  std::string offers_path() const;
+  // The region for offers: the option, else AWS_REGION / AWS_DEFAULT_REGION; "" for all.
+  std::string offers_region() const;
   void wait_for_sshd(const std::vector<InstanceView>& instances);
 
   Context ctx_;
   AwsOptions opt_;
   int ssh_timeout_s_ = 300;
+  std::string offers_file_;
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::unique_ptr<Ec2Pool> pool_;

@@ -146,6 +146,23 @@ TEST_F(AwsE2E, HelloOnTwoInstancesAndNothingIsLeft) {
   EXPECT_EQ(o.err.find(moto_->credentials().secret_access_key), std::string::npos) << "a secret was printed";
 }
 
+// [pool] accelerator without an instance type: the cheapest type that fits, from the offers the
+// plugin ships, is what RunInstances asks for; `skyforge offers` lists the same first.
+TEST_F(AwsE2E, AnAcceleratorPicksTheCheapestTypeThatFits) {
+  Output listed = skyforge({"offers", "--provider", "aws", "--accelerator", "A10G:1"}, 30);
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  std::smatch first;
+  ASSERT_TRUE(std::regex_search(listed.out, first, std::regex(R"(\n(\S+)\s+A10G\s+1\s)"))) << listed.out;
+  EXPECT_NE(listed.out.find("in us-east-1"), std::string::npos) << listed.out;
+  std::string pool = aws_pool(1);
+  pool = std::regex_replace(pool, std::regex("instance_type = \"t3.micro\"\n"), "");
+  pool = std::regex_replace(pool, std::regex("nodes = 1\n"), "nodes = 1\naccelerator = \"A10G:1\"\n");
+  Output o = run("acc.toml", pool + "[job]\napp = \"hello\"\n");
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.err.find("accelerator A10G:1 -> " + first[1].str()), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("requesting 1 x " + first[1].str()), std::string::npos) << o.err;
+}
+
 // The main job, [pool] changed only: the same trained weights as on local.
 TEST_F(AwsE2E, FashionMnistOnTwoInstancesTrainsTheWeightsLocalTrains) {
   Output local = run("fm-local.toml", example_manifest("fashion-mnist.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n",

@@ -40,6 +40,7 @@ const char* kMainHelp =
     "  plugins               list installed plugins (kind, name, version, ABI, path)\n"
     "  backend-check <name>  run a compute backend through the conformance suite\n"
     "  sweep --provider NAME find and tear down what a provider left behind for pools that are gone\n"
+    "  offers --provider NAME machine types that fit an accelerator, cheapest first (--accelerator A100:1)\n"
     "\n"
     "`skyforge <command> --help` describes a command's options. Plugins are searched in the\n"
     "manifest's job.plugin_path, then $SKYFORGE_PLUGIN_PATH, then the install directory.\n";
@@ -330,6 +331,71 @@ int cmd_backend_check(int argc, char** argv) {
   return run_backend_check(o, std::cout, std::cerr);
 }
 
+// A provider plugin loaded on the client with no pool, for `sweep` and `offers`: its options
+// from --option KEY=VALUE and, when a manifest whose [pool] names the same provider is given, from
+// its [provider] table. Prints why not and returns kExitUsage when it cannot be had.
+struct ClientProvider {
+  std::unique_ptr<Services> services;
+  std::unique_ptr<Loader> loader;
+  std::unique_ptr<PluginInstance> instance;
+  const sf_provider_hooks* hooks = nullptr;
+};
+
+int load_client_provider(const std::string& cmd, const std::string& provider, const std::string& manifest,
+                         const std::vector<std::string>& kv, std::vector<std::string> plugin_path, ClientProvider& out) {
+  if (provider.empty()) {
+    std::cerr << "skyforge " << cmd << ": missing --provider NAME\n";
+    return kExitUsage;
+  }
+  OptionList options;
+  if (!manifest.empty()) {
+    try {
+      const Manifest m = load_manifest(manifest);
+      plugin_path.insert(plugin_path.end(), m.job.plugin_path.begin(), m.job.plugin_path.end());
+      if (m.pool.provider == provider) options = m.pool.provider_options;
+    } catch (const ManifestError& e) {
+      print_problems(e);
+      return kExitUsage;
+    }
+  }
+  for (const auto& item : kv) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "skyforge " << cmd << ": --option " << item << ": expected KEY=VALUE\n";
+      return kExitUsage;
+    }
+    options.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  Catalog catalog(Catalog::default_search_dirs(plugin_path));
+  const PluginInfo* info = catalog.find(provider);
+  if (!info || info->kind != "provider") {
+    std::cerr << "skyforge " << cmd << ": no provider plugin named '" << provider << "' (see skyforge plugins)\n";
+    return kExitUsage;
+  }
+  for (const auto& [key, value] : options) {
+    if (!info->option(key)) {
+      std::cerr << "skyforge " << cmd << ": provider '" << provider << "' has no option '" << key << "'\n";
+      return kExitUsage;
+    }
+  }
+  out.services = std::make_unique<Services>([](int32_t level, const std::string& message) {
+    if (level >= SF_LOG_INFO) std::cerr << message << "\n";
+  });
+  out.loader = std::make_unique<Loader>(out.services->table());
+  try {
+    out.instance = out.loader->create(out.loader->load(info->library, info->name), options);
+  } catch (const std::exception& e) {
+    std::cerr << "skyforge " << cmd << ": " << e.what() << "\n";
+    return kExitUsage;
+  }
+  out.hooks = out.instance->hooks<sf_provider_hooks>();
+  return kExitOk;
+}
+
+sf_sink text_sink(std::string& s) {
+  return sf_sink{&s, [](void* c, const char* d, size_t n) { static_cast<std::string*>(c)->append(d, n); }};
+}
+
 // `skyforge sweep`: the provider's reconcile hook (ABI 1.6) finds, by its own marks, what it left
 // behind for pools that are gone (a host killed before its teardown, a lost network) and tears it
 // down. The aws provider: instances whose skyforge:expires tag has passed.
@@ -355,66 +421,62 @@ int cmd_sweep(int argc, char** argv) {
     std::cout << desc;
     return 0;
   }
-  if (provider.empty()) {
-    std::cerr << "skyforge sweep: missing --provider NAME\n" << desc;
+  ClientProvider p;
+  if (int rc = load_client_provider("sweep", provider, manifest, kv, plugin_path, p); rc != kExitOk) return rc;
+  if (!p.hooks || !p.hooks->reconcile) {
+    std::cerr << "skyforge sweep: provider '" << provider
+              << "' cannot find what it left behind (it has no reconcile hook, ABI 1.6)\n";
     return kExitUsage;
   }
-  OptionList options;
-  if (!manifest.empty()) {
-    try {
-      const Manifest m = load_manifest(manifest);
-      plugin_path.insert(plugin_path.end(), m.job.plugin_path.begin(), m.job.plugin_path.end());
-      if (m.pool.provider == provider) options = m.pool.provider_options;
-    } catch (const ManifestError& e) {
-      print_problems(e);
-      return kExitUsage;
-    }
-  }
-  for (const auto& item : kv) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      std::cerr << "skyforge sweep: --option " << item << ": expected KEY=VALUE\n";
-      return kExitUsage;
-    }
-    options.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-  }
-  Catalog catalog(Catalog::default_search_dirs(plugin_path));
-  const PluginInfo* info = catalog.find(provider);
-  if (!info || info->kind != "provider") {
-    std::cerr << "skyforge sweep: no provider plugin named '" << provider << "' (see skyforge plugins)\n";
-    return kExitUsage;
-  }
-  for (const auto& [key, value] : options) {
-    if (!info->option(key)) {
-      std::cerr << "skyforge sweep: provider '" << provider << "' has no option '" << key << "'\n";
-      return kExitUsage;
-    }
-  }
-  Services services([](int32_t level, const std::string& message) {
-    if (level >= SF_LOG_INFO) std::cerr << message << "\n";
-  });
-  Loader loader(services.table());
+  std::string report;
   try {
-    auto instance = loader.create(loader.load(info->library, info->name), options);
-    const sf_provider_hooks* h = instance->hooks<sf_provider_hooks>();
-    if (!h || !h->reconcile) {
-      std::cerr << "skyforge sweep: provider '" << provider
-                << "' cannot find what it left behind (it has no reconcile hook, ABI 1.6)\n";
-      return kExitUsage;
-    }
-    std::string report;
-    sf_sink sink{&report, [](void* c, const char* d, size_t n) { static_cast<std::string*>(c)->append(d, n); }};
-    instance->check(h->reconcile(instance->self(), dry_run ? 0 : 1, sink), "reconcile");
-    std::cout << report;
-    if (report.empty()) std::cout << "nothing left behind by " << provider << "\n";
-    return kExitOk;
+    p.instance->check(p.hooks->reconcile(p.instance->self(), dry_run ? 0 : 1, text_sink(report)), "reconcile");
   } catch (const PluginError& e) {
+    std::cout << report;
     std::cerr << "skyforge sweep: " << e.what() << "\n";
     return kExitJobFailed;
-  } catch (const LoadError& e) {
-    std::cerr << "skyforge sweep: " << e.what() << "\n";
+  }
+  std::cout << report;
+  if (report.empty()) std::cout << "nothing left behind by " << provider << "\n";
+  return kExitOk;
+}
+
+// `skyforge offers`: the machine types a provider can make that fit an accelerator, cheapest
+// first (the provider's offers hook, ABI 1.6; the aws provider reads the data file it ships).
+int cmd_offers(int argc, char** argv) {
+  po::options_description desc(
+      "usage: skyforge offers --provider NAME [--accelerator SPEC] [options] [<job.toml>]\n\n"
+      "Lists the machine types the provider NAME can make that fit SPEC (a [pool] accelerator, e.g.\n"
+      "\"A100:1\", \"H100:8\"; all when absent), cheapest first, with on-demand and spot prices where the\n"
+      "provider has them. A [pool] accelerator without an instance type picks the first line.\n\noptions");
+  std::string provider, manifest, accelerator;
+  std::vector<std::string> kv, plugin_path;
+  desc.add_options()("provider", po::value(&provider), "the provider plugin (\"aws\")")(
+      "accelerator,a", po::value(&accelerator), "NAME[:COUNT] per machine")(
+      "option,o", po::value(&kv)->composing(), "KEY=VALUE: an option of the provider (region=..., spot=true)")(
+      "plugin-path,p", po::value(&plugin_path)->composing(), "a directory searched for plugins first (repeatable)")(
+      "manifest", po::value(&manifest), "a job manifest whose [provider] options to use");
+  po::positional_options_description pos;
+  pos.add("manifest", 1);
+  if (parse("offers", argc, argv, desc, &pos).help) {
+    std::cout << desc;
+    return 0;
+  }
+  ClientProvider p;
+  if (int rc = load_client_provider("offers", provider, manifest, kv, plugin_path, p); rc != kExitOk) return rc;
+  if (!p.hooks || !p.hooks->offers) {
+    std::cerr << "skyforge offers: provider '" << provider << "' lists no offers (it has no offers hook, ABI 1.6)\n";
     return kExitUsage;
   }
+  std::string table;
+  try {
+    p.instance->check(p.hooks->offers(p.instance->self(), accelerator.c_str(), text_sink(table)), "offers");
+  } catch (const PluginError& e) {
+    std::cerr << "skyforge offers: " << e.what() << "\n";
+    return kExitUsage;
+  }
+  std::cout << table;
+  return kExitOk;
 }
 
 }  // namespace
@@ -442,6 +504,7 @@ int main(int argc, char** argv) {
     if (cmd == "env") return cmd_env(argc - 1, argv + 1);
     if (cmd == "backend-check") return cmd_backend_check(argc - 1, argv + 1);
     if (cmd == "sweep") return cmd_sweep(argc - 1, argv + 1);
+    if (cmd == "offers") return cmd_offers(argc - 1, argv + 1);
     std::cerr << "skyforge: unknown command '" << cmd << "'\n\n" << kMainHelp;
     return kExitUsage;
   } catch (const po::error& e) {

@@ -310,6 +310,10 @@ typedef struct sf_provider_hooks {
    * what was done).
    * Runs on the client with no pool; may take as long as the teardown takes. */
   sf_status (*reconcile)(void* self, int32_t terminate, sf_sink report);
+  /* ABI 1.6. Optional. `skyforge offers --provider NAME`: the machine types this provider can
+   * make that fit `accelerator` (a [pool] accelerator spec, "A100:1"; "" for all), cheapest
+   * first, as text for a terminal, to `out`. Runs on the client with no pool. */
+  sf_status (*offers)(void* self, const char* accelerator, sf_sink out);
 } sf_provider_hooks;
 
 /* ---- native apps (docs/plugins.md) --------------------------------------------------- */

@@ -406,6 +406,11 @@ class Provider : public PluginBase {
   virtual std::vector<std::string> reconcile(bool /*terminate*/) {
     throw Error("this provider cannot find what it left behind", SF_ERR_UNSUPPORTED);
   }
+  // ABI 1.6: `skyforge offers`: the machine types that fit `accelerator` ("" for all), cheapest
+  // first, as a text table.
+  virtual std::string offers(const std::string& /*accelerator*/) {
+    throw Error("this provider lists no offers", SF_ERR_UNSUPPORTED);
+  }
 };
 
 // ---- native apps -------------------------------------------------------------------------
@@ -740,6 +745,10 @@ const sf_provider_hooks* provider_hooks() {
         return guard<P>(s, [&](P& p) {
           for (const auto& line : p.reconcile(terminate != 0)) write(report, line + "\n");
         });
+      };
+    if constexpr (SKYFORGE_OVERRIDES(P, Provider, offers))
+      t.offers = [](void* s, const char* accelerator, sf_sink out) noexcept {
+        return guard<P>(s, [&](P& p) { write(out, p.offers(or_empty(accelerator))); });
       };
     return t;
   }();
