@@ -105,6 +105,17 @@ void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances) {
       }
     }
     if (all) return;
+    {
+      std::string waiting;
+      size_t n_up = 0;
+      for (size_t i = 0; i < instances.size(); ++i)
+        if (up[i]) ++n_up;
+        else waiting += (waiting.empty() ? "" : ", ") + std::to_string(i);
+      host().status("aws [" +
+                    std::to_string(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count()) +
+                    " s]: ssh up on " + std::to_string(n_up) + "/" + std::to_string(instances.size()) +
+                    " nodes (waiting for node " + waiting + ")");
+    }
     if (Clock::now() - start > std::chrono::seconds(ssh_timeout_s_)) {
       std::string missing;
       for (size_t i = 0; i < instances.size(); ++i)
@@ -212,8 +223,13 @@ Provisioned AwsProvider::provision(const PoolSpec& spec) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pool_ = std::make_unique<Ec2Pool>(opt_, std::move(client), state, [h = host()](const std::string& l) { h.info(l); });
+    pool_->set_status([h = host()](const std::string& l) { h.status(l); });
     if (cancelled_) pool_->cancel();
   }
+  struct ClearStatus {
+    const Host& h;
+    ~ClearStatus() { h.status(""); }
+  } clear_status{host()};
   auto instances = pool_->create(spec.pool_id, spec.nodes);
   wait_for_sshd(instances);
 

@@ -497,6 +497,14 @@ std::vector<InstanceView> Ec2Pool::wait_running(const std::vector<std::string>& 
                     SF_ERR);
       if (v.state != "running" || address_of(v).empty()) all = false;
     }
+    if (status_) {
+      std::string line = "aws [" + seconds_text(Clock::now() - start) + "]:";
+      for (size_t i = 0; i < ids.size(); ++i) {
+        auto it = by_id.find(ids[i]);
+        line += (i ? ", node " : " node ") + std::to_string(i) + " " + (it == by_id.end() ? "requested" : it->second.state);
+      }
+      status_(line);
+    }
     check_cancelled();  // a teardown while that answer was on its way
     if (all) {
       std::vector<InstanceView> ordered;

@@ -115,6 +115,9 @@ class Ec2Pool {
   std::vector<std::string> sweep(bool terminate, std::chrono::system_clock::time_point now,
                                  std::set<std::string>* swept_pools = nullptr);
 
+  // A transient one-line status while waiting ("aws [12 s]: node 0 running, node 1 pending"):
+  // the host shows it live on a terminal (SF_LOG_STATUS).
+  void set_status(Log status) { status_ = std::move(status); }
   const AwsOptions& options() const { return opt_; }
   Ec2Client& client() { return *ec2_; }
   std::string identity_file() const;  // the per-pool key, or options().identity_file
@@ -138,6 +141,7 @@ class Ec2Pool {
   std::unique_ptr<Ec2Client> ec2_;
   std::filesystem::path state_dir_;
   Log log_;
+  Log status_;
   std::string pool_id_;
   std::string owner_;
   std::string image_id_, ssh_user_;

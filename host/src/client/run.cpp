@@ -59,7 +59,8 @@ class PoolRun {
  public:
   PoolRun(const Manifest& m, const Catalog& c, const RunOptions& o)
       : m_(m), catalog_(c), opt_(o), services_([this](int32_t level, const std::string& msg) {
-          if (level >= SF_LOG_INFO || opt_.verbose) printer_.err(msg);  // debug: -v only
+          if (level == SF_LOG_STATUS) printer_.status(msg);  // a live line on a terminal only
+          else if (level >= SF_LOG_INFO || opt_.verbose) printer_.err(msg);  // debug: -v only
         }) {}
   int run();
 
@@ -100,7 +101,7 @@ class PoolRun {
   const Manifest& m_;
   const Catalog& catalog_;
   RunOptions opt_;
-  Printer printer_;
+  Printer printer_{::isatty(2) == 1};  // a live status line on a terminal
   Services services_;
   Loader loader_{services_.table()};
   std::unique_ptr<PluginInstance> provider_;

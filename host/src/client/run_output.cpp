@@ -5,8 +5,37 @@
 
 namespace skyforge {
 
+Printer::~Printer() {
+  std::lock_guard<std::mutex> lock(mu_);
+  clear_status();
+}
+
+void Printer::clear_status() {
+  if (!live_ || status_.empty()) return;
+  std::fflush(stdout);
+  std::fputs("\r\033[K", stderr);  // carriage return, erase the line
+  std::fflush(stderr);
+}
+
+void Printer::redraw_status() {
+  if (!live_ || status_.empty()) return;
+  std::fflush(stdout);
+  const std::string l = "skyforge: " + status_;
+  std::fwrite(l.data(), 1, l.size(), stderr);
+  std::fflush(stderr);
+}
+
+void Printer::status(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!live_) return;
+  clear_status();
+  status_ = line.substr(0, line.find('\n'));
+  redraw_status();
+}
+
 void Printer::node_lines(uint32_t node, int stream, const std::string& text) {
   std::lock_guard<std::mutex> lock(mu_);
+  clear_status();
   FILE* f = stream == 1 ? stdout : stderr;
   std::string prefix = "[node " + std::to_string(node) + "] ";
   size_t start = 0;
@@ -20,19 +49,24 @@ void Printer::node_lines(uint32_t node, int stream, const std::string& text) {
     start = nl + 1;
   }
   std::fflush(f);
+  redraw_status();
 }
 
 void Printer::out(const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
+  clear_status();
   std::fwrite(line.data(), 1, line.size(), stdout);
   std::fputc('\n', stdout);
+  redraw_status();
 }
 
 void Printer::err(const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
+  clear_status();
   std::string l = "skyforge: " + line + "\n";
   std::fwrite(l.data(), 1, l.size(), stderr);
   std::fflush(stderr);
+  redraw_status();
 }
 
 void Printer::flush() {

@@ -184,7 +184,7 @@ std::pair<std::string, uint16_t> split_host_port(const std::string& s) {
 class Worker {
  public:
   explicit Worker(const WorkerArgs& a) : args_(a), services_([this](int32_t level, const std::string& m) {
-    if (level < min_log_level_) return;
+    if (level < min_log_level_ || level == SF_LOG_STATUS) return;  // a status is the client's, live on its terminal
     send_log(3, std::string(level >= SF_LOG_ERROR ? "error: " : level >= SF_LOG_WARN ? "warning: " : "") + m + "\n");
   }) {}
 

@@ -221,6 +221,10 @@ class Host {
   void debug(const std::string& m) const { log(SF_LOG_DEBUG, m); }
   void info(const std::string& m) const { log(SF_LOG_INFO, m); }
   void warn(const std::string& m) const { log(SF_LOG_WARN, m); }
+  // A transient status line (ABI 1.6; not sent to an older host, which would print every one).
+  void status(const std::string& m) const {
+    if (s_ && (s_->abi_major > 1 || s_->abi_minor >= 6)) log(SF_LOG_STATUS, m);
+  }
 
   // This node's identity. Throws on the client, where no pool exists yet.
   InstanceInfo instance_info() const {
