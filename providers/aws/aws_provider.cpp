@@ -194,6 +194,7 @@ std::string AwsProvider::offers(const std::string& accelerator) {
 }
 
 Provisioned AwsProvider::provision(const PoolSpec& spec) {
+  requested_ = Clock::now();
   if (opt_.instance_types.empty() && !spec.accelerator.empty()) {
     // [pool] accelerator without an instance type: the cheapest types that fit, in price order
     // (the first, then the next ones when AWS has no capacity).
@@ -261,6 +262,14 @@ Provisioned AwsProvider::provision(const PoolSpec& spec) {
 
 void AwsProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {
   ssh("bootstrap").bootstrap(node_id, script, log);
+  std::string instance;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = instance_of_.find(node_id); it != instance_of_.end()) instance = it->second;
+  }
+  host().info("aws: " + node_id + " " + instance + ": bootstrapped (" +
+              std::to_string(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - requested_).count()) +
+              " s)");
 }
 
 void AwsProvider::start_worker(const std::string& node_id, const std::vector<std::string>& argv,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,7 @@ class AwsProvider : public Provider {
   AwsOptions opt_;
   int ssh_timeout_s_ = 300;
   std::string offers_file_;
+  std::chrono::steady_clock::time_point requested_;  // provision() began: the elapsed times shown
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::unique_ptr<Ec2Pool> pool_;

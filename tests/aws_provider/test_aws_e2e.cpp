@@ -140,7 +140,7 @@ TEST_F(AwsE2E, HelloOnTwoInstancesAndNothingIsLeft) {
   ASSERT_EQ(ips.size(), 2u) << o.out;
   for (const auto& a : ips) EXPECT_EQ(a.rfind(Ec2Hypervisor::kSubnetPrefix, 0), 0u) << a;
   // What the user saw while it waited: per node, the states and SSH.
-  for (const char* step : {"aws: requesting 2 x t3.micro", "aws: node 0 i-", ": running (", ": ssh up (",
+  for (const char* step : {"aws: requesting 2 x t3.micro", "aws: node 0 i-", ": running (", ": ssh up (", ": bootstrapped (",
                            "instance(s) terminated", "security group", "key pair"})
     EXPECT_NE(o.err.find(step), std::string::npos) << step << "\n" << o.err;
   EXPECT_EQ(o.err.find(moto_->credentials().secret_access_key), std::string::npos) << "a secret was printed";
