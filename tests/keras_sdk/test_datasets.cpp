@@ -114,6 +114,31 @@ TEST(Idx, PlainAndGzipReadTheSame) {
   }
 }
 
+// gzip allows several members one after another (`cat a.gz b.gz`); gzip -d and zlib's gzread
+// read them as one stream, and so must the reader. A member with a wrong CRC is corrupt.
+TEST(Idx, ConcatenatedGzipMembersAndABadChecksum) {
+  TempDir dir("idx_members");
+  std::vector<uint8_t> pixels(2 * 28 * 28);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 7);
+  const std::string bytes = idx_bytes(0x08, {2, 28, 28}, pixels);
+  const size_t cut = 1000;  // inside the data
+  write_gz(dir.path / "head.gz", bytes.substr(0, cut));
+  write_gz(dir.path / "tail.gz", bytes.substr(cut));
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  write_plain(dir.path / "both.gz", slurp(dir.path / "head.gz") + slurp(dir.path / "tail.gz"));
+  const ds::IdxArray a = ds::read_idx(dir.path / "both.gz");
+  EXPECT_EQ(a.dims, (std::vector<uint32_t>{2, 28, 28}));
+  EXPECT_EQ(a.data, pixels);
+
+  std::string gz = slurp(dir.path / "tail.gz");
+  gz[gz.size() - 8] = static_cast<char>(gz[gz.size() - 8] ^ 1);  // the CRC-32 trailer
+  write_plain(dir.path / "crc.gz", gz);
+  expect_error(dir.path / "crc.gz", "corrupt gzip data");
+}
+
 TEST(Idx, LoadPairScalesAndAddsChannel) {
   TempDir dir("idx_pair");
   write_gz(dir.path / "im.gz", idx_bytes(0x08, {2, 1, 2}, {0, 255, 51, 102}));
@@ -178,4 +203,26 @@ TEST(Idx, BadMagicAndDtype) {
   expect_error(dir.path / "float.gz", "unsupported dtype 0x0D");
   write_gz(dir.path / "trailing.gz", idx_bytes(0x08, {2}, {1, 2, 3}));
   expect_error(dir.path / "trailing.gz", "trailing data");
+}
+
+// A ByteDataset's take() gives exactly the floats of the float loader, into reused memory.
+TEST(Idx, BytesTakeEqualsTheFloatLoaderAndReusesMemory) {
+  TempDir dir("idx_bytes");
+  std::vector<uint8_t> pixels(5 * 2 * 3);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 37 + 11);
+  write_gz(dir.path / "im.gz", idx_bytes(0x08, {5, 2, 3}, pixels));
+  write_gz(dir.path / "lb.gz", idx_bytes(0x08, {5}, {4, 3, 2, 1, 0}));
+  const ds::ByteDataset bytes = ds::load_idx_pair_bytes(dir.path / "im.gz", dir.path / "lb.gz");
+  const ds::Dataset floats = ds::load_idx_pair(dir.path / "im.gz", dir.path / "lb.gz");
+  EXPECT_EQ(bytes.sample_shape, floats.sample_shape);
+  ds::Dataset out;
+  bytes.take({4, 0, 2}, out);
+  const ds::Dataset want = floats.take({4, 0, 2});
+  EXPECT_EQ(out.x, want.x);
+  EXPECT_EQ(out.y, (std::vector<int32_t>{0, 4, 2}));
+  const float* memory = out.x.data();
+  bytes.take({1, 3, 2}, out);
+  EXPECT_EQ(out.x.data(), memory) << "same size: the same memory";
+  EXPECT_EQ(out.x, floats.take({1, 3, 2}).x);
+  EXPECT_THROW(bytes.take({5}, out), ds::DatasetError);
 }
