@@ -38,6 +38,8 @@ void Policy::begin(const TaskJob& job) {
   nodes_.assign(job.nodes, Node{});
   live_nodes_ = job.nodes;
   done_.assign(job.n_tasks, 0);
+  order_.clear();
+  next_ = 0;
 }
 
 uint64_t Policy::batch_size(uint64_t available) const {
@@ -62,8 +64,8 @@ std::vector<uint64_t> Policy::next_batch(uint32_t node, size_t cap) {
     batch.push_back(*again_.begin());
     again_.erase(again_.begin());
   }
-  const bool scattered = !batch.empty();  // tasks to run again come first, in any order
-  while (batch.size() < size && next_ < job_.n_tasks) batch.push_back(next_++);
+  const bool scattered = !batch.empty() || !order_.empty();  // not first, first+1, ...
+  while (batch.size() < size && next_ < job_.n_tasks) batch.push_back(order_.empty() ? next_ : order_[next_]), ++next_;
   Batch& b = nodes_[node].out[batch.front()];
   b.first = batch.front();
   b.count = batch.size();
@@ -102,6 +104,14 @@ void Policy::completed(uint32_t node, const TaskOutcomes& outcomes, uint64_t ela
                   : ""));
     }
   }
+}
+
+void Policy::reorder(const std::function<bool(uint64_t, uint64_t)>& before) {
+  if (order_.empty()) {
+    order_.resize(job_.n_tasks);
+    for (uint64_t i = 0; i < job_.n_tasks; ++i) order_[i] = i;
+  }
+  std::stable_sort(order_.begin() + std::ptrdiff_t(next_), order_.end(), before);
 }
 
 void Policy::node_lost(uint32_t node) {

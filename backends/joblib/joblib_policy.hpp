@@ -1,6 +1,7 @@
 // The `joblib` task backend's policy (docs/plugins.md, "Task backends"): what joblib's
 // Parallel does with a pool of workers, for a map job's tasks.
-//  - Order: tasks go out in input order (tasks to run again first, lowest index first).
+//  - Order: tasks go out in input order (tasks to run again first, lowest index first), or in
+//    the order an owner sets with reorder() (the sklearn backend: longest fits first).
 //  - Batching: `batch_size` tasks per batch, or automatic: joblib's rule, a batch aims at
 //    0.2-1 s of work (0.5 s, from a moving estimate of a task's cost; the first batches hold
 //    one task), and never more than a quarter of a slot's share of what is left, so the tail
@@ -16,6 +17,7 @@
 #include <skyforge/sdk.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -43,6 +45,9 @@ class Policy {
   void completed(uint32_t node, const TaskOutcomes& outcomes, uint64_t elapsed_ns);
   void node_lost(uint32_t node);
   TasksState state(std::string& why) const;
+  // Sorts the tasks not handed out yet (stable) so that `before(a, b)` holds for a ahead of b;
+  // tasks to run again still go first. Costs O(n log n) per call: for owners of small jobs.
+  void reorder(const std::function<bool(uint64_t, uint64_t)>& before);
 
   double ns_per_task() const { return ns_per_task_; }
 
@@ -63,7 +68,8 @@ class Policy {
   TaskJob job_;
   std::vector<Node> nodes_;
   uint32_t live_nodes_ = 0;
-  uint64_t next_ = 0;           // tasks below it were handed out at least once
+  uint64_t next_ = 0;           // position in the dispatch order: those before it went out at least once
+  std::vector<uint64_t> order_; // the dispatch order; empty: input order (next_ is the task)
   std::set<uint64_t> again_;    // to run again, lowest first
   std::map<uint64_t, uint32_t> attempts_;  // runs after the first, per task that had any
   std::vector<uint8_t> done_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -32,6 +33,18 @@ std::vector<std::string> Grid::task_inputs() const {
     for (uint32_t k = 0; k < cv; ++k) out.push_back("fold=" + std::to_string(k) + params);
   }
   return out;
+}
+
+bool dispatch_before(uint32_t cv, const std::vector<uint64_t>& cost, uint64_t a, uint64_t b) {
+  const bool first_a = a % cv == 0, first_b = b % cv == 0;
+  if (first_a != first_b) return first_a;
+  if (first_a) return a < b;
+  auto of = [&](uint64_t task) {
+    const uint64_t c = task / cv < cost.size() ? cost[task / cv] : 0;
+    return c ? c : UINT64_MAX;
+  };
+  const uint64_t ca = of(a), cb = of(b);
+  return ca != cb ? ca > cb : a < b;
 }
 
 std::string json_number(const std::string& json, const std::string& key) {

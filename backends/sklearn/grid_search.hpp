@@ -39,6 +39,12 @@ std::vector<Row> cv_results(const Grid& g, const std::vector<std::string>& answe
 std::vector<std::string> table(const Grid& g, const std::vector<Row>& rows);
 // cv_results as CSV (scikit-learn's column names).
 std::string csv(const Grid& g, const std::vector<Row>& rows);
+// The dispatch order of a search's tasks (task = candidate * cv + fold), longest first: every
+// candidate's first fold ahead of the other folds (each measures its candidate), then the other
+// folds by their candidate's cost, largest first (a candidate not measured yet, cost 0, counts
+// as the largest), then input order. Longest-processing-time-first keeps a long fit from being
+// the last one left while the other slots idle. `cost` holds one value per candidate.
+bool dispatch_before(uint32_t cv, const std::vector<uint64_t>& cost, uint64_t a, uint64_t b);
 // A JSON number's text after "key": in a one-line object; empty when absent.
 std::string json_number(const std::string& json, const std::string& key);
 

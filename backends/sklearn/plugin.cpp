@@ -1,10 +1,13 @@
 // The `sklearn` task backend: GridSearchCV for the built-in train job ([search], docs/training.md).
 // plan() makes one task per candidate and fold; the joblib policy hands them out one per batch
-// and one batch per slot (each fit has a core to itself); report() prints cv_results and the
-// best params and writes the CSV.
+// and one batch per slot (each fit has a core to itself), longest first: every candidate's first
+// fold goes out first, and its fit time orders the candidates' other folds (LPT scheduling, so
+// that no slot is left with a long fit while the others idle); report() prints cv_results and
+// the best params and writes the CSV.
 #include <skyforge/sdk.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -35,10 +38,25 @@ class GridSearch : public skyforge::TaskBackend {
     skyforge::TaskJob one_per_slot = job;
     one_per_slot.pipeline = 1;  // a fit holds its slot's core: none waits queued behind it
     policy_.begin(one_per_slot);
+    cost_ns_.assign(grid_.candidates(), 0);
+    reorder();
   }
   std::vector<uint64_t> next_batch(uint32_t node, size_t cap) override { return policy_.next_batch(node, cap); }
   void completed(uint32_t node, const skyforge::TaskOutcomes& outcomes, uint64_t elapsed_ns) override {
     policy_.completed(node, outcomes, elapsed_ns);
+    // A candidate's cost is its fit's own time (the answer's fit_seconds): the task's wall time
+    // would also count a node's first task loading the dataset, which says nothing of the candidate.
+    bool learned = false;
+    for (const skyforge::TaskOutcome r : outcomes) {
+      if (!r.ok || r.task / grid_.cv >= cost_ns_.size()) continue;
+      uint64_t& c = cost_ns_[r.task / grid_.cv];
+      if (c != 0) continue;
+      const std::string fit = skyforge::grid::json_number(std::string(r.value), "fit_seconds");
+      const double secs = fit.empty() ? 0 : std::strtod(fit.c_str(), nullptr);
+      c = secs > 0 ? std::max<uint64_t>(1, uint64_t(secs * 1e9)) : std::max<uint64_t>(1, elapsed_ns / outcomes.size());
+      learned = true;
+    }
+    if (learned) reorder();
   }
   void node_lost(uint32_t node) override { policy_.node_lost(node); }
   skyforge::TasksState state(std::string& why) override { return policy_.state(why); }
@@ -69,8 +87,13 @@ class GridSearch : public skyforge::TaskBackend {
     return r;
   }
 
+  void reorder() {
+    policy_.reorder([this](uint64_t a, uint64_t b) { return skyforge::grid::dispatch_before(grid_.cv, cost_ns_, a, b); });
+  }
+
   skyforge::joblib::Policy policy_;
   skyforge::grid::Grid grid_;
+  std::vector<uint64_t> cost_ns_;  // per candidate: what its first finished fold took; 0: not yet
 };
 
 }  // namespace

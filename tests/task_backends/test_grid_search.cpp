@@ -78,3 +78,17 @@ TEST(GridSearch, AnswersMustCarryAnAccuracy) {
 }
 
 }  // namespace
+
+// Longest first: every candidate's first fold goes out first (in order), then the other folds
+// of the costliest candidates, unmeasured ones counting as the costliest.
+TEST(GridDispatch, FirstFoldsThenLongestCandidatesFirst) {
+  const uint32_t cv = 3;  // 4 candidates: tasks 0-2, 3-5, 6-8, 9-11
+  std::vector<uint64_t> cost = {100, 300, 0, 200};
+  std::vector<uint64_t> order(12);
+  for (uint64_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return dispatch_before(cv, cost, a, b); });
+  EXPECT_EQ(order, (std::vector<uint64_t>{0, 3, 6, 9, 7, 8, 4, 5, 10, 11, 1, 2}));
+  cost[2] = 50;
+  std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return dispatch_before(cv, cost, a, b); });
+  EXPECT_EQ(order, (std::vector<uint64_t>{0, 3, 6, 9, 4, 5, 10, 11, 1, 2, 7, 8}));
+}

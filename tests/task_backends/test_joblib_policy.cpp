@@ -149,6 +149,26 @@ TEST(JoblibPolicy, ALostNodesTasksGoToTheOthersLowestFirst) {
   EXPECT_EQ(why, "task 4 was out on a lost node 2 times ([tasks] retries = 1)");
 }
 
+// reorder() sets the order of what has not gone out; tasks to run again still go first, and a
+// lost node's reordered batches are run again task by task.
+TEST(JoblibPolicy, ReorderSetsTheOrderOfWhatIsLeft) {
+  Policy p(Options{2, 1, false});
+  p.begin(job(2, 1, 1, 8));
+  EXPECT_EQ(p.next_batch(0, 100), iota(0, 2));
+  p.reorder([](uint64_t a, uint64_t b) { return a > b; });  // the rest, last first
+  const auto b = p.next_batch(1, 100);
+  EXPECT_EQ(b, (std::vector<uint64_t>{7, 6}));
+  p.node_lost(1);
+  answer(p, 0, iota(0, 2), 10);
+  EXPECT_EQ(p.next_batch(0, 100), (std::vector<uint64_t>{6, 7})) << "run again first, lowest first";
+  answer(p, 0, {6, 7}, 10);
+  EXPECT_EQ(p.next_batch(0, 100), (std::vector<uint64_t>{5, 4}));
+  answer(p, 0, {5, 4}, 10);
+  EXPECT_EQ(p.next_batch(0, 100), (std::vector<uint64_t>{3, 2}));
+  answer(p, 0, {3, 2}, 10);
+  EXPECT_EQ(state_of(p), TasksState::done);
+}
+
 TEST(JoblibPolicy, WithoutRetriesALostNodeFailsTheJob) {
   Policy p(Options{});
   p.begin(job(2, 1, 1, 4));
