@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -600,3 +603,57 @@ TEST_F(E2E, NetnsIsolationGivesEachNodeItsOwnAddress) {
 }
 
 }  // namespace
+
+// A flood on the control port (500 junk connections, and 50 held open with a partial frame)
+// leaves the running job alone, and the host's stderr gets a few lines, not 500: the first
+// rejections verbatim, then a summary with the count.
+TEST_F(E2E, AConnectionFloodIsSummarisedAndTheJobGoesOn) {
+  auto m = write("flood.toml", command_manifest(2, "echo up; sleep 3; echo done"));
+  auto c = start({"run", m.string()});
+  ASSERT_TRUE(c->wait_for_output("[node 0] up", 30));
+  ASSERT_TRUE(wait_workers(2, 10));
+  std::string connect;  // the worker's --connect ADDRESS:PORT is the host's control port
+  {
+    std::ifstream in("/proc/" + std::to_string(workers()[0]) + "/cmdline");
+    std::string args((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = args.find(std::string("--connect") + '\0');
+    ASSERT_NE(at, std::string::npos);
+    connect = args.substr(at + 10, args.find('\0', at + 10) - (at + 10));
+  }
+  const size_t colon = connect.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(connect.substr(colon + 1))));
+  ASSERT_EQ(::inet_pton(AF_INET, connect.substr(0, colon).c_str(), &addr.sin_addr), 1) << connect;
+  auto dial = [&] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  for (int i = 0; i < 500; ++i) {
+    const int fd = dial();
+    ASSERT_GE(fd, 0) << "connection " << i << ": " << std::strerror(errno);
+    const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+    (void)!::write(fd, junk, sizeof junk - 1);
+    ::close(fd);
+  }
+  std::vector<int> held;  // slow loris: half a frame header, then nothing
+  for (int i = 0; i < 50; ++i)
+    if (const int fd = dial(); fd >= 0) {
+      (void)!::write(fd, "\x00\x00", 2);
+      held.push_back(fd);
+    }
+  Output o = c->wait(60);
+  for (int fd : held) ::close(fd);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("[node 0] done"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("[node 1] done"), std::string::npos) << o.out;
+  size_t lines = 0;
+  for (size_t at = o.err.find("rejected"); at != std::string::npos; at = o.err.find("rejected", at + 1)) ++lines;
+  EXPECT_GE(lines, 4u) << o.err;  // three verbatim, at least the final summary
+  EXPECT_LE(lines, 3u + 1 + 1) << "a line per connection again?\n" << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(rejected \d+ more connections \(\d+ in all; the last from )"))) << o.err;
+}

@@ -122,7 +122,7 @@ TEST(PluginToml, ReportsEveryProblemWithPosition) {
                            "(did you mean 'framework'?), got a string (\"framwork\")");
     EXPECT_EQ(p[1], file + ":4:7: abi: expected a version string \"major.minor\" such as \"1.0\", got a string (\"one\")");
     EXPECT_EQ(p[2], file + ":5:1: unknown key 'colour' in plugin.toml (known: name, kind, library, abi, version, "
-                           "description, options, after)");
+                           "description, options, after, max_nodes)");
     EXPECT_EQ(p[3], file + ":9:11: [options.a] default: expected an integer (the option's type), got a string (\"ten\")");
     EXPECT_EQ(p[4], file + ":12:8: [options.b] type: expected one of string, integer, float, boolean, string_array, got a string (\"text\")");
   }
@@ -295,6 +295,17 @@ TEST(Validate, MissingPluginListsSearchedDirectories) {
   Catalog bad({kData + "/plugins_bad", kA});
   EXPECT_NE(validation_problem("[job]\napp = \"broken\"\n", bad).find("6 plugin.toml problem(s) in the search path"),
             std::string::npos);
+}
+
+// A manifest asking a provider for more nodes than its plugin.toml max_nodes is refused at the
+// `nodes` line (nodes = 100000 on local used to try 100,000 bootstraps).
+TEST(Validate, NodesAboveTheProvidersMaximumAreRefused) {
+  Catalog c({kA, kB});
+  EXPECT_EQ(validation_problem("[pool]\nnodes = 65\n[job]\ncommand = [\"x\"]\n", c),
+            "job.toml:2:9: [pool] nodes: the 'local' provider makes at most 64 nodes, got 65 (max_nodes in " + kA +
+                "/local/plugin.toml)");
+  Manifest m = parse_manifest("[pool]\nnodes = 64\n[job]\ncommand = [\"x\"]\n", "job.toml");
+  EXPECT_NO_THROW(validate_against(m, c));
 }
 
 TEST(Validate, KindsMustMatch) {

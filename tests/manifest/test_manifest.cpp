@@ -208,9 +208,12 @@ TEST(Manifest, IntegerOverflowIsRefused) {
   EXPECT_EQ(p, "job.toml:2:9: [pool] nodes: expected an integer >= 1, got an integer out of the 64-bit range");
   p = problem_of("[pool]\nnodes = 4294967296\n" + kJob);
   EXPECT_EQ(p, "job.toml:2:9: [pool] nodes: expected an integer between 1 and 4294967295, got 4294967296");
-  // INT64_MAX itself is a valid task count.
-  Manifest m = parse_manifest("[job]\napp = \"a\"\nmode = \"map\"\ntasks = 9_223_372_036_854_775_807\n", "job.toml");
-  EXPECT_EQ(m.job.tasks, 9223372036854775807ull);
+  // INT64_MAX itself is read exactly (toml11 saturates silently; the literal is read again), and
+  // then refused by the task ceiling with its true value; one more is out of range.
+  EXPECT_EQ(problem_of("[job]\napp = \"a\"\nmode = \"map\"\ntasks = 9_223_372_036_854_775_807\n"),
+            "job.toml:4:9: [job] tasks: expected an integer between 1 and 10000000, got 9223372036854775807");
+  EXPECT_EQ(problem_of("[job]\napp = \"a\"\nmode = \"map\"\ntasks = 9_223_372_036_854_775_808\n"),
+            "job.toml:4:9: [job] tasks: expected an integer >= 1, got an integer out of the 64-bit range");
 }
 
 TEST(Manifest, UnknownKeyPointsAtKeyAndListsKnown) {
@@ -439,6 +442,47 @@ TEST(Manifest, ProviderOptions) {
   // Without a `provider` key, the provider's position is the [pool] header.
   m = parse_manifest("\n[pool]\nnodes = 2\n" + kJob, "job.toml");
   EXPECT_EQ(m.pool.provider_pos.str(), "job.toml:2:1");
+}
+
+// toml11 copies a value's line for every value: a long line is refused (with its line number)
+// before it can take minutes; the same array one element per line is accepted.
+TEST(Manifest, LongLinesAndHugeDocumentsAreRefusedBeforeParsing) {
+  std::string one_line = "[job]\napp = \"hello\"\nmode = \"map\"\ninputs = [";
+  std::string per_line = one_line + "\n";
+  for (int i = 0; i < 20000; ++i) {
+    one_line += (i ? ",\"" : "\"") + std::to_string(i) + "\"";
+    per_line += "  \"" + std::to_string(i) + "\",\n";
+  }
+  one_line += "]\n";
+  per_line += "]\n";
+  const std::string why = problem_of(one_line);
+  EXPECT_EQ(why.rfind("job.toml:4:1: a line of " + std::to_string(one_line.size() - 1 - one_line.find("inputs")) +
+                          " bytes; a manifest's lines are at most 4096 bytes",
+                      0),
+            0u)
+      << why;
+  EXPECT_NE(why.find("put an array's elements on lines of their own"), std::string::npos) << why;
+  const Manifest m = parse_manifest(per_line, "job.toml");
+  ASSERT_EQ(m.job.inputs.size(), 20000u);
+  EXPECT_EQ(m.job.inputs.back(), "19999");
+  // The last line counts too without a newline at its end; a line of exactly the limit is fine.
+  EXPECT_NE(problem_of(kJob + "# " + std::string(5000, 'x')).find("job.toml:3:1: a line of 5002 bytes"), std::string::npos)
+      << problem_of(kJob + "# " + std::string(5000, 'x'));
+  EXPECT_NO_THROW(parse_manifest(kJob + "# " + std::string(4094, 'x') + "\n", "job.toml"));
+  EXPECT_EQ(problem_of(std::string(2u << 20, '\n') + kJob), "job.toml: larger than 1 MiB");
+}
+
+// Counts that would exhaust a node or the host are refused at their line (they used to abort
+// the host or make a worker spawn threads until it died).
+TEST(Manifest, ConcurrencyAndTaskCountsHaveCeilings) {
+  EXPECT_EQ(problem_of("[pool]\nconcurrency = 2147483648\n" + kJob),
+            "job.toml:2:15: [pool] concurrency: expected an integer between 1 and 1024, got 2147483648");
+  EXPECT_EQ(problem_of("[job]\napp = \"hello\"\nmode = \"map\"\ntasks = 1099511627776\n"),
+            "job.toml:4:9: [job] tasks: expected an integer between 1 and 10000000, got 1099511627776");
+  const Manifest m = parse_manifest("[pool]\nconcurrency = 1024\n[job]\napp = \"hello\"\nmode = \"map\"\ntasks = 10000000\n",
+                                    "job.toml");
+  EXPECT_EQ(m.pool.concurrency, 1024u);
+  EXPECT_EQ(m.job.tasks, 10000000u);
 }
 
 TEST(Manifest, DeepNestingIsRefusedBeforeParsing) {

@@ -66,3 +66,25 @@ TEST(Printer, ALiveStatusIsErasedWhenThePrinterGoes) {
 }
 
 }  // namespace
+
+// 500 junk connections used to print 500 lines: the first three verbatim, then a summary line
+// per 10 s window (as the next one arrives) and one at the end, with the count and the last.
+TEST(RejectionLog, AFloodIsSummarisedNotPrintedLineByLine) {
+  std::vector<std::string> lines;
+  auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  skyforge::RejectionLog log([&](const std::string& l) { lines.push_back(l); }, [&] { return now; });
+  for (int i = 0; i < 500; ++i) log.add("127.0.0.1:" + std::to_string(40000 + i), "handshake failed: End of file");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "rejected a connection from 127.0.0.1:40000: handshake failed: End of file");
+  now += std::chrono::seconds(11);
+  log.add("127.0.0.1:50000", "wrong secret");
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[3], "rejected 498 more connections (501 in all; the last from 127.0.0.1:50000: wrong secret)");
+  log.add("127.0.0.1:50001", "wrong secret");
+  EXPECT_EQ(lines.size(), 4u) << "within the next window";
+  log.flush();
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[4], "rejected 1 more connection (502 in all; the last from 127.0.0.1:50001: wrong secret)");
+  log.flush();
+  EXPECT_EQ(lines.size(), 5u) << "nothing held back, nothing printed";
+}

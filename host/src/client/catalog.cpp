@@ -244,6 +244,11 @@ void validate_against(Manifest& m, const Catalog& c) {
                                     " (framework plugins go in [[plugins]])", out)) {
     check_options(c, *p, "[provider]", m.pool.provider_pos, m.pool.provider_options, m.pool.provider_option_pos,
                   m.pool.provider_option_types, out);
+    const uint64_t most = p->max_nodes ? p->max_nodes : kDefaultMaxNodes;
+    if (m.pool.nodes > most)
+      out.add(m.pool.nodes_pos.line ? m.pool.nodes_pos : m.pool.provider_pos,
+              "[pool] nodes: the '" + p->name + "' provider makes at most " + std::to_string(most) + " nodes, got " +
+                  std::to_string(m.pool.nodes) + (p->max_nodes ? " (max_nodes in " + p->manifest_path + ")" : ""));
   }
 
   if (!m.job.app.empty())

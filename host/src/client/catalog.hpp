@@ -33,10 +33,15 @@ struct PluginInfo {
   std::vector<OptionSchema> options;  // as written in plugin.toml
   // Plugins that must come before this one in a manifest's [[plugins]] when both are listed.
   std::vector<std::string> after;
+  // Providers: the most nodes it makes (plugin.toml max_nodes; kDefaultMaxNodes when absent).
+  uint64_t max_nodes = 0;
   SourcePos name_pos;  // the `name` value in plugin.toml
 
   const OptionSchema* option(const std::string& option_name) const;
 };
+
+// A provider's node ceiling when its plugin.toml has no max_nodes.
+inline constexpr uint64_t kDefaultMaxNodes = 1024;
 
 // The plugin kinds plugin.toml may declare.
 inline constexpr std::string_view kPluginKinds[] = {"framework", "provider", "app", "task_backend",

@@ -148,8 +148,11 @@ void read_pool(Reader& r, const Value& t, PoolSpecM& pool) {
     }
   }
   constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
-  if (auto n = r.integer(t, "nodes", "[pool]", 1, kU32)) pool.nodes = static_cast<uint32_t>(*n);
-  if (auto n = r.integer(t, "concurrency", "[pool]", 1, kU32)) pool.concurrency = static_cast<uint32_t>(*n);
+  if (auto n = r.integer(t, "nodes", "[pool]", 1, kU32)) {
+    pool.nodes = static_cast<uint32_t>(*n);
+    pool.nodes_pos = r.pos(*Reader::find(t, "nodes"));  // the provider's max_nodes is checked in validate_against
+  }
+  if (auto n = r.integer(t, "concurrency", "[pool]", 1, kMaxConcurrency)) pool.concurrency = static_cast<uint32_t>(*n);
   if (auto s = r.string(t, "accelerator", "[pool]")) {
     const SourcePos at = r.pos(*Reader::find(t, "accelerator"));
     if (has_control_char(*s)) {
@@ -400,7 +403,7 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
               "[job]: 'tasks' and 'inputs' are mutually exclusive (tasks is set at " + r.pos(*tasks).str() + ")");
     else if (!tasks && !inputs)
       r.error(r.pos(*mode), "[job] mode: \"map\" needs 'tasks' (a count) or 'inputs' (an array of strings)");
-    if (auto n = r.integer(t, "tasks", "[job]", 1, std::numeric_limits<int64_t>::max())) {
+    if (auto n = r.integer(t, "tasks", "[job]", 1, kMaxTasks)) {
       job.tasks = *n;
       job.has_tasks = true;
     }

@@ -74,9 +74,15 @@ struct Image {
   std::vector<FileCopy> files;
 };
 
+// What a manifest may ask for at most, whatever the provider (each checked at its line): a
+// worker runs a thread per slot, and the host keeps each task's result until the job ends.
+inline constexpr uint64_t kMaxConcurrency = 1024;
+inline constexpr uint64_t kMaxTasks = 10'000'000;
+
 struct PoolSpecM {
   std::string provider = "local";
   uint32_t nodes = 1;
+  SourcePos nodes_pos;  // the `nodes` value; empty when defaulted
   uint32_t concurrency = 1;
   std::string accelerator;         // the spec as written (skyforge/accelerator.hpp)
   uint32_t accelerator_count = 0;  // accelerators per node it asks for (0: none)

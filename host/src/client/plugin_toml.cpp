@@ -16,8 +16,8 @@ namespace {
 
 using namespace toml_in;
 
-const std::vector<std::string> kPluginKeys = {"name",    "kind",        "library", "abi",
-                                              "version", "description", "options", "after"};
+const std::vector<std::string> kPluginKeys = {"name",        "kind",    "library", "abi",      "version",
+                                              "description", "options", "after",   "max_nodes"};
 const std::vector<std::string> kOptionKeys = {"type", "default", "choices", "required", "description", "plugin"};
 
 // Canonical text of `v` as an option of `type`, or nullopt (an integer is accepted for a float).
@@ -172,6 +172,10 @@ PluginInfo parse_plugin_toml(const std::string& path_in) {
     if (!ok) r.expected(*v, "abi", "a version string \"major.minor\" such as \"1.0\"");
   }
   if (auto s = r.string(root, "version", "")) info.version = *s;
+  if (auto n = r.integer(root, "max_nodes", "", 1, 1'000'000)) {
+    if (info.kind != "provider") r.error(r.pos(*Reader::find(root, "max_nodes")), "max_nodes: only a provider has it");
+    info.max_nodes = *n;
+  }
   if (auto s = r.string(root, "description", "")) info.description = *s;
   if (auto a = r.string_array(root, "after", "", false, [](const std::string& s, size_t) {
         return detail::valid_plugin_name(s) ? std::string() : "expected a plugin name, got " + quote(s);

@@ -102,6 +102,7 @@ class PoolRun {
   const Catalog& catalog_;
   RunOptions opt_;
   Printer printer_{::isatty(2) == 1};  // a live status line on a terminal
+  RejectionLog rejections_{[this](const std::string& line) { printer_.err(line); }};
   Services services_;
   Loader loader_{services_.table()};
   std::unique_ptr<PluginInstance> provider_;
@@ -347,9 +348,7 @@ void PoolRun::start_workers() {
       io_, control_address_, 0, secret_,
       net::ConnectionOptions{net::kDefaultMaxFrame, opt_.heartbeat_ms, opt_.lease_ms, 5000},
       [this](std::shared_ptr<net::Connection> c) { on_authenticated(std::move(c)); },
-      [this](const std::string& peer, const std::string& why) {
-        printer_.err("rejected a connection from " + peer + ": " + why);
-      });
+      [this](const std::string& peer, const std::string& why) { rejections_.add(peer, why); });
   const std::string worker = worker_path();
   std::string connect = control_address_ + ":" + std::to_string(server_->port());
   std::string secret_key = "SKYFORGE_POOL_SECRET";
@@ -662,6 +661,7 @@ void PoolRun::teardown() {
     }
   }
   if (server_) server_->close();
+  rejections_.flush();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& n : nodes_)
     if (n.conn) n.conn->abort();

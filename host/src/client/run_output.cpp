@@ -96,4 +96,32 @@ std::string timings_line(const std::vector<std::pair<std::string, double>>& phas
   return line;
 }
 
+void RejectionLog::add(const std::string& peer, const std::string& why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::string line = "rejected a connection from " + peer + ": " + why;
+  if (++total_ <= kShown) {
+    lock.unlock();
+    out_(line);
+    return;
+  }
+  if (held_ == 0 && window_start_ == std::chrono::steady_clock::time_point{}) window_start_ = clock_();
+  ++held_;
+  last_ = peer + ": " + why;
+  if (clock_() - window_start_ >= kWindow) summary(lock);
+}
+
+void RejectionLog::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (held_) summary(lock);
+}
+
+void RejectionLog::summary(std::unique_lock<std::mutex>& lock) {
+  const std::string line = "rejected " + std::to_string(held_) + " more connection" + (held_ == 1 ? "" : "s") +
+                           " (" + std::to_string(total_) + " in all; the last from " + last_ + ")";
+  held_ = 0;
+  window_start_ = clock_();
+  lock.unlock();
+  out_(line);
+}
+
 }  // namespace skyforge

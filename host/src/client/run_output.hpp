@@ -3,7 +3,9 @@
 // (docs/architecture.md, "Output").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -35,6 +37,31 @@ class Printer {
   std::mutex mu_;
   bool live_ = false;
   std::string status_;
+};
+
+// Connections the control port turned away (wrong secret, junk, too many pending handshakes),
+// told without letting a flood flood the output: the first kShown verbatim, then at most one
+// summary line per kWindow (as the next rejection arrives) and one from flush() at the end, each
+// with the count held back and the last peer and reason.
+class RejectionLog {
+ public:
+  using Clock = std::function<std::chrono::steady_clock::time_point()>;
+  static constexpr uint64_t kShown = 3;
+  static constexpr std::chrono::seconds kWindow{10};
+
+  explicit RejectionLog(std::function<void(const std::string&)> out, Clock clock = std::chrono::steady_clock::now)
+      : out_(std::move(out)), clock_(std::move(clock)) {}
+  void add(const std::string& peer, const std::string& why);
+  void flush();
+
+ private:
+  void summary(std::unique_lock<std::mutex>& lock);  // prints and resets what was held back
+  std::function<void(const std::string&)> out_;
+  Clock clock_;
+  std::mutex mu_;
+  uint64_t total_ = 0, held_ = 0;
+  std::string last_;
+  std::chrono::steady_clock::time_point window_start_{};
 };
 
 // Whether `node`'s stdout or stderr is shown under [job] stdout / stderr = `policy`.

@@ -123,16 +123,24 @@ std::string summarise_toml_error(const std::string& what) {
   return hint.empty() ? head : head + " (" + hint + ")";
 }
 
-// toml11 parses arrays and inline tables recursively; refuse absurd nesting before it can
-// exhaust the stack (manifests are fuzzed). Strings and comments are skipped, so brackets inside
-// them do not count.
-void check_nesting(const std::string& text, const std::string& display_name) {
+// What toml11 would choke on, refused before it runs (manifests are fuzzed): nesting deep
+// enough to exhaust its recursive parser's stack (strings and comments are skipped, so brackets
+// inside them do not count), and lines long enough for its per-value copy of the line to go
+// quadratic.
+void check_shape(const std::string& text, const std::string& display_name) {
   constexpr int kMaxDepth = 64;
   int depth = 0, line = 1, col = 1;
   size_t i = 0;
+  auto line_too_long = [&]() {
+    return ManifestError(SourcePos{display_name, line, 1}.str() + ": a line of " + std::to_string(col - 1) +
+                         " bytes; a manifest's lines are at most " + std::to_string(kMaxLineBytes) +
+                         " bytes (the TOML parser's time grows with the square of a line's length): put an "
+                         "array's elements on lines of their own");
+  };
   auto advance = [&](size_t n) {
     for (size_t k = 0; k < n && i < text.size(); ++k, ++i) {
       if (text[i] == '\n') {
+        if (size_t(col - 1) > kMaxLineBytes) throw line_too_long();
         ++line;
         col = 1;
       } else {
@@ -171,6 +179,7 @@ void check_nesting(const std::string& text, const std::string& display_name) {
       advance(1);
     }
   }
+  if (size_t(col - 1) > kMaxLineBytes) throw line_too_long();  // the last line, without a newline
 }
 
 }  // namespace
@@ -178,7 +187,7 @@ void check_nesting(const std::string& text, const std::string& display_name) {
 Value parse_toml(const std::string& text, const std::string& display_name) {
   if (text.size() > kMaxDocumentBytes)
     throw ManifestError(display_name + ": larger than " + std::to_string(kMaxDocumentBytes >> 20) + " MiB");
-  check_nesting(text, display_name);
+  check_shape(text, display_name);
   std::istringstream in(text);
   try {
     return toml::parse(in, display_name);
