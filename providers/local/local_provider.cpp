@@ -326,7 +326,12 @@ void LocalProvider::bootstrap(const std::string& node_id, const std::string& scr
       msg += "; last lines of output:";
       for (const auto& l : tail) msg += "\n  | " + l;
     }
-    msg += "\n(full log: " + log_path.string() + ")";
+    // The work directory goes at teardown unless kept: say so rather than point at a file that
+    // will be gone by the time the message is read.
+    msg += config_.keep_workdirs ? "\n(full log: " + log_path.string() + ")"
+                                 : "\n(the full log, " + log_path.filename().string() +
+                                       ", goes with the node's work directory at teardown; [provider] keep_workdirs = "
+                                       "true keeps it)";
     throw Error(msg);
   }
 }

@@ -322,9 +322,16 @@ TEST_F(LocalProviderTest, KeepWorkdirsKeepsThem) {
   provision(*p, 1);
   p->bootstrap("node-0", "echo kept > kept.txt", Lines().sink());
   fs::path dir = p->node_dir("node-0");
+  std::string failure;  // with the directory kept, a failed bootstrap names its log, which stays
+  try {
+    p->bootstrap("node-0", "echo broken; exit 4", Lines().sink());
+  } catch (const skyforge::Error& e) {
+    failure = e.what();
+  }
+  EXPECT_NE(failure.find("(full log: " + (dir / "bootstrap.log").string() + ")"), std::string::npos) << failure;
   p->terminate({});
   EXPECT_EQ(trim(slurp(dir / "kept.txt")), "kept");
-  EXPECT_TRUE(fs::exists(dir / "bootstrap.log"));
+  EXPECT_NE(slurp(dir / "bootstrap.log").find("broken"), std::string::npos);
 }
 
 TEST_F(LocalProviderTest, StartWorkerErrorsAreClear) {
@@ -377,6 +384,9 @@ TEST_F(LocalProviderTest, BootstrapFailureQuotesTheStatusAndLastLines) {
     EXPECT_NE(m.find("exit status 3"), std::string::npos) << m;
     EXPECT_NE(m.find("apt: package not found"), std::string::npos) << m;
     EXPECT_EQ(m.find("unreachable"), std::string::npos) << m;
+    // The log goes with the work directory at teardown: no path to a file that will be gone.
+    EXPECT_EQ(m.find("full log: /"), std::string::npos) << m;
+    EXPECT_NE(m.find("keep_workdirs = true keeps it"), std::string::npos) << m;
   }
   EXPECT_EQ(out.lines, (std::vector<std::string>{"preparing", "apt: package not found"}));
   // set -e, -u and pipefail are in force.
