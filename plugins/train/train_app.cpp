@@ -244,7 +244,13 @@ class Train : public skyforge::App {
       fo.callbacks.tensorboard = c.get("tensorboard", "");
       fo.callbacks.checkpoint_dir = c.get("checkpoint", "");
     }
-    fo.callbacks.resume = c.boolean("resume", false) && !c.get("checkpoint", "").empty();
+    // [train] resume, `skyforge run --resume` (job.resume) or a restart after a lost node
+    // (job.restart, [job] max_restarts): go on from the last checkpoint, when there is one. The
+    // data order and dropout masks are functions of seed and step, so the run ends with the
+    // weights it would have had without the interruption.
+    const bool resume = c.boolean("resume", false) || host().config("job.resume").value_or("") == "true" ||
+                        !host().config("job.restart").value_or("").empty();
+    fo.callbacks.resume = resume && !c.get("checkpoint", "").empty();
     if (fo.callbacks.resume && !writer) fo.callbacks.checkpoint_dir = c.get("checkpoint", "");
 
     const auto t0 = std::chrono::steady_clock::now();

@@ -155,6 +155,8 @@ int cmd_run(int argc, char** argv) {
       "quiet-results", po::bool_switch(&opt.quiet_results), "do not print per-task results of a map job")(
       "pipeline", po::value(&opt.pipeline)->default_value(2), "map: batches in flight per slot (>= 1)")(
       "timings", po::bool_switch(&opt.timings), "print phase timings (ms) and map batch round trips on stderr")(
+      "resume", po::bool_switch(&opt.resume),
+      "go on from the job's last checkpoint (a [train] job with a checkpoint directory: after a host crash)")(
       "env", po::value(&env_names)->composing(),
       "NAME: pass this environment variable of skyforge's to every node's job (repeatable; the value never "
       "appears on a command line or in a file)")(

@@ -132,8 +132,8 @@ const std::vector<std::string> kTopKeys = {"pool", "provider", "image", "plugins
 const std::vector<std::string> kPoolKeys = {"provider", "nodes", "concurrency", "accelerator"};
 const std::vector<std::string> kImageKeys = {"apt", "pip", "env", "files"};
 const std::vector<std::string> kFileKeys = {"source", "target"};
-const std::vector<std::string> kJobKeys = {"app",    "command", "mode",   "tasks",   "inputs",
-                                           "batch",  "stdout",  "stderr", "timeout", "plugin_path", "options"};
+const std::vector<std::string> kJobKeys = {"app",     "command",     "mode",    "tasks",       "inputs", "batch", "stdout",
+                                           "stderr",  "timeout",     "plugin_path", "options", "max_restarts"};
 
 void read_pool(Reader& r, const Value& t, PoolSpecM& pool) {
   r.check_keys(t, kPoolKeys, "[pool]");
@@ -419,6 +419,14 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
 
   if (auto p = read_policy(r, t, "stdout")) job.stdout_policy = *p;
   if (auto p = read_policy(r, t, "stderr")) job.stderr_policy = *p;
+
+  if (auto n = r.integer(t, "max_restarts", "[job]", 0, 100)) {
+    job.max_restarts = static_cast<uint32_t>(*n);
+    if (job.mode == JobMode::map && *n > 0)
+      r.error(r.pos(*Reader::find(t, "max_restarts")),
+              "[job] max_restarts: a map job survives a lost node through [tasks] retries = N (its tasks run again "
+              "on the other nodes), not by restarting");
+  }
 
   if (const Value* v = Reader::find(t, "timeout")) {
     double seconds = -1;

@@ -112,6 +112,10 @@ struct JobSpec {
   std::vector<std::string> task_option_types;
   OutputPolicy stdout_policy = OutputPolicy::All, stderr_policy = OutputPolicy::All;
   double timeout_s = 0;  // 0 = none
+  // How often a lost node's job starts again on every node (a broadcast or single job: every
+  // worker restarts, the same ranks; a train job resumes from its last checkpoint). 0: a lost
+  // node fails the run.
+  uint32_t max_restarts = 0;
   std::vector<std::string> plugin_path;  // absolute, normalised
   // [job.options]: the app's options, checked against its plugin.toml (defaults added).
   OptionList app_options;

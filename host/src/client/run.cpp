@@ -73,7 +73,9 @@ class PoolRun {
   std::vector<std::string> stage_files() const;
   std::string worker_path() const;
   void bootstrap_nodes();
-  void start_workers();
+  void start_workers();   // the control server, then launch_workers()
+  void launch_workers();  // a worker on every node
+  void restart_workers(const std::string& why);  // [job] max_restarts: every worker again
   void wait_joined();
   void send_jobs();
   void wait_ready();
@@ -81,10 +83,12 @@ class PoolRun {
   void teardown();
   int report();
 
-  // io-thread callbacks
+  // io-thread callbacks; `gen` is the worker generation the connection belongs to (a restart
+  // starts a new one, and what the old connections still say is ignored)
   void on_authenticated(std::shared_ptr<net::Connection> c);
-  void on_frame(uint32_t node, msg::Type t, std::string&& payload);
-  void on_closed(uint32_t node, const std::string& reason);
+  void on_frame(uint32_t node, uint64_t gen, msg::Type t, std::string&& payload);
+  void on_closed(uint32_t node, uint64_t gen, const std::string& reason);
+  bool can_restart() const;  // under mu_
   std::string describe_loss(uint32_t node, const std::string& reason);  // without mu_
   void on_signal(int sig);
 
@@ -129,6 +133,20 @@ class PoolRun {
   int signal_exit_ = 0;
   Clock::time_point deadline_;
   bool has_deadline_ = false;
+
+  // [job] max_restarts (under mu_): a lost node asks for a restart instead of failing the run; a
+  // node whose app failed is held for a moment first, since a peer's loss makes the others'
+  // collectives fail too, and that loss may not have been seen yet.
+  uint64_t generation_ = 0;
+  uint32_t restarts_used_ = 0;
+  bool stopping_for_restart_ = false;  // the workers were told to stop: their connections end
+  std::optional<std::string> restart_;  // why: the first loss since the last restart
+  struct HeldFailure {
+    std::string why;
+    Clock::time_point at;
+  };
+  std::optional<HeldFailure> held_failure_;
+  static constexpr std::chrono::milliseconds kHoldFailure{2000};
 
   std::unique_ptr<PluginInstance> task_backend_;  // a map job's ([tasks] backend)
   std::optional<TaskDriver> tasks_;
@@ -349,6 +367,10 @@ void PoolRun::start_workers() {
       net::ConnectionOptions{net::kDefaultMaxFrame, opt_.heartbeat_ms, opt_.lease_ms, 5000},
       [this](std::shared_ptr<net::Connection> c) { on_authenticated(std::move(c)); },
       [this](const std::string& peer, const std::string& why) { rejections_.add(peer, why); });
+  launch_workers();
+}
+
+void PoolRun::launch_workers() {
   const std::string worker = worker_path();
   std::string connect = control_address_ + ":" + std::to_string(server_->port());
   std::string secret_key = "SKYFORGE_POOL_SECRET";
@@ -374,12 +396,18 @@ void PoolRun::on_authenticated(std::shared_ptr<net::Connection> c) {
     return;
   }
   nodes_[node].conn = c;
-  c->start([this, node](msg::Type t, std::string&& p) { on_frame(node, t, std::move(p)); },
-           [this, node](const std::string& reason) { on_closed(node, reason); });
+  const uint64_t gen = generation_;
+  c->start([this, node, gen](msg::Type t, std::string&& p) { on_frame(node, gen, t, std::move(p)); },
+           [this, node, gen](const std::string& reason) { on_closed(node, gen, reason); });
 }
 
-void PoolRun::on_frame(uint32_t node, msg::Type t, std::string&& payload) {
+bool PoolRun::can_restart() const {
+  return m_.job.mode != JobMode::map && restarts_used_ < m_.job.max_restarts && signals_ == 0 && failure_.empty();
+}
+
+void PoolRun::on_frame(uint32_t node, uint64_t gen, msg::Type t, std::string&& payload) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (gen != generation_) return;  // a worker a restart replaced
   NodeState& n = nodes_[node];
   try {
     switch (t) {
@@ -407,8 +435,10 @@ void PoolRun::on_frame(uint32_t node, msg::Type t, std::string&& payload) {
         break;
       case msg::Type::RunResult: {
         auto r = net::deserialize<msg::RunResult>(payload);
-        if (!r.ok && failure_.empty() && m_.job.mode != JobMode::map) {
-          fail("node " + std::to_string(node) + " failed: " + r.error);
+        if (!r.ok && failure_.empty() && m_.job.mode != JobMode::map && !stopping_for_restart_) {
+          const std::string why = "node " + std::to_string(node) + " failed: " + r.error;
+          if (!can_restart()) fail(why);
+          else if (!held_failure_ && !restart_) held_failure_ = HeldFailure{why, Clock::now()};
         }
         if (!r.ok && m_.job.mode == JobMode::map && failure_.empty()) fail("node " + std::to_string(node) + ": " + r.error);
         n.result = std::move(r);
@@ -423,10 +453,11 @@ void PoolRun::on_frame(uint32_t node, msg::Type t, std::string&& payload) {
   cv_.notify_all();
 }
 
-void PoolRun::on_closed(uint32_t node, const std::string& reason) {
+void PoolRun::on_closed(uint32_t node, uint64_t gen, const std::string& reason) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (gen != generation_) return;  // a worker a restart replaced
   nodes_[node].closed = true;
-  const bool expected = nodes_[node].result.has_value() || signals_ > 0;
+  const bool expected = nodes_[node].result.has_value() || signals_ > 0 || stopping_for_restart_;
   if (!expected) {
     nodes_[node].lost = reason;
     std::string why = reason;
@@ -452,8 +483,12 @@ void PoolRun::on_closed(uint32_t node, const std::string& reason) {
         return;
       }
       fail(lost + " — " + *verdict);
+    } else if (can_restart()) {
+      if (!restart_) restart_ = lost;  // execute() restarts every worker
     } else {
-      fail(lost);
+      fail(m_.job.max_restarts > 0 && restarts_used_ >= m_.job.max_restarts && failure_.empty()
+               ? lost + " (no restart left: [job] max_restarts = " + std::to_string(m_.job.max_restarts) + ")"
+               : lost);
     }
   }
   cv_.notify_all();
@@ -560,6 +595,8 @@ void PoolRun::send_jobs() {
   for (auto& n : nodes_) per_addr[n.address]++;
   std::map<std::string, uint32_t> seen;
   std::map<std::string, std::string> config = job_config(m_, opt_.verbose);
+  if (restarts_used_ > 0) config["job.restart"] = std::to_string(restarts_used_);
+  if (opt_.resume) config["job.resume"] = "true";
   const NodePlugins plugins = node_plugins(m_, catalog_, frameworks_, app_, config);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     msg::Job j;
@@ -625,10 +662,87 @@ void PoolRun::execute() {
     return;
   }
   bool single = m_.job.mode == JobMode::single && m_.job.command.empty();
-  wait_for(lock, [&] {
+  auto all_done = [&] {
     if (single) return nodes_[0].result.has_value();
     return std::all_of(nodes_.begin(), nodes_.end(), [&](const NodeState& n) { return node_done(n); });
-  }, std::nullopt);
+  };
+  for (;;) {
+    const bool woke = wait_for(lock, [&] {
+      return restart_ || all_done() || (held_failure_ && Clock::now() - held_failure_->at >= kHoldFailure);
+    }, std::nullopt);
+    if (!woke) return;  // failed, or cancelled
+    if (restart_ && failure_.empty()) {
+      const std::string why = *restart_;
+      lock.unlock();
+      restart_workers(why);
+      lock.lock();
+      if (!failure_.empty()) return;
+      continue;
+    }
+    if (held_failure_) fail(held_failure_->why);  // an app failed, and no node was lost
+    return;
+  }
+}
+
+// Every worker stops (the lost one is gone already), and a new one starts on every node: same
+// ranks, a new rendezvous store and communicator, the job sent again with job.restart = K so
+// that a train job resumes from its last checkpoint. The nodes themselves stay.
+void PoolRun::restart_workers(const std::string& why) {
+  const auto t0 = Clock::now();
+  uint32_t k;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    k = ++restarts_used_;
+    restart_.reset();
+    held_failure_.reset();
+    stopping_for_restart_ = true;
+    for (auto& n : nodes_)
+      if (n.conn && !n.closed) n.conn->send_msg(msg::Type::Shutdown, msg::Shutdown{"restart"});
+  }
+  printer_.err(why + "; restart " + std::to_string(k) + "/" + std::to_string(m_.job.max_restarts) +
+               ": a new worker on every node, the job resumes from its last checkpoint");
+  // Wait until every worker is gone: its connection closed, and (where the provider can tell)
+  // its process ended.
+  auto* h = provider_->hooks<sf_provider_hooks>();
+  const auto deadline = t0 + std::chrono::milliseconds(std::max(opt_.lease_ms, 1000) + 10000);
+  for (;;) {
+    std::vector<size_t> running;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.empty()) return;
+      for (size_t i = 0; i < nodes_.size(); ++i)
+        if ((nodes_[i].conn && !nodes_[i].closed) ||
+            (h->worker_alive && h->worker_alive(provider_->self(), nodes_[i].id.c_str()) == 1))
+          running.push_back(i);
+    }
+    if (running.empty()) break;
+    if (Clock::now() >= deadline) {
+      std::string list;
+      for (size_t i : running) list += (list.empty() ? "" : ", ") + std::to_string(i);
+      throw std::runtime_error("restart " + std::to_string(k) + ": the workers of node" + (running.size() > 1 ? "s " : " ") +
+                               list + " did not stop");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++generation_;
+    stopping_for_restart_ = false;
+    held_failure_.reset();  // what the stopped workers said as they went
+    for (auto& n : nodes_) {
+      if (n.conn) n.conn->abort();
+      NodeState fresh;
+      fresh.id = std::move(n.id);
+      fresh.address = std::move(n.address);
+      n = std::move(fresh);
+    }
+  }
+  launch_workers();
+  wait_joined();
+  send_jobs();
+  wait_ready();
+  printer_.err("restart " + std::to_string(k) + "/" + std::to_string(m_.job.max_restarts) + ": every node ready again in " +
+               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()) + " ms");
 }
 
 void PoolRun::teardown() {
