@@ -243,6 +243,9 @@ class Train : public skyforge::App {
       fo.callbacks.csv = c.get("history", "");
       fo.callbacks.tensorboard = c.get("tensorboard", "");
       fo.callbacks.checkpoint_dir = c.get("checkpoint", "");
+      // [train] checkpoint_every: "epoch" (the default) or N steps (then after every epoch too).
+      if (const std::string every = c.get("checkpoint_every", "epoch"); every != "epoch")
+        fo.callbacks.checkpoint_every_steps = std::strtoull(every.c_str(), nullptr, 10);
     }
     // [train] resume, `skyforge run --resume` (job.resume) or a restart after a lost node
     // (job.restart, [job] max_restarts): go on from the last checkpoint, when there is one. The

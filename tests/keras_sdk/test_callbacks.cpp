@@ -205,6 +205,71 @@ TEST(Checkpoint, CorruptionIsDetected) {
   EXPECT_NE(error_of("").find("bad magic"), std::string::npos);
 }
 
+// Format 2 carries a mid-epoch position and the epoch's running sums; a mid-epoch checkpoint
+// lives until the next checkpoint replaces it; format 1 files (written before) still load, and a
+// format from a newer skyforge is refused saying so.
+TEST(Checkpoint, MidEpochFieldsOlderFormatAndNewerFormat) {
+  TempDir dir("ckpt_mid");
+  K::Checkpoint c;
+  c.epoch = 2;
+  c.step = 2200;
+  c.epoch_step = 324;
+  c.loss_sum = 0.1 + 1e-17 * 3;  // a double's bits survive
+  c.correct = 17000;
+  c.seen = 20736;
+  c.spec = "s";
+  c.state = "state";
+  const fs::path mid = K::write_checkpoint(dir.path, c);
+  EXPECT_EQ(mid, dir.path / "ckpt-2-324.bin");
+  const K::Checkpoint back = K::decode_checkpoint(K::read_file(mid), mid.string());
+  EXPECT_EQ(back.epoch_step, 324u);
+  EXPECT_EQ(back.loss_sum, c.loss_sum);
+  EXPECT_EQ(back.correct, 17000u);
+  EXPECT_EQ(back.seen, 20736u);
+  c.epoch_step = 500;
+  K::write_checkpoint(dir.path, c);
+  EXPECT_FALSE(fs::exists(mid)) << "replaced by the newer mid-epoch checkpoint";
+  c.epoch = 3;
+  c.epoch_step = 0;
+  K::write_checkpoint(dir.path, c);
+  EXPECT_FALSE(fs::exists(dir.path / "ckpt-2-500.bin")) << "replaced by the epoch's checkpoint";
+  EXPECT_EQ(K::read_file(dir.path / "latest"), "ckpt-3.bin\n");
+
+  // Format 1, as the build before wrote it: no mid-epoch fields.
+  std::string v1 = "SKYFCKPT";
+  auto le = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) v1.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  le(1, 4);     // format
+  le(4, 4);     // epoch
+  le(3752, 8);  // step
+  le(K::fnv1a64("s"), 8);
+  le(1, 4);
+  v1 += "s";
+  le(0, 4);  // history
+  le(5, 8);
+  v1 += "state";
+  le(skyforge::tfevents::crc32c(v1.data(), v1.size()), 4);
+  const K::Checkpoint old = K::decode_checkpoint(v1, "old.bin");
+  EXPECT_EQ(old.epoch, 4u);
+  EXPECT_EQ(old.step, 3752u);
+  EXPECT_EQ(old.epoch_step, 0u);
+  EXPECT_EQ(old.state, "state");
+
+  std::string v3 = K::encode_checkpoint(c);
+  v3[8] = 3;  // the format field
+  const uint32_t crc = skyforge::tfevents::crc32c(v3.data(), v3.size() - 4);
+  for (int i = 0; i < 4; ++i) v3[v3.size() - 4 + i] = static_cast<char>((crc >> (8 * i)) & 0xff);
+  try {
+    K::decode_checkpoint(v3, "new.bin");
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("format 3 is not supported (this build reads formats 1 to 2; it was written by a newer skyforge)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Checkpoint, LatestNamingAMissingFile) {
   TempDir dir("ckpt_dangling");
   K::write_file_atomic(dir.path / "latest", "ckpt-9.bin\n");

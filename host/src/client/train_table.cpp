@@ -95,7 +95,7 @@ std::optional<std::string> layer_option_text(Reader& r, const Value& v, const sc
 
 const std::vector<std::string> kTrainKeys = {"dataset", "data_dir", "layers", "optimizer", "learning_rate", "momentum",
                                              "loss", "metrics", "epochs", "batch_size", "steps_per_epoch", "shuffle", "seed",
-                                             "history", "tensorboard", "checkpoint", "resume", "threads", "evaluate"};
+                                             "history", "tensorboard", "checkpoint", "checkpoint_every", "resume", "threads", "evaluate"};
 
 }  // namespace
 
@@ -146,6 +146,17 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
   path("history");
   path("tensorboard");
   path("checkpoint");
+  if (const Value* v = Reader::find(t, "checkpoint_every")) {
+    if (v->is_string() && v->as_string().str == "epoch") {
+      put("checkpoint_every", "epoch");
+    } else if (auto n = v->is_integer() ? checked_integer(*v) : std::nullopt; n && *n >= 1) {
+      put("checkpoint_every", std::to_string(*n));
+    } else {
+      r.expected(*v, "[train] checkpoint_every", "\"epoch\" or a number of steps >= 1");
+    }
+    if (!Reader::find(t, "checkpoint"))
+      r.error(r.key_pos(*v, "checkpoint_every"), "[train] checkpoint_every: needs 'checkpoint' (the directory to write to)");
+  }
   if (const Value* v = Reader::find(t, "resume"); v && v->is_boolean() && v->as_boolean() && !Reader::find(t, "checkpoint"))
     r.error(r.key_pos(*v, "resume"), "[train] resume: needs 'checkpoint' (the directory to resume from)");
 

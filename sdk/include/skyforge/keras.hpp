@@ -254,7 +254,8 @@ struct Callbacks {
   std::string tensorboard{};          // log dir: <dir>/train and <dir>/validation event files (rank 0)
   uint32_t tensorboard_update_freq = 0;  // > 0: also batch_loss / batch_accuracy every N steps
   std::string checkpoint_dir{};       // <dir>/ckpt-<epoch>.bin + <dir>/latest after every epoch (rank 0)
-  bool resume = false;                // load <dir>/latest on every rank and continue at the next epoch
+  uint64_t checkpoint_every_steps = 0;  // > 0: also <dir>/ckpt-<epoch>-<step>.bin every N steps within an epoch
+  bool resume = false;                // load <dir>/latest on every rank and continue where it stopped
   uint32_t max_to_keep = 0;           // > 0: keep only the newest N checkpoints
   // Called on every rank after each epoch, after the files are written.
   std::function<void(uint32_t epoch, const Logs& logs)> on_epoch_end{};
@@ -633,15 +634,31 @@ class Sequential {
     History history;
     uint32_t first_epoch = o.initial_epoch;
     uint64_t global_step = 0;
+    // A mid-epoch checkpoint: the first epoch starts at this step, with these running sums. The
+    // epoch's order is a function of the seed and the epoch, so its remaining batches are the same.
+    uint64_t resume_step = 0;
+    double resume_loss_sum = 0;
+    uint64_t resume_correct = 0, resume_seen = 0;
     const Callbacks& cb = o.callbacks;
     uint32_t tb_batch_freq = cb.tensorboard_update_freq;
     if (cb.resume && !cb.checkpoint_dir.empty()) {
       if (auto ck = load_latest_checkpoint(cb.checkpoint_dir)) {
         first_epoch = ck->epoch;
         global_step = ck->step;
+        if (ck->epoch_step > 0 && ck->epoch_step < steps) {
+          resume_step = ck->epoch_step;
+          resume_loss_sum = ck->loss_sum;
+          resume_correct = ck->correct;
+          resume_seen = ck->seen;
+        }
         history = parse_history_csv(ck->history);
-        if (talk) std::fprintf(out, "Resuming from %s: epoch %u done, step %llu\n", ck_path_.c_str(), ck->epoch,
-                               static_cast<unsigned long long>(ck->step));
+        if (talk && resume_step)
+          std::fprintf(out, "Resuming from %s: epoch %u done and %llu steps of epoch %u, step %llu\n", ck_path_.c_str(),
+                       ck->epoch, static_cast<unsigned long long>(resume_step), ck->epoch + 1,
+                       static_cast<unsigned long long>(ck->step));
+        else if (talk)
+          std::fprintf(out, "Resuming from %s: epoch %u done, step %llu\n", ck_path_.c_str(), ck->epoch,
+                       static_cast<unsigned long long>(ck->step));
       } else if (talk) {
         std::fprintf(out, "No checkpoint in %s yet; starting from epoch 1\n", cb.checkpoint_dir.c_str());
       }
@@ -657,6 +674,22 @@ class Sequential {
       if (!cb.csv.empty()) write_file_atomic(cb.csv, history_csv(history));
     });
 
+    // Rank 0: the state after `epochs_done` epochs and `epoch_step` steps of the next one.
+    auto checkpoint = [&](uint32_t epochs_done, uint64_t epoch_step, double loss_sum, uint64_t correct, uint64_t seen) {
+      Checkpoint ck;
+      ck.epoch = epochs_done;
+      ck.step = global_step;
+      ck.epoch_step = epoch_step;
+      ck.loss_sum = loss_sum;
+      ck.correct = correct;
+      ck.seen = seen;
+      ck.fingerprint = fingerprint();
+      ck.spec = spec_text_;
+      ck.history = history_csv(history);
+      ck.state = state_dict();
+      write_checkpoint(cb.checkpoint_dir, ck, cb.max_to_keep);
+    };
+
     std::vector<float> xb;
     std::vector<int32_t> yb;
     using Clock = std::chrono::steady_clock;
@@ -670,8 +703,9 @@ class Sequential {
           detail::epoch_seed(seed, epoch, o.data == Data::sharded ? R : 0));
       ProgressBar bar(steps, talk && o.verbose == 1 ? out : nullptr, tty, o.progress_percent);
       const auto t0 = Clock::now();
-      double loss_sum = 0;
-      uint64_t correct = 0, seen = 0;
+      const uint64_t first_step = epoch == first_epoch ? resume_step : 0;
+      double loss_sum = first_step ? resume_loss_sum : 0;
+      uint64_t correct = first_step ? resume_correct : 0, seen = first_step ? resume_seen : 0;
       auto state = [&](uint64_t done) {
         ProgressState p;
         p.current = done;
@@ -685,7 +719,7 @@ class Sequential {
         p.samples_per_s = p.elapsed_s > 0 ? static_cast<double>(seen) / p.elapsed_s : 0;
         return p;
       };
-      for (uint64_t s = 0; s < steps; ++s) {
+      for (uint64_t s = first_step; s < steps; ++s) {
         // This rank's positions in perm for step s.
         uint64_t begin, count;
         if (o.data == Data::sharded) {
@@ -717,6 +751,10 @@ class Sequential {
               tb_batch_freq = 0;
             }
           }
+        }
+        if (cb.checkpoint_every_steps && !cb.checkpoint_dir.empty() && global_step % cb.checkpoint_every_steps == 0 &&
+            s + 1 < steps) {
+          detail::on_rank0(comm_, [&] { checkpoint(epoch, s + 1, loss_sum, correct, seen); });
         }
       }
       Logs logs;
@@ -763,16 +801,7 @@ class Sequential {
           tb_val->add_scalars(v, epoch, wall);
           tb_val->flush();
         }
-        if (!cb.checkpoint_dir.empty()) {
-          Checkpoint ck;
-          ck.epoch = epoch + 1;
-          ck.step = global_step;
-          ck.fingerprint = fingerprint();
-          ck.spec = spec_text_;
-          ck.history = history_csv(history);
-          ck.state = state_dict();
-          write_checkpoint(cb.checkpoint_dir, ck, cb.max_to_keep);
-        }
+        if (!cb.checkpoint_dir.empty()) checkpoint(epoch + 1, 0, 0, 0, 0);
       });
       if (cb.on_epoch_end) cb.on_epoch_end(epoch, logs);
     }
@@ -869,7 +898,12 @@ class Sequential {
   void save_checkpoint(const std::filesystem::path& path, uint32_t epoch = 0, uint64_t step = 0) const {
     std::string bytes = state_dict();
     detail::on_rank0(comm_, [&] {
-      Checkpoint ck{epoch, step, fingerprint(), spec_text_, "", std::move(bytes)};
+      Checkpoint ck;
+      ck.epoch = epoch;
+      ck.step = step;
+      ck.fingerprint = fingerprint();
+      ck.spec = spec_text_;
+      ck.state = std::move(bytes);
       write_file_atomic(path, encode_checkpoint(ck));
     });
   }

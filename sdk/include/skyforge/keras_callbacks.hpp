@@ -324,11 +324,17 @@ inline std::string read_file(const std::filesystem::path& path) {
 }
 
 // ---- checkpoints -----------------------------------------------------------------------------
-// <dir>/ckpt-<epoch>.bin, little-endian:
+// <dir>/ckpt-<epoch>.bin after an epoch, <dir>/ckpt-<epoch>-<epoch_step>.bin within one
+// (Callbacks::checkpoint_every_steps), little-endian:
 //   "SKYFCKPT"            8 bytes magic
-//   u32 format            1
+//   u32 format            2 (format 1, written before mid-epoch checkpoints, is read too: it
+//                         lacks the four fields marked 2+, which are then 0)
 //   u32 epoch             epochs completed (training resumes at this 0-based epoch)
 //   u64 step              train steps completed
+//   u64 epoch_step     2+ steps of epoch `epoch` done (0: at its start)
+//   f64 loss_sum       2+ that epoch's running sums so far, so that its logs come out the same:
+//   u64 correct        2+   the loss summed over samples, the correct predictions and the
+//   u64 seen           2+   samples seen
 //   u64 fingerprint       FNV-1a 64 of the model spec text (architecture, optimizer kind, loss)
 //   u32 n + bytes         the spec text itself (for the mismatch message)
 //   u32 n + bytes         history_csv() so far
@@ -338,6 +344,9 @@ inline std::string read_file(const std::filesystem::path& path) {
 struct Checkpoint {
   uint32_t epoch = 0;
   uint64_t step = 0;
+  uint64_t epoch_step = 0;  // > 0: a checkpoint within epoch `epoch` (0-based), after this many steps
+  double loss_sum = 0;
+  uint64_t correct = 0, seen = 0;
   uint64_t fingerprint = 0;
   std::string spec;
   std::string history;  // history_csv()
@@ -345,7 +354,7 @@ struct Checkpoint {
 };
 
 inline constexpr char kCheckpointMagic[8] = {'S', 'K', 'Y', 'F', 'C', 'K', 'P', 'T'};
-inline constexpr uint32_t kCheckpointFormat = 1;
+inline constexpr uint32_t kCheckpointFormat = 2;
 
 // FNV-1a, 64-bit.
 inline uint64_t fnv1a64(std::string_view s) {
@@ -364,6 +373,12 @@ inline std::string encode_checkpoint(const Checkpoint& c) {
   put_le(out, kCheckpointFormat, 4);
   put_le(out, c.epoch, 4);
   put_le(out, c.step, 8);
+  put_le(out, c.epoch_step, 8);
+  uint64_t loss_bits = 0;
+  std::memcpy(&loss_bits, &c.loss_sum, sizeof loss_bits);
+  put_le(out, loss_bits, 8);
+  put_le(out, c.correct, 8);
+  put_le(out, c.seen, 8);
   put_le(out, c.fingerprint, 8);
   put_le(out, c.spec.size(), 4);
   out += c.spec;
@@ -399,12 +414,19 @@ inline Checkpoint decode_checkpoint(std::string_view b, const std::string& name)
     return s;
   };
   const auto format = static_cast<uint32_t>(take(4));
-  if (format != kCheckpointFormat)
-    throw fail("format " + std::to_string(format) + " is not supported (this build reads format " +
-               std::to_string(kCheckpointFormat) + ")");
+  if (format < 1 || format > kCheckpointFormat)
+    throw fail("format " + std::to_string(format) + " is not supported (this build reads formats 1 to " +
+               std::to_string(kCheckpointFormat) + (format > kCheckpointFormat ? "; it was written by a newer skyforge)" : ")"));
   Checkpoint c;
   c.epoch = static_cast<uint32_t>(take(4));
   c.step = take(8);
+  if (format >= 2) {
+    c.epoch_step = take(8);
+    const uint64_t loss_bits = take(8);
+    std::memcpy(&c.loss_sum, &loss_bits, sizeof c.loss_sum);
+    c.correct = take(8);
+    c.seen = take(8);
+  }
   c.fingerprint = take(8);
   c.spec = take_bytes(take(4));
   c.history = take_bytes(take(4));
@@ -413,21 +435,32 @@ inline Checkpoint decode_checkpoint(std::string_view b, const std::string& name)
   return c;
 }
 
-inline std::filesystem::path checkpoint_path(const std::filesystem::path& dir, uint32_t epoch) {
-  return dir / ("ckpt-" + std::to_string(epoch) + ".bin");
+inline std::filesystem::path checkpoint_path(const std::filesystem::path& dir, uint32_t epoch, uint64_t epoch_step = 0) {
+  return dir / ("ckpt-" + std::to_string(epoch) + (epoch_step ? "-" + std::to_string(epoch_step) : "") + ".bin");
 }
 
-// Writes ckpt-<epoch>.bin, then points `latest` at it (both atomically). With max_to_keep > 0
-// the checkpoint max_to_keep epochs older is removed.
+// Writes ckpt-<epoch>.bin (or ckpt-<epoch>-<epoch_step>.bin), then points `latest` at it (both
+// atomically: write, fsync, rename, so a checkpoint cut off mid-write is never the one `latest`
+// names). A mid-epoch checkpoint is kept only until the next one of any kind replaces it; with
+// max_to_keep > 0 the epoch checkpoint max_to_keep epochs older is removed.
 inline std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const Checkpoint& c,
                                               uint32_t max_to_keep = 0) {
-  const auto path = checkpoint_path(dir, c.epoch);
+  const auto path = checkpoint_path(dir, c.epoch, c.epoch_step);
+  std::string before;  // the mid-epoch checkpoint `latest` named, if any
+  std::error_code ec;
+  if (std::filesystem::exists(dir / "latest", ec)) {
+    try {
+      before = read_file(dir / "latest");
+    } catch (const std::exception&) {
+    }
+    while (!before.empty() && (before.back() == '\n' || before.back() == ' ')) before.pop_back();
+    if (before.find('-', 5) == std::string::npos || before.find('/') != std::string::npos) before.clear();
+  }
   write_file_atomic(path, encode_checkpoint(c));
   write_file_atomic(dir / "latest", path.filename().string() + "\n");
-  if (max_to_keep > 0 && c.epoch > max_to_keep) {
-    std::error_code ec;
+  if (!before.empty() && before != path.filename().string()) std::filesystem::remove(dir / before, ec);
+  if (max_to_keep > 0 && c.epoch_step == 0 && c.epoch > max_to_keep)
     std::filesystem::remove(checkpoint_path(dir, c.epoch - max_to_keep), ec);
-  }
   return path;
 }
 
