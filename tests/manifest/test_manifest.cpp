@@ -221,7 +221,7 @@ TEST(Manifest, UnknownKeyPointsAtKeyAndListsKnown) {
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0],
             "job.toml:3:1: unknown key 'stdot' in [job] (known: app, command, mode, tasks, inputs, batch, stdout, "
-            "stderr, timeout, plugin_path, options, max_restarts) (did you mean 'stdout'?)");
+            "stderr, timeout, plugin_path, options, max_restarts, collective_timeout) (did you mean 'stdout'?)");
   EXPECT_EQ(problem_of("[pool]\n  nods = 2\n" + kJob),
             "job.toml:2:3: unknown key 'nods' in [pool] (known: provider, nodes, concurrency, accelerator) (did you "
             "mean 'nodes'?)");
@@ -483,6 +483,34 @@ TEST(Manifest, ConcurrencyAndTaskCountsHaveCeilings) {
                                     "job.toml");
   EXPECT_EQ(m.pool.concurrency, 1024u);
   EXPECT_EQ(m.job.tasks, 10000000u);
+}
+
+TEST(Manifest, MaxRestartsAndCollectiveTimeout) {
+  const Manifest m = parse_manifest("[job]\napp = \"hello\"\nmax_restarts = 3\ncollective_timeout = 2.5\n", "job.toml");
+  EXPECT_EQ(m.job.max_restarts, 3u);
+  EXPECT_EQ(m.job.collective_timeout_s, 2.5);
+  EXPECT_TRUE(m.job.collective_timeout_given);
+  EXPECT_EQ(parse_manifest(kJob, "job.toml").job.collective_timeout_s, 60);
+  EXPECT_EQ(problem_of(kJob + "collective_timeout = 0\n"),
+            "job.toml:3:22: [job] collective_timeout: expected a number of seconds from 0.1 to 86400, got an integer (0)");
+  EXPECT_EQ(problem_of(kJob + "max_restarts = 101\n"),
+            "job.toml:3:16: [job] max_restarts: expected an integer between 0 and 100, got 101");
+  EXPECT_NE(problem_of("[job]\napp = \"hello\"\nmode = \"map\"\ntasks = 3\nmax_restarts = 1\n")
+                .find("a map job survives a lost node through [tasks] retries = N"),
+            std::string::npos);
+}
+
+// TOML is UTF-8; toml11 3.7 reads past its buffer reporting a bad sequence inside a multi-line
+// string (found by tests/fuzz/fuzz_manifest): every byte is checked before it parses.
+TEST(Manifest, BytesThatAreNotUtf8AreRefusedBeforeParsing) {
+  EXPECT_EQ(problem_of(kJob + "x = \'\'\'a\xff\'\'\'\n"), "job.toml:3:9: not UTF-8 (byte 0xFF): a manifest is UTF-8 text");
+  EXPECT_EQ(problem_of("# caf\xc3\n" + kJob), "job.toml:1:6: not UTF-8 (byte 0xC3): a manifest is UTF-8 text");
+  EXPECT_EQ(problem_of(kJob + "x = \"\xed\xa0\x80\"\n"), "job.toml:3:6: not UTF-8 (byte 0xED): a manifest is UTF-8 text")
+      << "a UTF-16 surrogate";
+  EXPECT_EQ(problem_of(kJob + "x = \"\xc0\xaf\"\n"), "job.toml:3:6: not UTF-8 (byte 0xC0): a manifest is UTF-8 text")
+      << "an overlong form";
+  const Manifest m = parse_manifest("# caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80\n" + kJob, "job.toml");
+  EXPECT_EQ(m.job.app, "hello");
 }
 
 TEST(Manifest, DeepNestingIsRefusedBeforeParsing) {

@@ -133,7 +133,8 @@ const std::vector<std::string> kPoolKeys = {"provider", "nodes", "concurrency", 
 const std::vector<std::string> kImageKeys = {"apt", "pip", "env", "files"};
 const std::vector<std::string> kFileKeys = {"source", "target"};
 const std::vector<std::string> kJobKeys = {"app",     "command",     "mode",    "tasks",       "inputs", "batch", "stdout",
-                                           "stderr",  "timeout",     "plugin_path", "options", "max_restarts"};
+                                           "stderr",  "timeout",     "plugin_path", "options", "max_restarts",
+                                           "collective_timeout"};
 
 void read_pool(Reader& r, const Value& t, PoolSpecM& pool) {
   r.check_keys(t, kPoolKeys, "[pool]");
@@ -426,6 +427,15 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
       r.error(r.pos(*Reader::find(t, "max_restarts")),
               "[job] max_restarts: a map job survives a lost node through [tasks] retries = N (its tasks run again "
               "on the other nodes), not by restarting");
+  }
+
+  if (const Value* v = Reader::find(t, "collective_timeout")) {
+    const std::optional<int64_t> i = v->is_integer() ? checked_integer(*v) : std::nullopt;
+    const double seconds = i ? static_cast<double>(*i) : v->is_floating() ? v->as_floating() : -1;
+    if (std::isfinite(seconds) && seconds >= 0.1 && seconds <= 86400)
+      job.collective_timeout_s = seconds, job.collective_timeout_given = true;
+    else
+      r.expected(*v, "[job] collective_timeout", "a number of seconds from 0.1 to 86400");
   }
 
   if (const Value* v = Reader::find(t, "timeout")) {

@@ -116,6 +116,10 @@ struct JobSpec {
   // worker restarts, the same ranks; a train job resumes from its last checkpoint). 0: a lost
   // node fails the run.
   uint32_t max_restarts = 0;
+  // The host's collective watchdog: a node inside collective #N this long while another never
+  // entered it stops the run, naming the laggard (docs/architecture.md, "Collective watchdog").
+  double collective_timeout_s = 60;
+  bool collective_timeout_given = false;
   std::vector<std::string> plugin_path;  // absolute, normalised
   // [job.options]: the app's options, checked against its plugin.toml (defaults added).
   OptionList app_options;

@@ -53,6 +53,8 @@ struct NodeState {
   std::string lost;  // why the connection ended before the node was done
   std::optional<msg::RunResult> result;
   bool cancelled = false;  // told to shut down while its part was still running
+  std::optional<msg::Progress> progress;  // its communicator's collectives (the watchdog's input)
+  std::chrono::steady_clock::time_point progress_at{};
 };
 
 class PoolRun {
@@ -89,6 +91,9 @@ class PoolRun {
   void on_frame(uint32_t node, uint64_t gen, msg::Type t, std::string&& payload);
   void on_closed(uint32_t node, uint64_t gen, const std::string& reason);
   bool can_restart() const;  // under mu_
+  // The collective watchdog (under mu_): why the run must stop, when a node has sat in
+  // collective #N for [job] collective_timeout while another never entered it.
+  std::optional<std::string> collective_hang() const;
   std::string describe_loss(uint32_t node, const std::string& reason);  // without mu_
   void on_signal(int sig);
 
@@ -401,6 +406,64 @@ void PoolRun::on_authenticated(std::shared_ptr<net::Connection> c) {
            [this, node, gen](const std::string& reason) { on_closed(node, gen, reason); });
 }
 
+std::optional<std::string> PoolRun::collective_hang() const {
+  const auto now = Clock::now();
+  const double limit_ms = m_.job.collective_timeout_s * 1000;
+  auto ms_since = [&](const NodeState& n) {
+    return double(n.progress->since_ms) + std::chrono::duration<double, std::milli>(now - n.progress_at).count();
+  };
+  auto inside = [](const NodeState& n) { return n.progress && n.progress->entered > n.progress->done; };
+  // The newest collective some node has sat in for the limit.
+  uint64_t seq = 0;
+  std::string op;
+  for (const auto& n : nodes_)
+    if (!n.closed && inside(n) && ms_since(n) >= limit_ms && n.progress->entered > seq) {
+      seq = n.progress->entered;
+      op = n.progress->op;
+    }
+  if (seq == 0) return std::nullopt;
+  std::vector<size_t> waiting, never;
+  double waited_ms = 0;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const NodeState& n = nodes_[i];
+    const uint64_t entered = n.progress ? n.progress->entered : 0;
+    if (entered < seq) {
+      never.push_back(i);
+    } else if (inside(n) && entered == seq) {
+      waiting.push_back(i);
+      waited_ms = std::max(waited_ms, ms_since(n));
+    }
+  }
+  auto list = [](const std::vector<size_t>& v) {
+    std::string s = v.size() == 1 ? "node " : "nodes ";
+    for (size_t k = 0; k < v.size(); ++k) s += (k ? "," : "") + std::to_string(v[k]);
+    return s;
+  };
+  auto secs = [](double ms) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.0f s", ms / 1000);
+    return std::string(b);
+  };
+  const std::string what = op + " #" + std::to_string(seq);
+  if (never.empty()) {
+    if (waiting.size() < nodes_.size()) return std::nullopt;
+    return "every node has been in " + what + " for " + secs(waited_ms) +
+           " and none has finished it ([job] collective_timeout = " + secs(limit_ms) +
+           "): a link between nodes may be down";
+  }
+  std::string why = list(never) + " never entered " + what + " (" + list(waiting) + " waiting " + secs(waited_ms) +
+                    ", [job] collective_timeout = " + secs(limit_ms) + ")";
+  for (size_t i : never) {
+    const NodeState& n = nodes_[i];
+    why += "; node " + std::to_string(i);
+    if (n.result) why += "'s job had already ended";
+    else if (!n.progress || n.progress->entered == 0) why += " has made no collective call yet";
+    else if (inside(n)) why += " is in " + n.progress->op + " #" + std::to_string(n.progress->entered) + " since " + secs(ms_since(n));
+    else why += "'s last was " + n.progress->op + " #" + std::to_string(n.progress->done) + ", " + secs(ms_since(n)) + " ago";
+  }
+  return why;
+}
+
 bool PoolRun::can_restart() const {
   return m_.job.mode != JobMode::map && restarts_used_ < m_.job.max_restarts && signals_ == 0 && failure_.empty();
 }
@@ -417,6 +480,10 @@ void PoolRun::on_frame(uint32_t node, uint64_t gen, msg::Type t, std::string&& p
         n.hello = std::move(h);
         break;
       }
+      case msg::Type::Progress:
+        n.progress = net::deserialize<msg::Progress>(payload);
+        n.progress_at = Clock::now();
+        return;  // nobody waits on it: execute() looks every 100 ms
       case msg::Type::Ready:
         n.ready = true;
         if (m_.job.mode == JobMode::map) dispatch(node);
@@ -486,9 +553,12 @@ void PoolRun::on_closed(uint32_t node, uint64_t gen, const std::string& reason) 
     } else if (can_restart()) {
       if (!restart_) restart_ = lost;  // execute() restarts every worker
     } else {
-      fail(m_.job.max_restarts > 0 && restarts_used_ >= m_.job.max_restarts && failure_.empty()
+      const bool first = failure_.empty();
+      fail(m_.job.max_restarts > 0 && restarts_used_ >= m_.job.max_restarts && first
                ? lost + " (no restart left: [job] max_restarts = " + std::to_string(m_.job.max_restarts) + ")"
                : lost);
+      // Said now: the teardown may take seconds (a node that cannot be reached is waited for).
+      if (first) printer_.err(failure_ + "; stopping the run");
     }
   }
   cv_.notify_all();
@@ -596,6 +666,12 @@ void PoolRun::send_jobs() {
   std::map<std::string, uint32_t> seen;
   std::map<std::string, std::string> config = job_config(m_, opt_.verbose);
   if (restarts_used_ > 0) config["job.restart"] = std::to_string(restarts_used_);
+  // The communicator's own timeout is the backstop behind the host's watchdog, which names the
+  // laggard: it must not fire first.
+  if (m_.job.collective_timeout_given) {
+    const double s = std::max(2 * m_.job.collective_timeout_s, m_.job.collective_timeout_s + 30);
+    config["job.collective_timeout"] = std::to_string(s);
+  }
   if (opt_.resume) config["job.resume"] = "true";
   const NodePlugins plugins = node_plugins(m_, catalog_, frameworks_, app_, config);
   for (size_t i = 0; i < nodes_.size(); ++i) {
@@ -666,11 +742,18 @@ void PoolRun::execute() {
     if (single) return nodes_[0].result.has_value();
     return std::all_of(nodes_.begin(), nodes_.end(), [&](const NodeState& n) { return node_done(n); });
   };
+  std::optional<std::string> hang;
   for (;;) {
     const bool woke = wait_for(lock, [&] {
-      return restart_ || all_done() || (held_failure_ && Clock::now() - held_failure_->at >= kHoldFailure);
+      return restart_ || all_done() || (held_failure_ && Clock::now() - held_failure_->at >= kHoldFailure) ||
+             (hang = collective_hang());
     }, std::nullopt);
     if (!woke) return;  // failed, or cancelled
+    if (hang && !restart_ && !all_done()) {
+      printer_.err("collective watchdog: " + *hang + "; stopping the run");  // now, not after the teardown
+      fail(*hang);
+      return;
+    }
     if (restart_ && failure_.empty()) {
       const std::string why = *restart_;
       lock.unlock();

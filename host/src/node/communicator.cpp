@@ -31,6 +31,8 @@ std::string seconds_text(std::chrono::milliseconds t) {
   return buf;
 }
 
+uint64_t dtype_size(sf_dtype d) { return d == SF_DTYPE_F64 || d == SF_DTYPE_I64 ? 8 : 4; }
+
 const char* dtype_name(sf_dtype d) {
   switch (d) {
     case SF_DTYPE_F32: return "f32";
@@ -94,7 +96,20 @@ GlooCommunicator::~GlooCommunicator() {
 const char* GlooCommunicator::last_error() { return t_error.c_str(); }
 
 template <class F>
-sf_status GlooCommunicator::guarded(const char* what, F&& f) {
+sf_status GlooCommunicator::guarded(const char* what, uint64_t bytes, F&& f) {
+  auto now_ns = [] { return std::chrono::steady_clock::now().time_since_epoch().count(); };
+  op_ = what;
+  bytes_ = bytes;
+  changed_ns_ = now_ns();
+  entered_.fetch_add(1);
+  struct Done {
+    GlooCommunicator* c;
+    decltype(now_ns)& now;
+    ~Done() {
+      c->changed_ns_ = now();
+      c->done_.fetch_add(1);
+    }
+  } done{this, now_ns};
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.empty())
     return fail(SF_ERR, std::string(what) + ": the communicator is unusable after an earlier failure: " + broken_);
@@ -127,7 +142,7 @@ sf_status GlooCommunicator::allreduce(void* data, size_t count, sf_dtype dtype, 
     return fail(SF_ERR_INVALID, "allreduce: unknown reduce op " + std::to_string(op));
   if (count == 0 || opt_.size == 1) return SF_OK;
   if (!data) return fail(SF_ERR_INVALID, "allreduce: data is NULL");
-  return guarded("allreduce", [&] {
+  return guarded("allreduce", count * dtype_size(dtype), [&] {
     if (shm_) return shm_->allreduce(data, count, dtype, op);
     gloo_allreduce(data, count, dtype, op);
   });
@@ -139,7 +154,7 @@ sf_status GlooCommunicator::broadcast(void* data, size_t bytes, uint32_t root) {
                                     std::to_string(opt_.size) + ")");
   if (bytes == 0 || opt_.size == 1) return SF_OK;
   if (!data) return fail(SF_ERR_INVALID, "broadcast: data is NULL");
-  return guarded("broadcast", [&] {
+  return guarded("broadcast", bytes, [&] {
     auto* p = static_cast<uint8_t*>(data);
     if (shm_) return shm_->broadcast(p, bytes, root);
     gloo_broadcast(p, bytes, root);
@@ -153,7 +168,7 @@ sf_status GlooCommunicator::allgather(const void* in, size_t bytes, void* out) {
     std::memmove(out, in, bytes);
     return SF_OK;
   }
-  return guarded("allgather", [&] {
+  return guarded("allgather", bytes, [&] {
     auto* src = static_cast<uint8_t*>(const_cast<void*>(in));
     auto* dst = static_cast<uint8_t*>(out);
     if (shm_) return shm_->allgather(src, bytes, dst);
@@ -163,10 +178,21 @@ sf_status GlooCommunicator::allgather(const void* in, size_t bytes, void* out) {
 
 sf_status GlooCommunicator::barrier() {
   if (opt_.size == 1) return SF_OK;
-  return guarded("barrier", [&] {
+  return guarded("barrier", 0, [&] {
     if (shm_) return shm_->barrier();
     gloo_barrier();
   });
+}
+
+GlooCommunicator::Progress GlooCommunicator::progress() const {
+  Progress p;
+  p.done = done_.load();
+  p.entered = entered_.load();
+  p.op = op_.load();
+  p.bytes = bytes_.load();
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  p.since_ms = std::max<int64_t>(0, (now - changed_ns_.load()) / 1000000);
+  return p;
 }
 
 }  // namespace skyforge

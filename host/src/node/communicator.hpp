@@ -41,6 +41,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,6 +100,15 @@ class GlooCommunicator {
   sf_status barrier();
   static const char* last_error();
 
+  // What the host's collective watchdog sees (msg::Progress): the collectives entered and
+  // completed so far through the table above, and the current or last one. Any thread.
+  struct Progress {
+    uint64_t entered = 0, done = 0, bytes = 0;
+    const char* op = "";
+    int64_t since_ms = 0;  // inside one: for how long; else since the last one ended
+  };
+  Progress progress() const;
+
   // "config" value of job.collective_timeout (seconds, > 0) or, when absent, the environment
   // variable SKYFORGE_COLLECTIVE_TIMEOUT; 300 s otherwise. Throws std::invalid_argument for a
   // value that is not a positive number of seconds.
@@ -109,7 +119,7 @@ class GlooCommunicator {
 
  private:
   template <class F>
-  sf_status guarded(const char* what, F&& f);
+  sf_status guarded(const char* what, uint64_t bytes, F&& f);
   // Shared memory (communicator_shm.cpp): whether every rank is on this host and may use it,
   // then the segment's setup; false (and shm_fallback_ set) when every rank falls back to Gloo.
   bool try_shm(net::StoreClient& store);
@@ -129,6 +139,10 @@ class GlooCommunicator {
   std::string shm_fallback_;
   std::mutex mu_;                       // one collective at a time
   std::string broken_;                  // first failure; every later call fails with it
+  // progress(): written by the calling thread, read by the worker's reporter
+  std::atomic<uint64_t> entered_{0}, done_{0}, bytes_{0};
+  std::atomic<const char*> op_{""};
+  std::atomic<int64_t> changed_ns_{0};  // steady clock: the current one's entry, or the last one's end
   uint32_t tag_ = 0;
 };
 

@@ -203,6 +203,7 @@ class Worker {
   std::vector<std::string> exit_hooks(bool ok);
   void dead_man(const std::string& reason);
   void renew_lease_file();
+  void report_progress();  // msg::Progress every heartbeat interval, once there is a communicator
   std::shared_ptr<const sf_communicator> make_communicator();
 
   WorkerArgs args_;
@@ -231,6 +232,10 @@ class Worker {
   // while this worker holds the host's lease, aged to the epoch the moment it loses it.
   std::string lease_file_;
   std::unique_ptr<boost::asio::steady_timer> lease_timer_;
+  // The job's communicator, for report_progress() (set by make_communicator()).
+  std::mutex comm_mu_;
+  std::shared_ptr<GlooCommunicator> comm_;
+  std::unique_ptr<boost::asio::steady_timer> progress_timer_;
 };
 
 void Worker::send_log(int stream, std::string text) {
@@ -291,6 +296,11 @@ std::shared_ptr<const sf_communicator> Worker::make_communicator() {
   net::StoreClient* store = services_.store();
   if (!store) throw std::runtime_error("the rendezvous store is not connected");
   auto comm = std::make_shared<GlooCommunicator>(*store, o);
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    comm_ = comm;
+  }
+  boost::asio::post(io_, [this] { report_progress(); });
   const sf_communicator* table = comm->table();
   return std::shared_ptr<const sf_communicator>(std::move(comm), table);
 }
@@ -312,6 +322,28 @@ void Worker::dead_man(const std::string& reason) {
     }
   }
   _exit(3);
+}
+
+void Worker::report_progress() {
+  std::shared_ptr<GlooCommunicator> comm;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    comm = comm_;
+  }
+  if (!comm || finishing_) return;
+  const GlooCommunicator::Progress p = comm->progress();
+  msg::Progress m;
+  m.entered = p.entered;
+  m.done = p.done;
+  m.op = p.op;
+  m.bytes = p.bytes;
+  m.since_ms = p.since_ms;
+  if (auto c = conn_) c->send_msg(msg::Type::Progress, m);
+  if (!progress_timer_) progress_timer_ = std::make_unique<boost::asio::steady_timer>(io_);
+  progress_timer_->expires_after(std::chrono::milliseconds(std::max(50, args_.heartbeat_ms)));
+  progress_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) report_progress();
+  });
 }
 
 void Worker::renew_lease_file() {
@@ -688,6 +720,10 @@ int Worker::run() {
   // then the communicator they may have used.
   services_.clear_compute_backends();
   while (!compute_backends_.empty()) compute_backends_.pop_back();
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    comm_.reset();
+  }
   services_.reset_communicator();
   pump.finish();
   g_diag_fd = pump.diag_fd();

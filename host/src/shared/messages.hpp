@@ -33,6 +33,7 @@ enum class Type : uint16_t {
   RunResult = 16,   // worker -> host
   Shutdown = 17,    // host -> worker
   Ready = 18,       // worker -> host: plugins loaded, around_app entered
+  Progress = 19,    // worker -> host: its collectives so far (the host's collective watchdog)
   // rendezvous store
   KvSet = 30,
   KvGet = 31,
@@ -154,6 +155,21 @@ struct RunResult {
   template <class A>
   void serialize(A& a, unsigned) {
     a & node & ok & exit_code & value & error;
+  }
+};
+
+// What a node's communicator has done (sent every heartbeat interval once it has one): the
+// host's collective watchdog compares the nodes' sequence numbers (every rank makes the same
+// collective calls in the same order, so collective #N is the same call everywhere).
+struct Progress {
+  uint64_t entered = 0;   // collectives entered: the current one's number while inside one
+  uint64_t done = 0;      // collectives completed (entered - done is 1 inside one, else 0)
+  std::string op;         // the current or last one: allreduce, broadcast, allgather, barrier
+  uint64_t bytes = 0;     // its payload on this node
+  int64_t since_ms = 0;   // inside one: for how long; else since the last one ended
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & entered & done & op & bytes & since_ms;
   }
 };
 

@@ -47,6 +47,7 @@ bool known_type(uint16_t t) {
     case Type::RunResult:
     case Type::Shutdown:
     case Type::Ready:
+    case Type::Progress:
     case Type::KvSet:
     case Type::KvGet:
     case Type::KvAdd:
