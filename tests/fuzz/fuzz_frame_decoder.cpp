@@ -22,6 +22,7 @@ void decode_payload(const net::Frame& f) {
     case msg::Type::TaskResults: (void)net::deserialize<msg::TaskResults>(f.payload); break;
     case msg::Type::RunResult: (void)net::deserialize<msg::RunResult>(f.payload); break;
     case msg::Type::Shutdown: (void)net::deserialize<msg::Shutdown>(f.payload); break;
+    case msg::Type::Progress: (void)net::deserialize<msg::Progress>(f.payload); break;
     case msg::Type::KvSet:
     case msg::Type::KvGet:
     case msg::Type::KvAdd: (void)net::deserialize<msg::KvRequest>(f.payload); break;

@@ -4,6 +4,7 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -123,11 +124,46 @@ std::string summarise_toml_error(const std::string& what) {
   return hint.empty() ? head : head + " (" + hint + ")";
 }
 
-// What toml11 would choke on, refused before it runs (manifests are fuzzed): nesting deep
-// enough to exhaust its recursive parser's stack (strings and comments are skipped, so brackets
-// inside them do not count), and lines long enough for its per-value copy of the line to go
-// quadratic.
+// The length of the well-formed UTF-8 sequence at text[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0.
+size_t utf8_sequence(const std::string& text, size_t i) {
+  const auto b = [&](size_t k) { return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0u; };
+  const unsigned c = b(0);
+  auto cont = [&](size_t k) { return (b(k) & 0xC0) == 0x80; };
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    const unsigned lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    return b(1) >= lo && b(1) <= hi && cont(2) ? 3 : 0;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    const unsigned lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    return b(1) >= lo && b(1) <= hi && cont(2) && cont(3) ? 4 : 0;
+  }
+  return 0;
+}
+
+// What toml11 would choke on, refused before it runs (manifests are fuzzed): bytes that are not
+// UTF-8 (TOML requires it, and toml11 3.7 reads past its buffer while reporting a bad sequence
+// in a string: found by tests/fuzz/fuzz_manifest), nesting deep enough to exhaust its recursive
+// parser's stack (strings and comments are skipped, so brackets inside them do not count), and
+// lines long enough for its per-value copy of the line to go quadratic.
 void check_shape(const std::string& text, const std::string& display_name) {
+  {
+    int line = 1, col = 1;
+    for (size_t i = 0; i < text.size();) {
+      const size_t n = utf8_sequence(text, i);
+      if (n == 0) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(text[i]));
+        throw ManifestError(SourcePos{display_name, line, col}.str() + ": not UTF-8 (byte " + hex +
+                            "): a manifest is UTF-8 text");
+      }
+      if (text[i] == '\n') line++, col = 1;
+      else col += static_cast<int>(n);  // columns count bytes, as below
+      i += n;
+    }
+  }
   constexpr int kMaxDepth = 64;
   int depth = 0, line = 1, col = 1;
   size_t i = 0;

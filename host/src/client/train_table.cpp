@@ -305,8 +305,8 @@ void read_search(Reader& r, const Value& t, const Value& train, const std::strin
           r.error(at, "[search] param_grid " + name + ": " + problem.message);
           ok = false;
         }
-      const auto it = std::find_if(spec.config.begin(), spec.config.end(),
-                                   [&](const auto& kv) { return kv.first == "train." + name; });
+      const std::string key = "train." + name;  // (a structured binding: not capturable before clang 16)
+      const auto it = std::find_if(spec.config.begin(), spec.config.end(), [&](const auto& kv) { return kv.first == key; });
       if (ok && it != spec.config.end()) texts.push_back(it->second);
     }
     if (!ok) continue;
