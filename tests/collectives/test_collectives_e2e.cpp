@@ -161,7 +161,24 @@ TEST_F(Collectives, StalledPeerTimesOutWithAClearError) {
 // heartbeat; a node inside collective #N for [job] collective_timeout while another never
 // entered it stops the run, naming the laggard and what it last did — long before the
 // communicator's own timeout (then twice the watchdog's plus 30 s).
-class Watchdog : public Collectives {};
+class Watchdog : public Collectives {
+ protected:
+  // The worker of `node` under this test's root (its argv has "--node N"), once it runs; 0 if
+  // none does within 30 s.
+  pid_t wait_worker_of(int node) const {
+    for (int i = 0; i < 3000; ++i) {
+      for (pid_t p : processes_under(root_)) {
+        std::ifstream in("/proc/" + std::to_string(p) + "/cmdline");
+        std::string args((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (comm_of(p) == "skyforge-worker" &&
+            args.find(std::string("--node") + '\0' + std::to_string(node) + '\0') != std::string::npos)
+          return p;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return 0;
+  }
+};
 
 TEST_F(Watchdog, ANodeThatNeverEntersTheFirstCollectiveIsNamed) {
   auto c = start_skyforge({"run", write("stall.toml", manifest(2, "COLL_MODE = \"stall\"", "", "collective_timeout = 2\n")).string()});
@@ -196,16 +213,7 @@ TEST_F(Watchdog, ANodeWhoseLinkIsCutIsNamed) {
   if (system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "ip netns is not available";
   auto c = start_skyforge({"run", write("cut.toml", manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
                                                             "[provider]\nisolation = \"netns\"\n")).string()});
-  pid_t victim = 0;
-  for (int i = 0; i < 3000 && !victim; ++i) {
-    for (pid_t p : processes_under(root_)) {
-      std::ifstream in("/proc/" + std::to_string(p) + "/cmdline");
-      std::string args((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (comm_of(p) == "skyforge-worker" && args.find(std::string("--node") + '\0' + "1" + '\0') != std::string::npos)
-        victim = p;
-    }
-    if (!victim) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const pid_t victim = wait_worker_of(1);
   ASSERT_GT(victim, 0);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // well inside the allreduce loop
   const auto t0 = std::chrono::steady_clock::now();
@@ -235,16 +243,7 @@ TEST_F(Watchdog, ANodeSlowedByNetemIsNamed) {
   auto c = start_skyforge({"run", write("netem.toml", manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
                                                               "[provider]\nisolation = \"netns\"\n",
                                                               "collective_timeout = 2\n")).string()});
-  pid_t victim = 0;
-  for (int i = 0; i < 3000 && !victim; ++i) {
-    for (pid_t p : processes_under(root_)) {
-      std::ifstream in("/proc/" + std::to_string(p) + "/cmdline");
-      std::string args((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (comm_of(p) == "skyforge-worker" && args.find(std::string("--node") + '\0' + "1" + '\0') != std::string::npos)
-        victim = p;
-    }
-    if (!victim) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const pid_t victim = wait_worker_of(1);
   ASSERT_GT(victim, 0);
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const auto t0 = std::chrono::steady_clock::now();

@@ -179,16 +179,24 @@ struct Dataset {
   // again (a grid search's folds) copies into pages it already has instead of faulting in
   // fresh ones each time, which costs more than the copy itself. `out` must not be *this.
   void take(const std::vector<size_t>& idx, Dataset& out) const {
+    take_rows(*this, "Dataset", idx, out, [](const float* from, size_t n, float* to) { std::copy_n(from, n, to); });
+  }
+
+  // `d`'s samples at `idx` into `out` (memory reused), each row written by copy(from, n, to).
+  // Shared by Dataset::take and ByteDataset::take.
+  template <class Source, class Copy>
+  static void take_rows(const Source& d, const char* who, const std::vector<size_t>& idx, Dataset& out, Copy copy) {
     for (const size_t i : idx)
-      if (i >= y.size())
-        throw DatasetError("Dataset::take: index " + std::to_string(i) + " is not below " + std::to_string(y.size()));
-    out.sample_shape = sample_shape;
-    const size_t s = sample_size();
+      if (i >= d.y.size())
+        throw DatasetError(std::string(who) + "::take: index " + std::to_string(i) + " is not below " +
+                           std::to_string(d.y.size()));
+    out.sample_shape = d.sample_shape;
+    const size_t s = d.sample_size();
     out.x.resize(idx.size() * s);
     out.y.resize(idx.size());
     for (size_t i = 0; i < idx.size(); ++i) {
-      std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(idx[i] * s), s, out.x.begin() + static_cast<std::ptrdiff_t>(i * s));
-      out.y[i] = y[idx[i]];
+      copy(d.x.data() + idx[i] * s, s, out.x.data() + i * s);
+      out.y[i] = d.y[idx[i]];
     }
   }
 };
@@ -227,21 +235,11 @@ struct ByteDataset {
   // The samples at `idx`, in that order, as floats into `out`, reusing its memory (as
   // Dataset::take(idx, out)).
   void take(const std::vector<size_t>& idx, Dataset& out) const {
-    for (const size_t i : idx)
-      if (i >= y.size())
-        throw DatasetError("ByteDataset::take: index " + std::to_string(i) + " is not below " + std::to_string(y.size()));
-    out.sample_shape = sample_shape;
-    const size_t s = sample_size();
-    out.x.resize(idx.size() * s);
-    out.y.resize(idx.size());
     float lut[256];  // the 256 values to_float() gives: a load per pixel instead of a division
     for (int v = 0; v < 256; ++v) lut[v] = to_float(static_cast<uint8_t>(v));
-    for (size_t i = 0; i < idx.size(); ++i) {
-      const uint8_t* from = x.data() + idx[i] * s;
-      float* to = out.x.data() + i * s;
-      for (size_t k = 0; k < s; ++k) to[k] = lut[from[k]];
-      out.y[i] = y[idx[i]];
-    }
+    Dataset::take_rows(*this, "ByteDataset", idx, out, [&](const uint8_t* from, size_t n, float* to) {
+      for (size_t k = 0; k < n; ++k) to[k] = lut[from[k]];
+    });
   }
 };
 
