@@ -790,14 +790,18 @@ void PoolRun::restart_workers(const std::string& why) {
   const auto deadline = t0 + std::chrono::milliseconds(std::max(opt_.lease_ms, 1000) + 10000);
   for (;;) {
     std::vector<size_t> running;
+    std::vector<std::string> ids;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!failure_.empty()) return;
-      for (size_t i = 0; i < nodes_.size(); ++i)
-        if ((nodes_[i].conn && !nodes_[i].closed) ||
-            (h->worker_alive && h->worker_alive(provider_->self(), nodes_[i].id.c_str()) == 1))
-          running.push_back(i);
+      for (size_t i = 0; i < nodes_.size(); ++i) {
+        ids.push_back(nodes_[i].id);
+        if (nodes_[i].conn && !nodes_[i].closed) running.push_back(i);
+      }
     }
+    if (running.empty() && h->worker_alive)  // the provider is asked without mu_: it may take a while
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (h->worker_alive(provider_->self(), ids[i].c_str()) == 1) running.push_back(i);
     if (running.empty()) break;
     if (Clock::now() >= deadline) {
       std::string list;
