@@ -824,7 +824,14 @@ void PoolRun::restart_workers(const std::string& why) {
       n = std::move(fresh);
     }
   }
-  launch_workers();
+  try {
+    launch_workers();
+  } catch (const std::exception& e) {
+    // ssh, slurm and aws end a node's session with its worker: no second worker can start there.
+    throw std::runtime_error("restart " + std::to_string(k) + "/" + std::to_string(m_.job.max_restarts) +
+                             " failed: the '" + m_.pool.provider + "' provider could not start a worker again (" +
+                             e.what() + ")");
+  }
   wait_joined();
   send_jobs();
   wait_ready();
