@@ -83,6 +83,22 @@ TEST(Payload, PluginSpecLogShutdownReady) {
   EXPECT_EQ(round_trip(msg::Shutdown{"done"}).reason, "done");
 }
 
+// The collective watchdog's input (docs/architecture.md, "Collective watchdog").
+TEST(Payload, Progress) {
+  msg::Progress p;
+  p.entered = 8812;
+  p.done = 8811;
+  p.op = "allreduce";
+  p.bytes = 407080;
+  p.since_ms = 61000;
+  const msg::Progress back = round_trip(p);
+  EXPECT_EQ(back.entered, 8812u);
+  EXPECT_EQ(back.done, 8811u);
+  EXPECT_EQ(back.op, "allreduce");
+  EXPECT_EQ(back.bytes, 407080u);
+  EXPECT_EQ(back.since_ms, 61000);
+}
+
 TEST(Payload, Tasks) {
   msg::TaskBatch tb;
   tb.first = 1000;
