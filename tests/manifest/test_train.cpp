@@ -180,6 +180,21 @@ TEST(Train, TableKeysAreChecked) {
   EXPECT_NE(p[3].find("unknown key 'batchsize'"), std::string::npos) << p[3];
 }
 
+// checkpoint_every: "epoch" or N steps >= 1, and only with a checkpoint directory.
+TEST(Train, CheckpointEveryIsEpochOrStepsAndNeedsACheckpoint) {
+  auto p = problems_of("[train]\ncheckpoint_every = 0\n[[train.layers]]\ntype = \"flatten\"\n");
+  ASSERT_EQ(p.size(), 2u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("job.toml:2:1: [train] checkpoint_every: needs 'checkpoint'"), std::string::npos) << p[0];
+  EXPECT_NE(p[1].find("job.toml:2:20: [train] checkpoint_every: expected \"epoch\" or a number of steps >= 1"),
+            std::string::npos)
+      << p[1];
+  p = problems_of("[train]\ncheckpoint = \"ck\"\ncheckpoint_every = \"step\"\n[[train.layers]]\ntype = \"flatten\"\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("job.toml:3:20: [train] checkpoint_every: expected \"epoch\" or a number of steps >= 1"),
+            std::string::npos)
+      << p[0];
+}
+
 TEST(Train, LayersAreRequired) {
   auto p = problems_of("[train]\nepochs = 1\n");
   ASSERT_EQ(p.size(), 1u);
