@@ -375,6 +375,16 @@ TEST(Search, EachValueIsCheckedWhereItIsWritten) {
   EXPECT_EQ(p[0], "job.toml:27:25: [search] param_grid epochs: a value is listed twice");
 }
 
+// A layer index beyond size_t is "no layer N", not an uncaught std::out_of_range (found by
+// tests/fuzz/fuzz_manifest).
+TEST(Search, AHugeLayerIndexIsNoSuchLayer) {
+  auto p = problems_of(kMlp + "[search]\nparam_grid = { \"layers.19223372036854775808.units\" = [64, 128] }\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_NE(p[0].find("[search] param_grid layers.19223372036854775808.units: [train] has no layer 19223372036854775808"),
+            std::string::npos)
+      << p[0];
+}
+
 TEST(Search, NeedsATrainTable) {
   auto p = problems_of("[job]\napp = \"hello\"\n[search]\nparam_grid = { epochs = [1] }\n");
   ASSERT_EQ(p.size(), 1u);

@@ -4,6 +4,7 @@
 #include <skyforge/layer_schema.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -241,7 +242,9 @@ std::string substitute(Value& train, const std::string& name, const Value& v) {
   if (dot == std::string::npos || index.empty() || index.find_first_not_of("0123456789") != std::string::npos)
     return "expected " + hint;
   Value* layers = train.is_table() && train.as_table().count("layers") ? &train.as_table()["layers"] : nullptr;
-  const size_t i = std::stoul(index);
+  // Digits only, but maybe more than size_t holds (found by fuzz_manifest: std::stoul threw).
+  size_t i = 0;
+  if (std::from_chars(index.data(), index.data() + index.size(), i).ec != std::errc()) i = SIZE_MAX;
   if (!layers || !layers->is_array() || i >= layers->as_array().size() || !layers->as_array()[i].is_table())
     return "[train] has no layer " + index + " (layers count from 0)";
   Value& layer = layers->as_array()[i];
