@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -14,6 +16,8 @@
 #include <sstream>
 
 #include <skyforge/sdk.hpp>
+
+#include "node_session.hpp"
 
 namespace skyforge::local {
 
@@ -221,6 +225,7 @@ void NetnsPool::create_bridge(uint32_t nodes) {
   }
   octet_ = chosen;
 
+  arm_reaper(nodes);
   // The lease becomes visible to other allocators the moment the address is on the bridge.
   ip_or_throw({"link", "add", "name", bridge_name(), "type", "bridge"}, "creating bridge " + bridge_name());
   bridge_made_ = true;
@@ -280,7 +285,50 @@ std::vector<std::string> NetnsPool::remove_bridge() {
   CommandResult r = ip({"link", "del", bridge_name()});
   if (r.status == 0 || gone_message(r.err)) bridge_made_ = false;
   else problems.push_back("bridge " + bridge_name() + ": " + r.err);
+  const bool all_gone = !bridge_made_ && std::none_of(nodes_.begin(), nodes_.end(), [](const NodeNet& n) {
+    return n.netns || n.veth;
+  });
+  if (all_gone) disarm_reaper(true);
   return problems;
+}
+
+NetnsPool::~NetnsPool() { disarm_reaper(false); }
+
+void NetnsPool::arm_reaper(uint32_t nodes) {
+  if (reaper_ > 0) return;
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) throw Error(std::string("local provider: pipe2: ") + std::strerror(errno));
+  Fd in_r(p[0]), in_w(p[1]);
+  auto q = [](const std::string& s) { return "'" + s + "'"; };  // names and paths hold no quote
+  const std::string script =
+      "IFS= read -r said; [ \"$said\" = done ] && exit 0\n"
+      "ip=" + q(ip_path_) + "; i=0\n"
+      "while [ $i -lt " + std::to_string(nodes) + " ]; do\n"
+      "  \"$ip\" link del " + q(tag_ + hex(uint32_t(octet_), 2) + "-") + "$i; \"$ip\" netns del " +
+      q("skyforge-" + pool_id_ + "-node-") + "$i; i=$((i+1))\n"
+      "done 2>/dev/null\n"
+      "\"$ip\" link del " + q(bridge_name()) + " 2>/dev/null\n"
+      "exit 0\n";
+  SpawnSpec s;
+  s.argv = {"/bin/sh", "-c", script};
+  s.env = environment_with({});
+  s.cwd = "/";
+  s.stdin_fd = in_r.get();
+  s.new_session = true;  // a Ctrl-C on the terminal is the host's to handle, not the reaper's
+  reaper_ = spawn(s);
+  reaper_in_ = std::move(in_w);
+}
+
+// done: everything is removed, the reaper leaves as it is; otherwise it removes what is left.
+void NetnsPool::disarm_reaper(bool done) {
+  if (reaper_ <= 0) return;
+  if (done) {
+    static const char kDone[] = "done\n";
+    [[maybe_unused]] ssize_t w = ::write(reaper_in_.get(), kDone, sizeof kDone - 1);
+  }
+  reaper_in_.reset();
+  providers::reap_within(reaper_, std::chrono::seconds(10));
+  reaper_ = -1;
 }
 
 Fd NetnsPool::open_netns(uint32_t i) const {

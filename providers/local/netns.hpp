@@ -16,6 +16,8 @@
 // Inside a node's namespace the veth is "eth0". Namespaces are "skyforge-<pool_id>-node-<i>".
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +45,7 @@ class NetnsPool {
   static void check_supported();
 
   explicit NetnsPool(std::string pool_id);
+  ~NetnsPool();
   NetnsPool(const NetnsPool&) = delete;
   NetnsPool& operator=(const NetnsPool&) = delete;
 
@@ -74,6 +77,12 @@ class NetnsPool {
     bool veth = false;
   };
   CommandResult ip(const std::vector<std::string>& args) const;
+  // The reaper: a shell in a session of its own, started before the bridge exists, that waits
+  // on a pipe only this process writes. When this process ends without saying "done" (a
+  // SIGKILL, a crash), it removes every namespace, veth and the bridge the pool may have made:
+  // nothing is left for `ip` to list, whatever way the host went.
+  void arm_reaper(uint32_t nodes);
+  void disarm_reaper(bool done);
   void ip_or_throw(const std::vector<std::string>& args, const std::string& what) const;
 
   std::string pool_id_;
@@ -82,6 +91,8 @@ class NetnsPool {
   int octet_ = -1;   // third octet of the leased /24
   bool bridge_made_ = false;
   std::vector<NodeNet> nodes_;
+  pid_t reaper_ = -1;
+  Fd reaper_in_;
 };
 
 }  // namespace skyforge::local

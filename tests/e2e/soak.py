@@ -10,7 +10,7 @@ through every exit path, each followed by a check, from /proc and `ip`, that it 
 
 A cycle is: hello on 2 nodes, a map job, a command, a command that fails, Ctrl-C (SIGINT to the
 host), a worker SIGKILLed, the host SIGKILLed (its workers leave on their own), a train job (when
-Fashion-MNIST is installed), a netns pool (as root), and a pool whose second Ctrl-C forces the
+Fashion-MNIST is installed), a netns pool and its host SIGKILLed (as root), and a pool whose second Ctrl-C forces the
 teardown. `--cycles 100` makes the 1,000 runs of docs/architecture.md; CTest runs 3.
 
   python3 tests/e2e/soak.py --skyforge build/bin/skyforge [--cycles N]
@@ -186,6 +186,13 @@ class Soak:
         if os.geteuid() == 0:
             self.finish("netns", self.start(self.manifest("netns.toml", '[pool]\nnodes = 2\n[provider]\n'
                                                                         'isolation = "netns"\n[job]\napp = "hello"\n')), 0)
+            # the host SIGKILLed with its pool in namespaces: its reaper removes them and the bridge
+            p = self.start(self.manifest("netns-host.toml", cmd("echo up; exec sleep 60", 2,
+                                                                '[provider]\nisolation = "netns"\n')))
+            self.wait_workers(2)
+            time.sleep(0.2)
+            p.kill()
+            self.finish("netns host SIGKILL", p, -signal.SIGKILL)
 
 
 def main():
