@@ -41,12 +41,17 @@ void anonymous_log(Fd& write, Fd& read) {
   if (!read) throw std::runtime_error("cannot read " + path + ": " + std::strerror(err));
 }
 
-// A log from `start` on (at most its last 64 KiB).
-std::string read_log(int fd, off_t start) {
+off_t log_size(int fd) {
   struct stat sb {};
-  if (fd < 0 || ::fstat(fd, &sb) != 0 || sb.st_size <= start) return "";
-  off_t from = std::max<off_t>(start, sb.st_size > 65536 ? sb.st_size - 65536 : 0);
-  std::string out(size_t(sb.st_size - from), '\0');
+  return fd >= 0 && ::fstat(fd, &sb) == 0 ? sb.st_size : 0;
+}
+
+// A log from `start` to `end` (its end when negative), at most the last 64 KiB of that.
+std::string read_log(int fd, off_t start, off_t end = -1) {
+  if (end < 0) end = log_size(fd);
+  if (fd < 0 || end <= start) return "";
+  off_t from = std::max<off_t>(start, end > 65536 ? end - 65536 : 0);
+  std::string out(size_t(end - from), '\0');
   ssize_t n = ::pread(fd, out.data(), out.size(), from);
   out.resize(n > 0 ? size_t(n) : 0);
   return out;
@@ -91,30 +96,45 @@ D="$D" sh ./setup.sh 2>&1 && SKYFORGE_STAGE_ROOT="$STAGE" bash --norc --noprofil
 status=$?
 trap '' PIPE
 echo ")" + marker + R"( $status"
-got=0
-while IFS= read -r kv; do if [ -z "$kv" ]; then got=1; break; fi; export "$kv"; done
-[ $got = 1 ] && [ $hup = 0 ] || { gone; exit 0; }
-got=0; args=()
-while IFS= read -r a; do if [ "$a" = . ]; then got=1; break; fi; args+=("${a:1}"); done
-[ $got = 1 ] && [ $hup = 0 ] && [ ${#args[@]} -gt 0 ] || { gone; exit 0; }
-export SKYFORGE_STAGE_ROOT="$STAGE"
-w0=${args[0]}
-[ -e "$SKYFORGE_STAGE_ROOT$w0" ] && w0=$SKYFORGE_STAGE_ROOT$w0
-setsid "$w0" "${args[@]:1}" < /dev/null &
-w=$!
-echo "$w" > worker.pid
-while kill -0 "$w" 2>/dev/null; do
-  IFS= read -r -t 0.2 _; r=$?
-  if [ $hup = 1 ] || { [ $r -ne 0 ] && [ $r -le 128 ]; }; then
-    kill -TERM -- -"$w" 2>/dev/null
-    for i in $(seq 50); do kill -0 "$w" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- -"$w" 2>/dev/null
-    # The host's session is gone: a machine-level dead-man switch acts now (SKYFORGE_LEASE_FILE, aws).
-    [ -n "${SKYFORGE_LEASE_FILE:-}" ] && touch -d @0 "$SKYFORGE_LEASE_FILE" 2>/dev/null
-    break
-  fi
+rc=0
+# Workers, one after another (a restart sends the next one), until stdin closes.
+while :; do
+  got=0; envs=(); lease=
+  while IFS= read -r kv; do
+    if [ -z "$kv" ]; then got=1; break; fi
+    envs+=("$kv")
+    case $kv in SKYFORGE_LEASE_FILE=*) lease=${kv#*=} ;; esac
+  done
+  [ $got = 1 ] && [ $hup = 0 ] || break
+  got=0; args=()
+  while IFS= read -r a; do if [ "$a" = . ]; then got=1; break; fi; args+=("${a:1}"); done
+  [ $got = 1 ] && [ $hup = 0 ] && [ ${#args[@]} -gt 0 ] || break
+  export SKYFORGE_STAGE_ROOT="$STAGE"
+  w0=${args[0]}
+  [ -e "$SKYFORGE_STAGE_ROOT$w0" ] && w0=$SKYFORGE_STAGE_ROOT$w0
+  # The environment is exported in a subshell, by a builtin: it stays out of every argv, and
+  # the next worker starts from the agent's own.
+  ( [ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; exec setsid "$w0" "${args[@]:1}" < /dev/null ) &
+  w=$!
+  echo "$w" > worker.pid
+  lost=0
+  while kill -0 "$w" 2>/dev/null; do
+    IFS= read -r -t 0.1 _; r=$?
+    if [ $hup = 1 ] || { [ $r -ne 0 ] && [ $r -le 128 ]; }; then
+      kill -TERM -- -"$w" 2>/dev/null
+      for i in $(seq 50); do kill -0 "$w" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL -- -"$w" 2>/dev/null
+      # The host's session is gone: a machine-level dead-man switch acts now (SKYFORGE_LEASE_FILE, aws).
+      [ -n "$lease" ] && touch -d @0 "$lease" 2>/dev/null
+      lost=1
+      break
+    fi
+  done
+  wait "$w"; rc=$?
+  rm -f worker.pid
+  [ $lost = 1 ] && break
+  printf '\n%s %s\n' ")" + marker + R"(-exit" "$rc"
 done
-wait "$w"; rc=$?
 gone
 exit $rc
 )";
@@ -175,6 +195,7 @@ std::optional<int> NodeSession::run_bootstrap(const std::string& setup, const st
         if (line.rfind(marker + " ", 0) == 0) {
           status = std::atoi(line.c_str() + marker.size() + 1);
           std::lock_guard<std::mutex> lock(mu_);
+          marker_ = marker;
           worker_output_ = ::lseek(log, 0, SEEK_CUR) - off_t(pending.size());  // the worker's begins here
         } else {
           tail = line;
@@ -212,8 +233,46 @@ void NodeSession::start_worker(const std::vector<std::string>& argv, const std::
   }
   text += ".\n";
   std::lock_guard<std::mutex> lock(mu_);
-  if (!input_) throw std::runtime_error("the node has no session (bootstrap first)");
+  if (!input_ || marker_.empty()) throw std::runtime_error("the node has no session (bootstrap first)");
+  reap_locked(false);
+  if (reaped_) throw std::runtime_error("the session is gone (exit status " + std::to_string(exit_code(status_)) + ")");
+  scan_locked();
+  if (worker_started_ && !worker_exit_) throw std::runtime_error("a worker still runs there");
+  if (worker_started_) worker_output_ = log_size(log_.get());  // the next worker's output begins here
+  worker_started_ = true;
+  worker_exit_.reset();
+  worker_end_ = -1;
+  scan_ = line_start_ = worker_output_;
+  line_head_.clear();
   write_all(input_.get(), text);  // a few hundred bytes: the pipe takes them at once
+}
+
+// The agent's exit line begins a line ("\n<marker>-exit STATUS\n"): only each line's first
+// bytes are kept while scanning, however long the worker's own lines are.
+void NodeSession::scan_locked() {
+  if (!worker_started_ || worker_exit_) return;
+  const std::string prefix = marker_ + "-exit ";
+  const size_t keep = prefix.size() + 12;
+  const off_t end = log_size(log_.get());
+  char buf[8192];
+  while (scan_ < end && !worker_exit_) {
+    ssize_t k = ::pread(log_.get(), buf, size_t(std::min<off_t>(end - scan_, sizeof buf)), scan_);
+    if (k <= 0) return;
+    for (ssize_t i = 0; i < k; ++i) {
+      if (buf[i] != '\n') {
+        if (line_head_.size() < keep) line_head_ += buf[i];
+        continue;
+      }
+      if (line_head_.rfind(prefix, 0) == 0) {
+        worker_exit_ = std::atoi(line_head_.c_str() + prefix.size());
+        worker_end_ = line_start_;
+      }
+      line_start_ = scan_ + i + 1;
+      line_head_.clear();
+      if (worker_exit_) break;
+    }
+    scan_ += k;
+  }
 }
 
 void NodeSession::reap_locked(bool block) {
@@ -230,25 +289,30 @@ int NodeSession::alive() {
   std::lock_guard<std::mutex> lock(mu_);
   if (pid_ <= 0) return -1;
   reap_locked(false);
-  return reaped_ ? 0 : 1;
+  scan_locked();
+  return reaped_ || worker_exit_ ? 0 : 1;
 }
 
 std::optional<int> NodeSession::exit_status() {
   std::lock_guard<std::mutex> lock(mu_);
   reap_locked(false);
+  scan_locked();
+  if (worker_exit_) return worker_exit_;
   if (!reaped_) return std::nullopt;
   return exit_code(status_);
 }
 
 std::string NodeSession::last_words() {
   int log;
-  off_t from;
+  off_t from, to;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    scan_locked();
     log = log_.get();
     from = worker_output_;
+    to = worker_end_;
   }
-  return last_line(read_log(log, from));
+  return last_line(read_log(log, from, to));
 }
 
 void NodeSession::stop(std::chrono::milliseconds grace) {

@@ -11,9 +11,11 @@
 //      appears on a command line or in a log), then its argv, "+word" lines and a "." line.
 // It then runs the worker in a session of its own under a watchdog: when stdin closes (this
 // machine's client killed, this machine gone, the connection lost, teardown) or it gets SIGHUP,
-// the worker's process group gets SIGTERM, SIGKILL 5 s later. However it ends, the node's
-// directory goes with it. Everything the session prints comes back into an unlinked file: the
-// bootstrap's lines are relayed, the worker's last one is its last words.
+// the worker's process group gets SIGTERM, SIGKILL 5 s later, and the session ends. A worker
+// that ends by itself is reported by an exit line ("<marker>-exit STATUS") and the agent waits
+// for the next one (2. again: a restart, [job] max_restarts) until stdin closes. However the
+// session ends, the node's directory goes with it. Everything the session prints comes back
+// into an unlinked file: the bootstrap's lines are relayed, a worker's last one is its last words.
 #pragma once
 
 #include <sys/types.h>
@@ -58,19 +60,24 @@ class NodeSession {
   // line it printed and exit_status() says how it ended).
   std::optional<int> run_bootstrap(const std::string& setup, const std::string& marker,
                                    const std::function<void(std::string_view)>& on_line, std::string& tail);
-  // Sends the worker's environment and argv. Throws std::runtime_error when the session is gone.
+  // Sends a worker's environment and argv: the first after the bootstrap, another once the last
+  // one has ended. Throws std::runtime_error when the session is gone or a worker still runs.
   void start_worker(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
 
   bool started() const { return pid_ > 0; }
-  int alive();                          // 1 running, 0 ended, -1 never started
-  std::optional<int> exit_status();     // its exit code (exit_code()) once it has ended
-  std::string last_words();             // the last line the worker printed ("" if none)
+  // The current worker (the session, before the first): 1 running, 0 ended, -1 never started.
+  int alive();
+  // The current worker's exit code (exit_code()) once it has ended, or the session's when the
+  // session ended first (the agent's `exit` carries its worker's status; 255 from ssh itself).
+  std::optional<int> exit_status();
+  std::string last_words();             // the last line the current worker printed ("" if none)
   // Closes its stdin (the agent stops the worker), SIGTERM to the local client's group, reaped
   // within `grace` (SIGKILL after). Idempotent.
   void stop(std::chrono::milliseconds grace);
 
  private:
   void reap_locked(bool block);
+  void scan_locked();  // the log since scan_, for the current worker's exit line
 
   std::mutex mu_;
   pid_t pid_ = -1;
@@ -78,7 +85,14 @@ class NodeSession {
   int status_ = 0;
   Fd input_;
   Fd log_;  // read side: read() while bootstrapping, pread() after
-  off_t worker_output_ = 0;
+  off_t worker_output_ = 0;  // where the current worker's output begins in the log
+  std::string marker_;
+  bool worker_started_ = false;
+  std::optional<int> worker_exit_;  // from its exit line
+  off_t worker_end_ = -1;           // where that line begins
+  off_t scan_ = 0;                  // the log is scanned up to here
+  off_t line_start_ = 0;            // the line being scanned began here
+  std::string line_head_;           // and began with these bytes (enough to match the exit line)
 };
 
 // Shared by the providers that shell out.

@@ -16,6 +16,7 @@
 #include "provider_e2e.hpp"
 #include "run_fixture.hpp"
 #include "sshd_hosts.hpp"
+#include "train_faults.hpp"
 
 namespace skyforge::test {
 namespace {
@@ -244,6 +245,29 @@ TEST_F(SshE2E, ThePoolSecretNeverAppearsOnACommandLine) {
   }
   c->signal(SIGINT);
   EXPECT_EQ(c->wait(60).exit_code, 130);
+}
+
+// A worker lost on its host ([job] max_restarts): the host's agent starts the next one in the same
+// node directory, the job resumes from the head's last checkpoint, and the run ends with the
+// weights and history of an uninterrupted run on the local provider, to the bit.
+TEST_F(SshE2E, ALostWorkerRestartsOnItsHostAndTheRunEndsAsOnLocal) {
+  const fs::path ref = root_ / "local", out = root_ / "ssh";
+  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  auto c = start_skyforge({"run", write("ssh.toml", faulty_training(ssh_pool(2), 1, out, 4)).string()});
+  ASSERT_TRUE(wait_checkpoint(out, 2));
+  const pid_t w = worker_of(remote_, 1);
+  ASSERT_GT(w, 0) << "no worker of node 1 on its host";
+  ASSERT_EQ(::kill(w, SIGKILL), 0);
+  Output o = c->wait(240);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
+  const std::string weights = json_field(local.out, 0, "weights_fnv1a64");
+  ASSERT_FALSE(weights.empty()) << local.out;
+  EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), weights) << o.out;
+  EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), weights) << o.out;
+  EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
 }
 
 TEST_F(SshE2E, AKilledHostLeavesNoWorkerAndNoNodeDirectory) {

@@ -12,8 +12,8 @@
 #include <regex>
 #include <thread>
 
-#include "process.hpp"
 #include "run_fixture.hpp"
+#include "train_faults.hpp"
 
 using namespace skyforge::test;
 
@@ -22,27 +22,12 @@ namespace {
 const char* kData = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
 constexpr int kEpochs = 6;
 
-// The main job's MLP on 2 nodes, a checkpoint every epoch; outputs under `out`.
+// The main job's MLP on 2 local nodes, a checkpoint every epoch; outputs under `out`.
 std::string manifest(int max_restarts, const fs::path& out, const std::string& checkpoint_every = "\"epoch\"") {
-  return "[pool]\nprovider = \"local\"\nnodes = 2\n\n[job]\nmax_restarts = " + std::to_string(max_restarts) +
-         "\n\n[[plugins]]\nname = \"keras\"\nbackend = \"cpu\"\nseed = 42\n\n"
-         "[train]\ndataset = \"fashion-mnist\"\noptimizer = \"adam\"\nlearning_rate = 1e-3\nbatch_size = 64\nthreads = 1\n"
-         "epochs = " + std::to_string(kEpochs) + "\nsteps_per_epoch = 900\nevaluate = false\n"
-         "history = \"" + (out / "history.csv").string() + "\"\ncheckpoint = \"" + (out / "ckpt").string() + "\"\ncheckpoint_every = " + checkpoint_every + "\n"
-         "\n[[train.layers]]\ntype = \"flatten\"\n\n[[train.layers]]\ntype = \"dense\"\nunits = 128\nactivation = \"relu\"\n\n"
-         "[[train.layers]]\ntype = \"dense\"\nunits = 10\n";
+  return faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", max_restarts, out, kEpochs, checkpoint_every);
 }
 
-std::string weights_of(const std::string& out, int node) {
-  std::smatch m;
-  const std::regex line("\\[node " + std::to_string(node) + "\\] => \\{.*\"weights_fnv1a64\": \"([0-9a-f]+)\"");
-  return std::regex_search(out, m, line) ? m[1].str() : "";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+std::string weights_of(const std::string& out, int node) { return json_field(out, node, "weights_fnv1a64"); }
 
 class TrainFaults : public SkyforgeRunTest {
  protected:
@@ -65,33 +50,13 @@ class TrainFaults : public SkyforgeRunTest {
       r.weights = weights_of(o.out, 0);
       EXPECT_FALSE(r.weights.empty()) << o.out;
       EXPECT_EQ(weights_of(o.out, 1), r.weights) << "replicas diverged";
-      r.history = slurp(out / "history.csv");
+      r.history = read_text(out / "history.csv");
     }
     return r;
   }
 
-  // Waits for the checkpoint of `epoch` to be written (the training is then in the next epoch).
-  static bool wait_checkpoint(const fs::path& out, int epoch, double timeout_s = 120) {
-    const fs::path f = out / "ckpt" / ("ckpt-" + std::to_string(epoch) + ".bin");
-    for (auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
-         std::chrono::steady_clock::now() < until;) {
-      if (fs::exists(f)) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return false;
-  }
-
-  // The worker process of `node` under this test's root (its argv has "--node N").
-  pid_t worker_of(int node) const {
-    for (pid_t p : processes_under(root_)) {
-      if (comm_of(p) != "skyforge-worker") continue;
-      const std::string args = slurp("/proc/" + std::to_string(p) + "/cmdline");
-      if (args.find(std::string("--node") + '\0' + std::to_string(node) + '\0') != std::string::npos) return p;
-    }
-    return 0;
-  }
   void kill_worker(int node) {
-    const pid_t w = worker_of(node);
+    const pid_t w = worker_of(root_, node);
     ASSERT_GT(w, 0) << "no worker of node " << node;
     ASSERT_EQ(::kill(w, SIGKILL), 0);
   }
@@ -112,12 +77,16 @@ TEST_F(TrainFaults, LostWorkersRestartAndTheRunEndsBitIdentical) {
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/2)")))
       << o.err;
+  // Where it was, as its last heartbeat said (the kill came right after the checkpoint of epoch 2).
+  EXPECT_TRUE(std::regex_search(
+      o.err, std::regex(R"(node 1 lost: .*; last seen at epoch [23]/6, step \d+/900; last checkpoint: end of epoch [12]; restart 1/2)")))
+      << o.err;
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 0 lost: its worker was killed by SIGKILL.*; restart 2/2)")))
       << o.err;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[2-4]\.bin)"))) << o.out;
   EXPECT_EQ(weights_of(o.out, 0), ref.weights) << o.out;
   EXPECT_EQ(weights_of(o.out, 1), ref.weights) << o.out;
-  EXPECT_EQ(slurp(out / "history.csv"), ref.history);
+  EXPECT_EQ(read_text(out / "history.csv"), ref.history);
 }
 
 // checkpoint_every = N steps: a loss mid-epoch resumes mid-epoch (the rest of that epoch's
@@ -131,10 +100,10 @@ TEST_F(TrainFaults, AMidEpochCheckpointResumesMidEpochBitIdentical) {
   // Then a checkpoint within epoch 3: `latest` names ckpt-2-<steps>.bin.
   bool mid = false;
   for (int i = 0; i < 20000 && !mid; ++i) {
-    mid = slurp(out / "ckpt" / "latest").rfind("ckpt-2-", 0) == 0;
+    mid = read_text(out / "ckpt" / "latest").rfind("ckpt-2-", 0) == 0;
     if (!mid) std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
-  ASSERT_TRUE(mid) << slurp(out / "ckpt" / "latest");
+  ASSERT_TRUE(mid) << read_text(out / "ckpt" / "latest");
   kill_worker(1);
   Output o = run->wait(240);
   ASSERT_EQ(o.exit_code, 0) << o.err;
@@ -142,7 +111,7 @@ TEST_F(TrainFaults, AMidEpochCheckpointResumesMidEpochBitIdentical) {
       << o.out;
   EXPECT_EQ(weights_of(o.out, 0), ref.weights) << o.out;
   EXPECT_EQ(weights_of(o.out, 1), ref.weights) << o.out;
-  EXPECT_EQ(slurp(out / "history.csv"), ref.history);
+  EXPECT_EQ(read_text(out / "history.csv"), ref.history);
 }
 
 // With its restarts used up, the next loss fails the run as before, and says why.
@@ -174,7 +143,7 @@ TEST_F(TrainFaults, ResumeGoesOnAfterTheHostWasKilled) {
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[3-5]\.bin)"))) << o.out;
   EXPECT_EQ(weights_of(o.out, 0), ref.weights) << o.out;
-  EXPECT_EQ(slurp(out / "history.csv"), ref.history);
+  EXPECT_EQ(read_text(out / "history.csv"), ref.history);
 }
 
 }  // namespace

@@ -447,9 +447,10 @@ std::optional<std::string> PoolRun::collective_hang() const {
   const std::string what = op + " #" + std::to_string(seq);
   if (never.empty()) {
     if (waiting.size() < nodes_.size()) return std::nullopt;
+    const auto& p0 = nodes_[0].progress;
     return "every node has been in " + what + " for " + secs(waited_ms) +
            " and none has finished it ([job] collective_timeout = " + secs(limit_ms) +
-           "): a link between nodes may be down";
+           "): a link between nodes may be down" + (p0 && !p0->status.empty() ? "; node 0 was at " + p0->status : "");
   }
   std::string why = list(never) + " never entered " + what + " (" + list(waiting) + " waiting " + secs(waited_ms) +
                     ", [job] collective_timeout = " + secs(limit_ms) + ")";
@@ -460,6 +461,7 @@ std::optional<std::string> PoolRun::collective_hang() const {
     else if (!n.progress || n.progress->entered == 0) why += " has made no collective call yet";
     else if (inside(n)) why += " is in " + n.progress->op + " #" + std::to_string(n.progress->entered) + " since " + secs(ms_since(n));
     else why += "'s last was " + n.progress->op + " #" + std::to_string(n.progress->done) + ", " + secs(ms_since(n)) + " ago";
+    if (n.progress && !n.progress->status.empty()) why += ", last seen at " + n.progress->status;
   }
   return why;
 }
@@ -533,7 +535,8 @@ void PoolRun::on_closed(uint32_t node, uint64_t gen, const std::string& reason) 
       why = describe_loss(node, reason);
       lock.lock();
     }
-    const std::string lost = "node " + std::to_string(node) + " lost: " + why;
+    std::string lost = "node " + std::to_string(node) + " lost: " + why;
+    if (const auto& p = nodes_[node].progress; p && !p->status.empty()) lost += "; last seen at " + p->status;
     if (tasks_ && failure_.empty() && !tasks_->done()) {
       // A map job's task backend says what the loss means: its tasks run again elsewhere
       // ([tasks] retries), or the job fails.
@@ -567,7 +570,7 @@ void PoolRun::on_closed(uint32_t node, uint64_t gen, const std::string& reason) 
 // How a node's worker ended, as its provider saw it (worker_exit, ABI 1.2): the signal or exit
 // status and the worker's last words ("task 17 (slot 0) of app 'x' died of SIGSEGV"), then the
 // connection's own reason. The connection drops a moment before the worker can be reaped, so
-// the provider is asked for up to 200 ms; a worker still running (a lease that ran out on a
+// the provider is asked for up to 500 ms (a remote agent notices within 100 ms, then its line crosses the network); a worker still running (a lease that ran out on a
 // stopped one) or a provider that cannot tell leaves the reason as it was.
 std::string PoolRun::describe_loss(uint32_t node, const std::string& reason) {
   const sf_provider_hooks* h = provider_->hooks<sf_provider_hooks>();
@@ -575,7 +578,7 @@ std::string PoolRun::describe_loss(uint32_t node, const std::string& reason) {
   sf_worker_exit e{};
   e.struct_size = sizeof e;
   int32_t known = 0;
-  for (const auto until = Clock::now() + std::chrono::milliseconds(200);;) {
+  for (const auto until = Clock::now() + std::chrono::milliseconds(500);;) {
     known = h->worker_exit(provider_->self(), nodes_[node].id.c_str(), &e);
     if (known != 0 || Clock::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -827,7 +830,7 @@ void PoolRun::restart_workers(const std::string& why) {
   try {
     launch_workers();
   } catch (const std::exception& e) {
-    // ssh, slurm and aws end a node's session with its worker: no second worker can start there.
+    // The node itself is gone (an ssh host down, a Slurm node failed): no worker can start there.
     throw std::runtime_error("restart " + std::to_string(k) + "/" + std::to_string(m_.job.max_restarts) +
                              " failed: the '" + m_.pool.provider + "' provider could not start a worker again (" +
                              e.what() + ")");

@@ -184,7 +184,12 @@ std::pair<std::string, uint16_t> split_host_port(const std::string& s) {
 class Worker {
  public:
   explicit Worker(const WorkerArgs& a) : args_(a), services_([this](int32_t level, const std::string& m) {
-    if (level < min_log_level_ || level == SF_LOG_STATUS) return;  // a status is the client's, live on its terminal
+    if (level == SF_LOG_STATUS) {  // what the app is doing: sent with the next Progress, quoted if this node is lost
+      std::lock_guard<std::mutex> lock(status_mu_);
+      status_ = m.substr(0, 256);
+      return;
+    }
+    if (level < min_log_level_) return;
     send_log(3, std::string(level >= SF_LOG_ERROR ? "error: " : level >= SF_LOG_WARN ? "warning: " : "") + m + "\n");
   }) {}
 
@@ -203,7 +208,7 @@ class Worker {
   std::vector<std::string> exit_hooks(bool ok);
   void dead_man(const std::string& reason);
   void renew_lease_file();
-  void report_progress();  // msg::Progress every heartbeat interval, once there is a communicator
+  void report_progress();  // msg::Progress every heartbeat interval, once there is a communicator or a status
   std::shared_ptr<const sf_communicator> make_communicator();
 
   WorkerArgs args_;
@@ -236,6 +241,9 @@ class Worker {
   std::mutex comm_mu_;
   std::shared_ptr<GlooCommunicator> comm_;
   std::unique_ptr<boost::asio::steady_timer> progress_timer_;
+  // The app's last status line (SF_LOG_STATUS): where it is ("epoch 3/6, step 412/900").
+  std::mutex status_mu_;
+  std::string status_;
 };
 
 void Worker::send_log(int stream, std::string text) {
@@ -300,7 +308,6 @@ std::shared_ptr<const sf_communicator> Worker::make_communicator() {
     std::lock_guard<std::mutex> lock(comm_mu_);
     comm_ = comm;
   }
-  boost::asio::post(io_, [this] { report_progress(); });
   const sf_communicator* table = comm->table();
   return std::shared_ptr<const sf_communicator>(std::move(comm), table);
 }
@@ -330,15 +337,22 @@ void Worker::report_progress() {
     std::lock_guard<std::mutex> lock(comm_mu_);
     comm = comm_;
   }
-  if (!comm || finishing_) return;
-  const GlooCommunicator::Progress p = comm->progress();
+  if (finishing_) return;
   msg::Progress m;
-  m.entered = p.entered;
-  m.done = p.done;
-  m.op = p.op;
-  m.bytes = p.bytes;
-  m.since_ms = p.since_ms;
-  if (auto c = conn_) c->send_msg(msg::Type::Progress, m);
+  if (comm) {
+    const GlooCommunicator::Progress p = comm->progress();
+    m.entered = p.entered;
+    m.done = p.done;
+    m.op = p.op;
+    m.bytes = p.bytes;
+    m.since_ms = p.since_ms;
+  }
+  {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    m.status = status_;
+  }
+  if (comm || !m.status.empty())
+    if (auto c = conn_) c->send_msg(msg::Type::Progress, m);
   if (!progress_timer_) progress_timer_ = std::make_unique<boost::asio::steady_timer>(io_);
   progress_timer_->expires_after(std::chrono::milliseconds(std::max(50, args_.heartbeat_ms)));
   progress_timer_->async_wait([this](const boost::system::error_code& ec) {
@@ -686,6 +700,7 @@ int Worker::run() {
       setup_plugins(env);
       if (job_->command.empty()) env.apply_to_process();  // native apps read the same environment
       conn_->send(msg::Type::Ready, std::string());
+      boost::asio::post(io_, [this] { report_progress(); });  // then every heartbeat interval
       result = run_app(env);
     }
   } catch (const std::exception& e) {

@@ -33,7 +33,7 @@ enum class Type : uint16_t {
   RunResult = 16,   // worker -> host
   Shutdown = 17,    // host -> worker
   Ready = 18,       // worker -> host: plugins loaded, around_app entered
-  Progress = 19,    // worker -> host: its collectives so far (the host's collective watchdog)
+  Progress = 19,    // worker -> host: its collectives so far and its app's status (the host's watchdog)
   // rendezvous store
   KvSet = 30,
   KvGet = 31,
@@ -167,9 +167,10 @@ struct Progress {
   std::string op;         // the current or last one: allreduce, broadcast, allgather, barrier
   uint64_t bytes = 0;     // its payload on this node
   int64_t since_ms = 0;   // inside one: for how long; else since the last one ended
+  std::string status;     // the app's last SF_LOG_STATUS ("epoch 3/6, step 412/900; ..."), may be empty
   template <class A>
   void serialize(A& a, unsigned) {
-    a & entered & done & op & bytes & since_ms;
+    a & entered & done & op & bytes & since_ms & status;
   }
 };
 

@@ -79,7 +79,9 @@ typedef int32_t sf_kind;
 #define SF_LOG_ERROR 3
 /* ABI 1.6: a transient status ("aws [12 s]: node 0 running, node 1 pending"). On a terminal the
  * host shows the latest one as a single line below all other output, replaced by the next; not
- * on a terminal, it is not shown: say what must stay in INFO lines too. Send it only to a host
+ * on a terminal, it is not shown: say what must stay in INFO lines too. On a node, the latest
+ * one is where that node is ("epoch 3/6, step 412/900"): sent to the host with the node's
+ * heartbeat and quoted when the node is lost or lags in a collective. Send it only to a host
  * of 1.6 or later (services abi_minor); an older one prints it as a line. */
 #define SF_LOG_STATUS 4
 

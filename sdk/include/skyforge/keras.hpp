@@ -693,6 +693,23 @@ class Sequential {
     std::vector<float> xb;
     std::vector<int32_t> yb;
     using Clock = std::chrono::steady_clock;
+    // Where this node is, told to the host (a status, at most every 50 ms): the host quotes it
+    // when the node is lost or lags in a collective ("last seen at epoch 3/6, step 412/900;
+    // last checkpoint: epoch 2"). Every rank knows the checkpoints rank 0 writes.
+    const Host host(::skyforge::detail::g_host);
+    auto checkpoint_name = [](uint32_t epochs_done, uint64_t epoch_step) {
+      return epoch_step ? "epoch " + std::to_string(epochs_done + 1) + ", step " + std::to_string(epoch_step)
+                        : "end of epoch " + std::to_string(epochs_done);
+    };
+    std::string last_checkpoint = cb.checkpoint_dir.empty() ? "" : global_step ? checkpoint_name(first_epoch, resume_step) : "none yet";
+    auto told = Clock::now() - std::chrono::seconds(1);
+    auto tell = [&](uint32_t epoch, uint64_t done, bool now) {
+      const auto t = Clock::now();
+      if (!now && t - told < std::chrono::milliseconds(50)) return;
+      told = t;
+      host.status("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o.epochs) + ", step " + std::to_string(done) +
+                  "/" + std::to_string(steps) + (last_checkpoint.empty() ? "" : "; last checkpoint: " + last_checkpoint));
+    };
     for (uint32_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
       if (talk) {
         std::fprintf(out, "Epoch %u/%u\n", epoch + 1, o.epochs);
@@ -755,6 +772,10 @@ class Sequential {
         if (cb.checkpoint_every_steps && !cb.checkpoint_dir.empty() && global_step % cb.checkpoint_every_steps == 0 &&
             s + 1 < steps) {
           detail::on_rank0(comm_, [&] { checkpoint(epoch, s + 1, loss_sum, correct, seen); });
+          last_checkpoint = checkpoint_name(epoch, s + 1);
+          tell(epoch, s + 1, true);
+        } else {
+          tell(epoch, s + 1, false);
         }
       }
       Logs logs;
@@ -803,6 +824,10 @@ class Sequential {
         }
         if (!cb.checkpoint_dir.empty()) checkpoint(epoch + 1, 0, 0, 0, 0);
       });
+      if (!cb.checkpoint_dir.empty()) {
+        last_checkpoint = checkpoint_name(epoch + 1, 0);
+        tell(epoch, steps, true);
+      }
       if (cb.on_epoch_end) cb.on_epoch_end(epoch, logs);
     }
     return history;

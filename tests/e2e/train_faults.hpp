@@ -1,0 +1,53 @@
+// Faulty training runs, shared by the fault tests of every provider (label `faults`): the main
+// job's MLP with a checkpoint schedule and [job] max_restarts, waiting for a checkpoint, and
+// finding a node's worker process to kill (docs/training.md, "Surviving a lost node").
+#pragma once
+
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "process.hpp"
+#include "provider_e2e.hpp"
+
+namespace skyforge::test {
+
+// The main job's MLP on 2 nodes of `pool` (a [pool] table and what follows it), `epochs` short
+// epochs, a checkpoint every `checkpoint_every`; history and checkpoints under `out`.
+inline std::string faulty_training(const std::string& pool, int max_restarts, const std::filesystem::path& out,
+                                   int epochs, const std::string& checkpoint_every = "\"epoch\"") {
+  return pool + "\n[job]\nmax_restarts = " + std::to_string(max_restarts) +
+         "\n\n[[plugins]]\nname = \"keras\"\nbackend = \"cpu\"\nseed = 42\n\n"
+         "[train]\ndataset = \"fashion-mnist\"\noptimizer = \"adam\"\nlearning_rate = 1e-3\nbatch_size = 64\nthreads = 1\n"
+         "epochs = " + std::to_string(epochs) + "\nsteps_per_epoch = 900\nevaluate = false\n"
+         "history = \"" + (out / "history.csv").string() + "\"\ncheckpoint = \"" + (out / "ckpt").string() +
+         "\"\ncheckpoint_every = " + checkpoint_every + "\n"
+         "\n[[train.layers]]\ntype = \"flatten\"\n\n[[train.layers]]\ntype = \"dense\"\nunits = 128\nactivation = \"relu\"\n\n"
+         "[[train.layers]]\ntype = \"dense\"\nunits = 10\n";
+}
+
+// Waits for the checkpoint of `epoch` to be written (the training is then in the next epoch).
+inline bool wait_checkpoint(const std::filesystem::path& out, int epoch, double timeout_s = 120) {
+  const std::filesystem::path f = out / "ckpt" / ("ckpt-" + std::to_string(epoch) + ".bin");
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+       std::chrono::steady_clock::now() < until;) {
+    if (std::filesystem::exists(f)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
+
+// The worker process of `node` among the processes working under `dir` (its argv has "--node N").
+inline pid_t worker_of(const std::filesystem::path& dir, int node) {
+  for (pid_t p : processes_under(dir)) {
+    if (comm_of(p) != "skyforge-worker") continue;
+    const std::string args = read_text("/proc/" + std::to_string(p) + "/cmdline");
+    if (args.find(std::string("--node") + '\0' + std::to_string(node) + '\0') != std::string::npos) return p;
+  }
+  return 0;
+}
+
+}  // namespace skyforge::test
