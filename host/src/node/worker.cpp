@@ -184,9 +184,20 @@ std::pair<std::string, uint16_t> split_host_port(const std::string& s) {
 class Worker {
  public:
   explicit Worker(const WorkerArgs& a) : args_(a), services_([this](int32_t level, const std::string& m) {
-    if (level == SF_LOG_STATUS) {  // what the app is doing: sent with the next Progress, quoted if this node is lost
-      std::lock_guard<std::mutex> lock(status_mu_);
-      status_ = m.substr(0, 256);
+    if (level == SF_LOG_STATUS) {  // what the app is doing: quoted by the host if this node is lost
+      // Sent with the heartbeat's Progress, and at once when the last went out 100 ms ago or more,
+      // so that "last seen" is that fresh.
+      const auto now = std::chrono::steady_clock::now();
+      bool send = false;
+      {
+        std::lock_guard<std::mutex> lock(status_mu_);
+        status_ = m.substr(0, 256);
+        if (now - status_sent_ >= std::chrono::milliseconds(100)) {
+          status_sent_ = now;
+          send = true;
+        }
+      }
+      if (send) boost::asio::post(io_, [this] { send_progress(); });
       return;
     }
     if (level < min_log_level_) return;
@@ -209,6 +220,7 @@ class Worker {
   void dead_man(const std::string& reason);
   void renew_lease_file();
   void report_progress();  // msg::Progress every heartbeat interval, once there is a communicator or a status
+  void send_progress();    // one msg::Progress now (io thread)
   std::shared_ptr<const sf_communicator> make_communicator();
 
   WorkerArgs args_;
@@ -244,6 +256,7 @@ class Worker {
   // The app's last status line (SF_LOG_STATUS): where it is ("epoch 3/6, step 412/900").
   std::mutex status_mu_;
   std::string status_;
+  std::chrono::steady_clock::time_point status_sent_{};
 };
 
 void Worker::send_log(int stream, std::string text) {
@@ -332,6 +345,16 @@ void Worker::dead_man(const std::string& reason) {
 }
 
 void Worker::report_progress() {
+  send_progress();
+  if (finishing_) return;
+  if (!progress_timer_) progress_timer_ = std::make_unique<boost::asio::steady_timer>(io_);
+  progress_timer_->expires_after(std::chrono::milliseconds(std::max(50, args_.heartbeat_ms)));
+  progress_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) report_progress();
+  });
+}
+
+void Worker::send_progress() {
   std::shared_ptr<GlooCommunicator> comm;
   {
     std::lock_guard<std::mutex> lock(comm_mu_);
@@ -353,11 +376,6 @@ void Worker::report_progress() {
   }
   if (comm || !m.status.empty())
     if (auto c = conn_) c->send_msg(msg::Type::Progress, m);
-  if (!progress_timer_) progress_timer_ = std::make_unique<boost::asio::steady_timer>(io_);
-  progress_timer_->expires_after(std::chrono::milliseconds(std::max(50, args_.heartbeat_ms)));
-  progress_timer_->async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) report_progress();
-  });
 }
 
 void Worker::renew_lease_file() {
