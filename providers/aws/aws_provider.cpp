@@ -87,7 +87,7 @@ ssh::SshProvider& AwsProvider::ssh(const char* op) {
   return *ssh_;
 }
 
-void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances) {
+void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances, uint32_t first_node) {
   const auto start = Clock::now();
   std::vector<bool> up(instances.size(), false);
   for (;;) {
@@ -97,7 +97,7 @@ void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances) {
       if (up[i]) continue;
       if (sshd_answers(pool_->address_of(instances[i]), std::chrono::milliseconds(2000))) {
         up[i] = true;
-        host().info("aws: node " + std::to_string(i) + " " + instances[i].id + ": ssh up (" +
+        host().info("aws: node " + std::to_string(first_node + i) + " " + instances[i].id + ": ssh up (" +
                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count()) +
                     " s)");
       } else {
@@ -110,7 +110,7 @@ void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances) {
       size_t n_up = 0;
       for (size_t i = 0; i < instances.size(); ++i)
         if (up[i]) ++n_up;
-        else waiting += (waiting.empty() ? "" : ", ") + std::to_string(i);
+        else waiting += (waiting.empty() ? "" : ", ") + std::to_string(first_node + i);
       host().status("aws [" +
                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count()) +
                     " s]: ssh up on " + std::to_string(n_up) + "/" + std::to_string(instances.size()) +
@@ -119,7 +119,7 @@ void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances) {
     if (Clock::now() - start > std::chrono::seconds(ssh_timeout_s_)) {
       std::string missing;
       for (size_t i = 0; i < instances.size(); ++i)
-        if (!up[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i) + " (" + instances[i].id + " at " +
+        if (!up[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(first_node + i) + " (" + instances[i].id + " at " +
                                pool_->address_of(instances[i]) + ")";
       throw Error("aws provider: no SSH server answered within " + std::to_string(ssh_timeout_s_) +
                       " s (ssh_timeout) on node(s) " + missing +
@@ -258,6 +258,33 @@ Provisioned AwsProvider::provision(const PoolSpec& spec) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < out.nodes.size() && i < instances.size(); ++i) instance_of_[out.nodes[i].id] = instances[i].id;
   return out;
+}
+
+std::string AwsProvider::replace_node(const std::string& node_id) {
+  Ec2Pool* pool;
+  ssh::SshProvider* s;
+  std::string old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pool = pool_.get();
+    s = ssh_.get();
+    if (auto it = instance_of_.find(node_id); it != instance_of_.end()) old = it->second;
+  }
+  if (!pool || !s || old.empty()) throw Error("aws provider: replace_node: unknown node " + node_id, SF_ERR_INVALID);
+  host().info("aws: " + node_id + " " + old + " is gone; launching another in its place");
+  try {
+    pool->teardown({old});  // for good: a machine that comes back must not hold a second node-N
+  } catch (const std::exception& e) {
+    host().warn(std::string("aws: ") + e.what());
+  }
+  const auto made = pool->add(1);
+  const uint32_t index = uint32_t(std::strtoul(node_id.c_str() + node_id.find('-') + 1, nullptr, 10));
+  wait_for_sshd(made, index);
+  s->add_host(pool->address_of(made[0]));
+  const std::string address = s->replace_node(node_id);
+  std::lock_guard<std::mutex> lock(mu_);
+  instance_of_[node_id] = made[0].id;
+  return address;
 }
 
 void AwsProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {

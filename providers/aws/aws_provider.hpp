@@ -32,6 +32,9 @@ class AwsProvider : public Provider {
   void cancel() override;
   std::vector<std::string> reconcile(bool terminate) override;
   std::string offers(const std::string& accelerator) override;
+  // The node's instance is gone (a spot interruption, a machine powered off): it is terminated
+  // for good, another is launched like it, and the node moves there (bootstrap follows).
+  std::string replace_node(const std::string& node_id) override;
 
  private:
   ssh::SshProvider& ssh(const char* op);
@@ -40,7 +43,8 @@ class AwsProvider : public Provider {
   std::string offers_path() const;
   // The region for offers: the option, else AWS_REGION / AWS_DEFAULT_REGION; "" for all.
   std::string offers_region() const;
-  void wait_for_sshd(const std::vector<InstanceView>& instances);
+  // `instances[i]` is node first_node + i.
+  void wait_for_sshd(const std::vector<InstanceView>& instances, uint32_t first_node = 0);
 
   Context ctx_;
   AwsOptions opt_;

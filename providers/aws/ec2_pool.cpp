@@ -380,7 +380,8 @@ std::vector<InstanceView> Ec2Pool::run_instances(uint32_t n) {
                        {"InstanceType", type},
                        {"MinCount", std::to_string(n)},
                        {"MaxCount", std::to_string(n)},
-                       {"ClientToken", "skyforge-" + pool_id_ + "-" + std::to_string(attempt_no)},
+                       {"ClientToken", "skyforge-" + pool_id_ + "-" + (launches_ ? std::to_string(launches_) + "-" : "") +
+                                           std::to_string(attempt_no)},
                        {"InstanceInitiatedShutdownBehavior", "terminate"},
                        {"UserData", user_data},
                        {"KeyName", opt_.key_name.empty() ? "skyforge-" + pool_id_ : opt_.key_name}};
@@ -535,6 +536,16 @@ std::vector<InstanceView> Ec2Pool::create(const std::string& pool_id, uint32_t n
   });
   std::vector<std::string> ids;
   for (const auto& m : made) ids.push_back(m.id);
+  ++launches_;
+  return wait_running(ids);
+}
+
+std::vector<InstanceView> Ec2Pool::add(uint32_t n) {
+  if (image_id_.empty()) throw Error("aws provider: add() before create()", SF_ERR_INVALID);
+  auto made = run_instances(n);
+  std::vector<std::string> ids;
+  for (const auto& m : made) ids.push_back(m.id);
+  ++launches_;
   return wait_running(ids);
 }
 

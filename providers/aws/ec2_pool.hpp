@@ -101,6 +101,9 @@ class Ec2Pool {
   // address it will be reached at. Throws Error naming what failed; whatever was made is
   // recorded first, so teardown() finds it.
   std::vector<InstanceView> create(const std::string& pool_id, uint32_t n);
+  // `n` more instances for the pool create() made (a lost one's replacement), launched and
+  // waited for as there, with the same key, group, tags and dead-man switch.
+  std::vector<InstanceView> add(uint32_t n);
   // Terminates `ids` (every instance of the pool when empty) and waits for `terminated`; with
   // every instance, also the per-pool group and key pair. Idempotent; callable from any thread,
   // while create() runs included (create() then stops waiting and throws).
@@ -150,6 +153,7 @@ class Ec2Pool {
   mutable std::mutex mu_;  // what exists, for teardown from any thread
   std::vector<std::string> instances_;
   std::string made_group_id_, made_key_name_;
+  int launches_ = 0;  // RunInstances calls that made instances: each asks with its own ClientToken
   bool run_sent_ = false;  // a RunInstances went out: instances may exist that we never heard of
   std::atomic<bool> cancelled_{false};
   std::mutex teardown_mu_;  // one teardown at a time

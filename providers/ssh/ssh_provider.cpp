@@ -363,8 +363,6 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
                   std::to_string(config_.hosts.size()) + " host(s) with slots_per_host = " +
                   std::to_string(config_.slots_per_host) + ": room for " + std::to_string(capacity));
   pool_id_ = spec.pool_id;
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string control_prefix = std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-" + pool_id_ + "-h";
   const size_t used = (spec.nodes + config_.slots_per_host - 1) / config_.slots_per_host;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -373,7 +371,7 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
       h->index = i;
       h->spec = config_.hosts[i];
       // The master removes it when it ends, on SIGTERM too (its parent-death signal).
-      h->control_path = control_prefix + std::to_string(i);
+      h->control_path = control_path(i);
       hosts_.push_back(std::move(h));
     }
   }
@@ -432,14 +430,76 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
   return out;
 }
 
+std::string SshProvider::control_path(size_t host_index) const {
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-" + pool_id_ + "-h" + std::to_string(host_index);
+}
+
+// A replaced node keeps its id: the newest entry is the node.
 SshProvider::Node& SshProvider::require(const std::string& id, const char* op) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& n : nodes_)
-    if (n->id == id) {
-      if (n->gone) throw Error(std::string("ssh provider: ") + op + ": node " + id + " was terminated");
-      return *n;
+  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
+    if ((*it)->id == id) {
+      if ((*it)->gone) throw Error(std::string("ssh provider: ") + op + ": node " + id + " was terminated");
+      return **it;
     }
   throw Error(std::string("ssh provider: ") + op + ": unknown node " + id, SF_ERR_INVALID);
+}
+
+void SshProvider::add_host(const std::string& text) {
+  HostSpec h = parse_host(text);
+  std::lock_guard<std::mutex> lock(mu_);
+  config_.hosts.push_back(std::move(h));
+}
+
+std::string SshProvider::replace_node(const std::string& node_id) {
+  Node& old = require(node_id, "replace_node");
+  Host* spare = nullptr;
+  std::unique_ptr<Host> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    old.host->lost = true;
+    std::map<const Host*, uint32_t> taken;
+    for (const auto& n : nodes_)
+      if (!n->gone && n.get() != &old) ++taken[n->host];
+    for (auto& h : hosts_)
+      if (!h->lost && taken[h.get()] < config_.slots_per_host) {
+        spare = h.get();
+        break;
+      }
+    if (!spare) {
+      std::set<size_t> in_pool;
+      for (const auto& h : hosts_) in_pool.insert(h->index);
+      for (size_t k = 0; k < config_.hosts.size() && !fresh; ++k)
+        if (!in_pool.count(k)) {
+          fresh = std::make_unique<Host>();
+          fresh->index = k;
+          fresh->spec = config_.hosts[k];
+          fresh->control_path = control_path(k);
+        }
+    }
+  }
+  if (!spare && !fresh)
+    throw Error("ssh provider: " + node_id + "'s host (" + describe(*old.host) + ") is gone, and no other host in `hosts` has a free slot (" +
+                    std::to_string(config_.hosts.size()) + " host(s) x slots_per_host = " +
+                    std::to_string(config_.slots_per_host) + "): list a spare host to have a lost one replaced",
+                SF_ERR_UNSUPPORTED);
+  old.session.stop(std::chrono::milliseconds(2000));
+  if (fresh) {
+    start_master(*fresh);
+    check_host(*fresh, local_platform());
+    std::lock_guard<std::mutex> lock(mu_);
+    hosts_.push_back(std::move(fresh));
+    spare = hosts_.back().get();
+  }
+  auto n = std::make_unique<Node>();
+  n->index = old.index;
+  n->id = old.id;
+  n->host = spare;
+  std::lock_guard<std::mutex> lock(mu_);
+  old.gone = true;
+  nodes_.push_back(std::move(n));
+  return spare->address;
 }
 
 void SshProvider::stage_host(Host& h) {
@@ -546,8 +606,8 @@ void SshProvider::start_worker(const std::string& node_id, const std::vector<std
 
 SshProvider::Node* SshProvider::find(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& n : nodes_)
-    if (n->id == id) return n.get();
+  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
+    if ((*it)->id == id) return it->get();
   return nullptr;
 }
 

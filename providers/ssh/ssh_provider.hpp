@@ -83,6 +83,12 @@ class SshProvider : public Provider {
   void terminate(const std::vector<std::string>& node_ids) override;
   int worker_alive(const std::string& node_id) override;
   int worker_exit(const std::string& node_id, WorkerExit& out) override;
+  // Node `node_id`'s host is gone: the node moves, under the same id, to a host in `hosts` with a
+  // free slot (one already in the pool, else the first listed one not used yet), connected and
+  // checked as in provision(). Returns its address; bootstrap and start_worker follow.
+  std::string replace_node(const std::string& node_id) override;
+  // One more host for `hosts` (aws: a replacement instance), for replace_node to move a node to.
+  void add_host(const std::string& text);
 
   // ---- introspection (tests, diagnostics) ----
   const SshConfig& config() const { return config_; }
@@ -104,6 +110,7 @@ class SshProvider : public Provider {
     std::set<std::string> missing;  // store keys it lacked when checked
     std::mutex stage_mu;
     bool staged = false;
+    bool lost = false;  // a node of it was replaced: it takes no other
   };
   struct Node {
     uint32_t index = 0;
@@ -124,6 +131,7 @@ class SshProvider : public Provider {
   Node* find(const std::string& id);
   std::string cleanup_script(const std::vector<const Node*>& nodes) const;
   std::string pool_words() const;
+  std::string control_path(size_t host_index) const;
 
   SshConfig config_;
   providers::Spawner spawner_;  // the long-lived children (masters, sessions) die with this process

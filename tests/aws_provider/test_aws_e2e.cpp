@@ -20,6 +20,7 @@
 #include "process.hpp"
 #include "provider_e2e.hpp"
 #include "run_fixture.hpp"
+#include "train_faults.hpp"
 
 namespace skyforge::test {
 namespace {
@@ -206,6 +207,38 @@ TEST_F(AwsE2E, AnInstanceTakenAwayMidRunFailsTheRunNamingItsNode) {
   EXPECT_EQ(o.exit_code, 1) << o.err;
   EXPECT_NE(o.err.find("node 1"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("lost"), std::string::npos) << o.err;
+}
+
+// A spot interruption mid-training ([job] max_restarts): node 1's instance is taken away, the
+// restart finds it gone, the provider terminates it for good and launches another like it, node
+// 1 is bootstrapped there, and the run ends with the weights and history of an uninterrupted run
+// on the local provider, to the bit. Then nothing is left: every instance, the group, the key.
+TEST_F(AwsE2E, AnInstanceTakenAwayMidTrainingIsReplacedAtRestartAndTheRunEndsAsOnLocal) {
+  const fs::path ref = root_ / "local", out = root_ / "aws";
+  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  auto c = start_skyforge({"run", write("aws.toml", faulty_training(aws_pool(2), 1, out, 4)).string()});
+  ASSERT_TRUE(wait_checkpoint(out, 2, 240));
+  std::smatch m;
+  std::string err = c->err_so_far();
+  ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(aws: node 1 (i-[0-9a-f]+): running)"))) << err;
+  const std::string lost = m[1];
+  hv_->interrupt(lost);
+  Output o = c->wait(300);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.err.find("node 1 lost: "), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("aws: node-1 " + lost + " is gone; launching another in its place"), std::string::npos) << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(restart 1/1: node 1 replaced: now at \S+, bootstrapped in \d+ ms)")))
+      << o.err;
+  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: node 1 replaced: .*)")))
+    std::cerr << "[ figure ] " << m[0] << "\n";
+  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: every node ready again in \d+ ms)")))
+    std::cerr << "[ figure ] " << m[0] << "\n";
+  const std::string weights = json_field(local.out, 0, "weights_fnv1a64");
+  ASSERT_FALSE(weights.empty()) << local.out;
+  EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), weights) << o.out;
+  EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), weights) << o.out;
+  EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
 }
 
 // The host killed mid-job: each worker loses its lease, ages the machine's lease file, and the

@@ -270,6 +270,52 @@ TEST_F(SshE2E, ALostWorkerRestartsOnItsHostAndTheRunEndsAsOnLocal) {
   EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
 }
 
+// A host that goes away ([job] max_restarts, a spare host listed): node 1's sshd is killed with
+// its sessions mid-run; the restart finds no session to start a worker in, the provider moves
+// node 1 to the third host (connected, checked, bootstrapped), and the run ends with the weights
+// and history of an uninterrupted run on the local provider, to the bit.
+TEST_F(SshE2E, ALostHostIsReplacedByASpareOneAtRestartAndTheRunEndsAsOnLocal) {
+  hosts_.reset();
+  hosts_ = std::make_unique<SshdHosts>(root_ / "hosts3", 3);
+  const fs::path ref = root_ / "local", out = root_ / "ssh";
+  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  auto c = start_skyforge({"run", write("ssh.toml", faulty_training(ssh_pool(2), 1, out, 4)).string()});
+  ASSERT_TRUE(wait_checkpoint(out, 2));
+  hosts_->stop_sshd(1);  // node 1's host
+  Output o = c->wait(240);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.err.find("node 1 lost: "), std::string::npos) << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(restart 1/1: node 1 cannot take a worker \(.*\); the 'ssh' provider gives it another machine)")))
+      << o.err;
+  EXPECT_NE(o.err.find("restart 1/1: node 1 replaced: now at " + hosts_->addresses()[2]), std::string::npos) << o.err;
+  std::smatch m;
+  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: node 1 cannot take a worker .*)")))
+    std::cerr << "[ said ] " << m[0] << "\n";
+  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: node 1 replaced: .*)")))
+    std::cerr << "[ figure ] " << m[0] << "\n";
+  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: every node ready again in \d+ ms)")))
+    std::cerr << "[ figure ] " << m[0] << "\n";
+  EXPECT_NE(o.out.find("[node 1] => "), std::string::npos) << o.out;
+  const std::string weights = json_field(local.out, 0, "weights_fnv1a64");
+  ASSERT_FALSE(weights.empty()) << local.out;
+  EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), weights) << o.out;
+  EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), weights) << o.out;
+  EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
+}
+
+// Without a spare host the restart fails saying what would have saved the run, and tears down.
+TEST_F(SshE2E, ALostHostWithNoSpareFailsTheRestartSayingSo) {
+  const fs::path out = root_ / "ssh";
+  auto c = start_skyforge({"run", write("ssh.toml", faulty_training(ssh_pool(2), 1, out, 4)).string()});
+  ASSERT_TRUE(wait_checkpoint(out, 1));
+  hosts_->stop_sshd(1);
+  Output o = c->wait(120);
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("no other host in `hosts` has a free slot"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("list a spare host to have a lost one replaced"), std::string::npos) << o.err;
+}
+
 TEST_F(SshE2E, AKilledHostLeavesNoWorkerAndNoNodeDirectory) {
   auto c = start_skyforge({"run", write("sleep.toml", ssh_pool(2) + "[job]\ncommand = [\"sh\", \"-c\", \"echo up; exec sleep 120\"]\n").string()});
   ASSERT_TRUE(c->wait_for_output("[node 1] up", 60));

@@ -17,6 +17,7 @@
 
 #include "backend_check.hpp"
 #include "catalog.hpp"
+#include "lent.hpp"
 #include "loader.hpp"
 #include "manifest.hpp"
 #include "plugin_resolution.hpp"
@@ -392,10 +393,6 @@ int load_client_provider(const std::string& cmd, const std::string& provider, co
   }
   out.hooks = out.instance->hooks<sf_provider_hooks>();
   return kExitOk;
-}
-
-sf_sink text_sink(std::string& s) {
-  return sf_sink{&s, [](void* c, const char* d, size_t n) { static_cast<std::string*>(c)->append(d, n); }};
 }
 
 // `skyforge sweep`: the provider's reconcile hook (ABI 1.6) finds, by its own marks, what it left

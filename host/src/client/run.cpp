@@ -75,8 +75,13 @@ class PoolRun {
   std::vector<std::string> stage_files() const;
   std::string worker_path() const;
   void bootstrap_nodes();
+  std::string bootstrap_node(uint32_t node, const std::string& script);  // "" or why it failed
   void start_workers();   // the control server, then launch_workers()
   void launch_workers();  // a worker on every node
+  void launch_worker(uint32_t node);
+  // [job] max_restarts: node `node`'s machine is gone; the provider gives it another (ABI 1.7
+  // replace_node), which is bootstrapped and gets its worker. Throws when it cannot.
+  void replace_node(uint32_t node, uint32_t restart, const std::string& why);
   void restart_workers(const std::string& why);  // [job] max_restarts: every worker again
   void wait_joined();
   void send_jobs();
@@ -335,35 +340,41 @@ std::vector<std::string> PoolRun::stage_files() const {
 }
 
 void PoolRun::bootstrap_nodes() {
-  std::string script = bootstrap_script(image_, bootstrap_lines_);
-  auto* h = provider_->hooks<sf_provider_hooks>();
+  const std::string script = bootstrap_script(image_, bootstrap_lines_);
   std::vector<std::future<std::string>> jobs;
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    jobs.push_back(std::async(std::launch::async, [&, i]() -> std::string {
-      struct Ctx {
-        PoolRun* self;
-        uint32_t node;
-      } ctx{this, static_cast<uint32_t>(i)};
-      sf_sink log{&ctx, [](void* c, const char* d, size_t n) {
-                    lent([&] {
-                      auto* x = static_cast<Ctx*>(c);
-                      std::string line(d, n);
-                      if (line.empty() || line.back() != '\n') line.push_back('\n');
-                      if (x->self->opt_.verbose) x->self->printer_.node_lines(x->node, 2, "[bootstrap] " + line);
-                    });
-                  }};
-      sf_status st = h->bootstrap(provider_->self(), nodes_[i].id.c_str(), script.c_str(), log);
-      if (st == SF_OK) return "";
-      const char* msg = provider_->plugin().descriptor->last_error(provider_->self());
-      return "node " + std::to_string(i) + ": bootstrap failed: " + (msg ? msg : "");
-    }));
-  }
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    jobs.push_back(std::async(std::launch::async, [&, i] { return bootstrap_node(uint32_t(i), script); }));
   std::string first;
   for (auto& j : jobs) {
     std::string e = j.get();
     if (!e.empty() && first.empty()) first = e;
   }
   if (!first.empty()) throw std::runtime_error(first);
+}
+
+std::string PoolRun::bootstrap_node(uint32_t node, const std::string& script) {
+  auto* h = provider_->hooks<sf_provider_hooks>();
+  struct Ctx {
+    PoolRun* self;
+    uint32_t node;
+  } ctx{this, node};
+  sf_sink log{&ctx, [](void* c, const char* d, size_t n) {
+                lent([&] {
+                  auto* x = static_cast<Ctx*>(c);
+                  std::string line(d, n);
+                  if (line.empty() || line.back() != '\n') line.push_back('\n');
+                  if (x->self->opt_.verbose) x->self->printer_.node_lines(x->node, 2, "[bootstrap] " + line);
+                });
+              }};
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = nodes_[node].id;
+  }
+  sf_status st = h->bootstrap(provider_->self(), id.c_str(), script.c_str(), log);
+  if (st == SF_OK) return "";
+  const char* msg = provider_->plugin().descriptor->last_error(provider_->self());
+  return "node " + std::to_string(node) + ": bootstrap failed: " + (msg ? msg : "");
 }
 
 void PoolRun::start_workers() {
@@ -376,20 +387,60 @@ void PoolRun::start_workers() {
 }
 
 void PoolRun::launch_workers() {
+  for (size_t i = 0; i < nodes_.size(); ++i) launch_worker(uint32_t(i));
+}
+
+void PoolRun::launch_worker(uint32_t node) {
   const std::string worker = worker_path();
-  std::string connect = control_address_ + ":" + std::to_string(server_->port());
-  std::string secret_key = "SKYFORGE_POOL_SECRET";
+  const std::string connect = control_address_ + ":" + std::to_string(server_->port());
+  const std::string secret_key = "SKYFORGE_POOL_SECRET";
   auto* h = provider_->hooks<sf_provider_hooks>();
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    std::vector<std::string> argv = {worker,    "--connect", connect, "--node", std::to_string(i), "--address",
-                                     nodes_[i].address, "--lease-ms", std::to_string(opt_.lease_ms),
-                                     "--heartbeat-ms", std::to_string(opt_.heartbeat_ms), "--remove-work-dir"};
-    std::vector<const char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.c_str());
-    sf_argv av{cargv.size(), cargv.data()};
-    sf_kv env[] = {{secret_key.c_str(), secret_.c_str()}};
-    provider_->check(h->start_worker(provider_->self(), nodes_[i].id.c_str(), &av, env, 1), "start_worker");
+  std::string id, address;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = nodes_[node].id;
+    address = nodes_[node].address;
   }
+  std::vector<std::string> argv = {worker,    "--connect", connect, "--node", std::to_string(node), "--address",
+                                   address, "--lease-ms", std::to_string(opt_.lease_ms),
+                                   "--heartbeat-ms", std::to_string(opt_.heartbeat_ms), "--remove-work-dir"};
+  std::vector<const char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.c_str());
+  sf_argv av{cargv.size(), cargv.data()};
+  sf_kv env[] = {{secret_key.c_str(), secret_.c_str()}};
+  provider_->check(h->start_worker(provider_->self(), id.c_str(), &av, env, 1), "start_worker");
+}
+
+void PoolRun::replace_node(uint32_t node, uint32_t restart, const std::string& why) {
+  const auto t0 = Clock::now();
+  const std::string k = "restart " + std::to_string(restart) + "/" + std::to_string(m_.job.max_restarts);
+  auto* h = provider_->hooks<sf_provider_hooks>();
+  const bool can = h && h->struct_size >= offsetof(sf_provider_hooks, replace_node) + sizeof h->replace_node &&
+                   h->replace_node;
+  if (!can)
+    throw std::runtime_error(k + " failed: the '" + m_.pool.provider + "' provider could not start a worker again on node " +
+                             std::to_string(node) + " (" + why + ") and cannot replace a node");
+  printer_.err(k + ": node " + std::to_string(node) + " cannot take a worker (" + why + "); the '" + m_.pool.provider +
+               "' provider gives it another machine");
+  std::string id, address;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = nodes_[node].id;
+  }
+  sf_status st = h->replace_node(provider_->self(), id.c_str(), text_sink(address));
+  if (st != SF_OK) {
+    const char* msg = provider_->plugin().descriptor->last_error(provider_->self());
+    throw std::runtime_error(k + " failed: node " + std::to_string(node) + " could not be replaced: " + (msg ? msg : ""));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    nodes_[node].address = address;
+  }
+  if (std::string e = bootstrap_node(node, bootstrap_script(image_, bootstrap_lines_)); !e.empty())
+    throw std::runtime_error(k + " failed: the replacement of " + e);
+  launch_worker(node);
+  printer_.err(k + ": node " + std::to_string(node) + " replaced: now at " + address + ", bootstrapped in " +
+               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()) + " ms");
 }
 
 void PoolRun::on_authenticated(std::shared_ptr<net::Connection> c) {
@@ -827,13 +878,15 @@ void PoolRun::restart_workers(const std::string& why) {
       n = std::move(fresh);
     }
   }
-  try {
-    launch_workers();
-  } catch (const std::exception& e) {
-    // The node itself is gone (an ssh host down, a Slurm node failed): no worker can start there.
-    throw std::runtime_error("restart " + std::to_string(k) + "/" + std::to_string(m_.job.max_restarts) +
-                             " failed: the '" + m_.pool.provider + "' provider could not start a worker again (" +
-                             e.what() + ")");
+  for (uint32_t i = 0; i < nodes_.size(); ++i) {
+    std::string why;
+    try {
+      launch_worker(i);
+      continue;
+    } catch (const std::exception& e) {
+      why = e.what();  // the node's machine is gone (an ssh host down): no worker can start there
+    }
+    replace_node(i, k, why);
   }
   wait_joined();
   send_jobs();

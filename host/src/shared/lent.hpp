@@ -5,6 +5,8 @@
 // the hook's failure once the hook has returned.
 #pragma once
 
+#include <skyforge/abi.h>
+
 #include <exception>
 #include <string>
 #include <utility>
@@ -35,6 +37,11 @@ void lent(F&& f) noexcept {
     std::forward<F>(f)();
     return true;
   });
+}
+
+// A sink that appends what a plugin writes to `s` (which must outlive the hook call).
+inline sf_sink text_sink(std::string& s) {
+  return sf_sink{&s, [](void* c, const char* d, size_t n) { lent([&] { static_cast<std::string*>(c)->append(d, n); }); }};
 }
 
 }  // namespace skyforge

@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 6
+#define SKYFORGE_ABI_MINOR 7
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -321,6 +321,13 @@ typedef struct sf_provider_hooks {
    * make that fit `accelerator` (a [pool] accelerator spec, "A100:1"; "" for all), cheapest
    * first, as text for a terminal, to `out`. Runs on the client with no pool. */
   sf_status (*offers)(void* self, const char* accelerator, sf_sink out);
+  /* ABI 1.7. Optional. Node `node_id`'s machine is gone (its session ended: a host down, its
+   * sshd killed, a spot instance reclaimed), so no worker can start there again: give the node
+   * another machine under the same id (a spare host, a new instance) and write its address to
+   * `address`. The host then bootstraps it again and starts its worker there ([job]
+   * max_restarts). SF_ERR_UNSUPPORTED when there is no spare capacity (say what would give some).
+   * Called from the host's main thread, never beside provision(). */
+  sf_status (*replace_node)(void* self, const char* node_id, sf_sink address);
 } sf_provider_hooks;
 
 /* ---- native apps (docs/plugins.md) --------------------------------------------------- */

@@ -415,6 +415,11 @@ class Provider : public PluginBase {
   virtual std::string offers(const std::string& /*accelerator*/) {
     throw Error("this provider lists no offers", SF_ERR_UNSUPPORTED);
   }
+  // ABI 1.7: the node's machine is gone; give the node another one under the same id and return
+  // its address (bootstrap and start_worker follow). Throw SF_ERR_UNSUPPORTED without spare room.
+  virtual std::string replace_node(const std::string& /*node_id*/) {
+    throw Error("this provider cannot replace a node", SF_ERR_UNSUPPORTED);
+  }
 };
 
 // ---- native apps -------------------------------------------------------------------------
@@ -753,6 +758,10 @@ const sf_provider_hooks* provider_hooks() {
     if constexpr (SKYFORGE_OVERRIDES(P, Provider, offers))
       t.offers = [](void* s, const char* accelerator, sf_sink out) noexcept {
         return guard<P>(s, [&](P& p) { write(out, p.offers(or_empty(accelerator))); });
+      };
+    if constexpr (SKYFORGE_OVERRIDES(P, Provider, replace_node))
+      t.replace_node = [](void* s, const char* node, sf_sink address) noexcept {
+        return guard<P>(s, [&](P& p) { write(address, p.replace_node(or_empty(node))); });
       };
     return t;
   }();
