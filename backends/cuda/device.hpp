@@ -17,8 +17,9 @@ namespace skyforge::cuda {
 
 class Device {
  public:
-  // comm: the pool's communicator (rank, size; the host build's collectives). host: its
-  // services (the CUDA build's NCCL rendezvous through kv_set/kv_get; unused by the host build).
+  // comm: the pool's communicator (rank, size; the host build's collectives; the CUDA build
+  // broadcasts rank 0's NCCL unique id over it). host: its services (this node's local rank,
+  // which picks the GPU).
   // collective_timeout_s: how long the CUDA build waits for a collective before it declares a
   // peer lost, aborts the NCCL communicator and fails (the pool's collective timeout; the host
   // build's communicator has its own). Throws Error(SF_ERR_UNSUPPORTED) when no device can be used.
