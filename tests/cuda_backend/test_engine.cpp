@@ -19,15 +19,32 @@ namespace cpu = skyforge::cpu;
 
 namespace {
 
-// Documented in docs/compute-backends.md: after kSteps steps on the same batches the mean loss
-// of every step agrees to kLossTol (relative) and every parameter to kParamTol (absolute).
+// Documented in docs/compute-backends.md, "Tolerance". Every model is checked in lockstep for
+// kSteps steps on the same batches: before each step the cuda engine takes the cpu backend's
+// whole state (weights, optimizer slots, moving statistics, step), so each step's forward,
+// backward and update are compared on their own: the step's mean loss to kLossTol (relative),
+// every parameter after it to the model's tolerance (absolute). The MLP is also checked
+// free-running, each engine on its own for kSteps. The convnets are not: their trajectories are
+// chaotic enough (batch normalization, Adam's normalised step m / sqrt(v) on parameters whose
+// gradient is 0 up to rounding) that a rounding-level difference grows at a pace set by the BLAS
+// kernel's summation order, not by the engine (measured on one machine, the convnet's parameters
+// after 20 free steps: 9.8e-6 apart with OpenBLAS's Cooper Lake kernels, 5.6e-4 with its Haswell,
+// Zen or Prescott ones, while in lockstep every kernel stays within 1.6e-6).
 constexpr int kSteps = 20;
 constexpr double kLossTol = 1e-5;
 constexpr double kParamTol = 1e-5;
-// The convnet's parameters: measured 9.6e-6. Its conv gradients are sums over many more terms
-// whose order differs (col2im gathers where the cpu backend scatters, GEMMs split differently),
-// and Adam's normalised step turns a tiny gradient difference into a larger parameter one.
+// The convnet's parameters: its conv gradients are sums over many more terms whose order
+// differs (col2im gathers where the cpu backend scatters, GEMMs split differently).
 constexpr double kConvParamTol = 1e-4;
+
+// SGD with momentum, for the tests that train 2 nodes free-running: Adam's normalised step
+// magnifies float-order differences on parameters whose gradient is 0 up to rounding.
+ModelSpec with_sgd(ModelSpec m) {
+  if (m.optimizer == "sgd") return m;
+  m.optimizer = "sgd";
+  m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  return m;
+}
 
 ModelSpec bn_model(uint64_t seed) {
   // dense on a rank-3 input (a batch of rows), batch_normalization with a fused relu, a softmax
@@ -52,11 +69,13 @@ size_t features(const ModelSpec& m) {
 }
 
 struct Agreement {
-  double loss = 0, params = 0;  // worst relative loss difference, final max |param difference|
+  double loss = 0, params = 0;  // worst relative loss difference, worst max |param difference|
 };
 
-// Trains the cpu backend and the cuda engine on the same batches and measures how far they drift.
-Agreement train_both(const ModelSpec& spec, int steps, uint32_t batch) {
+// Trains the cpu backend and the cuda engine on the same batches and measures how far they are
+// apart: after every step in lockstep (the cuda engine then takes the cpu backend's state), or
+// at the end when free-running.
+Agreement train_both(const ModelSpec& spec, int steps, uint32_t batch, bool lockstep) {
   auto c = cpu::make_engine(spec, Communicator{});
   auto g = cu::make_engine(spec, Communicator{});
   const std::vector<float> initial = params_of(*g);
@@ -69,18 +88,31 @@ Agreement train_both(const ModelSpec& spec, int steps, uint32_t batch) {
     EXPECT_EQ(rc.samples, rg.samples);
     EXPECT_NEAR(static_cast<double>(rc.correct), static_cast<double>(rg.correct), 1.0) << "step " << s;
     a.loss = std::max(a.loss, std::fabs(rc.loss - rg.loss) / std::max(1.0, std::fabs(rc.loss)));
+    if (lockstep) {
+      a.params = std::max(a.params, max_abs_diff(params_of(*c), params_of(*g)));
+      g->load_state(c->state_dict());
+    }
   }
-  a.params = max_abs_diff(params_of(*c), params_of(*g));
+  if (!lockstep) a.params = max_abs_diff(params_of(*c), params_of(*g));
   EXPECT_GT(max_abs_diff(initial, params_of(*g)), 1e-3) << "training did not move the parameters";
   return a;
 }
 
-// train_both, printed, and checked against the loss tolerance and `param_tol`.
-void expect_agreement(const char* name, const ModelSpec& spec, uint32_t batch, double param_tol) {
-  const Agreement a = train_both(spec, kSteps, batch);
-  std::printf("%s: worst loss difference %.3g (relative), params %.3g (absolute)\n", name, a.loss, a.params);
-  EXPECT_LE(a.loss, kLossTol) << name;
-  EXPECT_LE(a.params, param_tol) << name;
+// train_both in lockstep and, with `free_running`, on their own; printed, and checked against
+// the loss tolerance and `param_tol`.
+void expect_agreement(const char* name, const ModelSpec& spec, uint32_t batch, double param_tol,
+                      bool free_running = false) {
+  const Agreement l = train_both(spec, kSteps, batch, true);
+  std::printf("%s: in lockstep, worst loss difference %.3g (relative), params %.3g (absolute)\n", name, l.loss,
+              l.params);
+  EXPECT_LE(l.loss, kLossTol) << name << " in lockstep";
+  EXPECT_LE(l.params, param_tol) << name << " in lockstep";
+  if (!free_running) return;
+  const Agreement f = train_both(spec, kSteps, batch, false);
+  std::printf("%s: free-running, worst loss difference %.3g (relative), params %.3g (absolute)\n", name, f.loss,
+              f.params);
+  EXPECT_LE(f.loss, kLossTol) << name << " free-running";
+  EXPECT_LE(f.params, param_tol) << name << " free-running";
 }
 
 }  // namespace
@@ -106,14 +138,14 @@ TEST(CudaEngine, InitialParamsEqualCpuBitForBit) {
 }
 
 TEST(CudaEngine, MlpTrainsLikeCpuAdam) {
-  expect_agreement("mlp adam", mlp(3), 64, kParamTol);
+  expect_agreement("mlp adam", mlp(3), 64, kParamTol, true);
 }
 
 TEST(CudaEngine, MlpTrainsLikeCpuSgdNesterov) {
   ModelSpec m = mlp(4);
   m.optimizer = "sgd";
   m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}, {"nesterov", "true"}});
-  expect_agreement("mlp sgd", m, 64, kParamTol);
+  expect_agreement("mlp sgd", m, 64, kParamTol, true);
 }
 
 // The convnet of the Keras distributed-training guide (conv2d same/valid with strides,
@@ -150,7 +182,10 @@ TEST(CudaEngine, PoolingConvnetTrainsLikeCpu) {
 }
 
 TEST(CudaEngine, BatchNormModelTrainsLikeCpu) {
-  expect_agreement("bn model adam", bn_model(5), 32, kParamTol);
+  // Its first dense's bias feeds batch_normalization, which cancels it: that bias's gradient is 0
+  // up to rounding, and Adam's step m / (sqrt(v) + eps) scales the rounding up (measured in
+  // lockstep: 0 with OpenBLAS's AVX-512 kernels, 9.4e-6 with its Prescott ones).
+  expect_agreement("bn model adam", bn_model(5), 32, kConvParamTol);
 }
 
 namespace {
@@ -216,12 +251,10 @@ TEST(CudaEngine, TwoNodesFollowOneNode) {
 // do), so 2 nodes are not 1 on that model: there the cuda engine follows the cpu backend, both on
 // 2 nodes.
 TEST(CudaEngine, TwoNodesFollowCpuOnTwoNodes) {
-  // The convnet with SGD here: Adam's normalised step magnifies float-order differences on
-  // parameters whose gradient is close to 0 (see kConvParamTol), SGD compares the gradients.
-  ModelSpec conv = convnet_without_dropout(15);
-  conv.optimizer = "sgd";
-  conv.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
-  for (const auto& [m, tol] : {std::pair{bn_model(14), kParamTol}, std::pair{conv, kParamTol}}) {
+  // Free-running, so with SGD (see kSteps): Adam's normalised step magnifies float-order
+  // differences on parameters whose gradient is 0 up to rounding.
+  for (const auto& [m, tol] : {std::pair{with_sgd(bn_model(14)), kParamTol},
+                               std::pair{with_sgd(convnet_without_dropout(15)), kParamTol}}) {
     const auto [gl, gp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cu::make_engine(s, c); }, 32, 8);
     const auto [cl, cp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cpu::make_engine(s, c); }, 32, 8);
     for (size_t s = 0; s < gl[0].size(); ++s) EXPECT_NEAR(gl[0][s], cl[0][s], kLossTol * cl[0][s]);
@@ -233,9 +266,7 @@ TEST(CudaEngine, TwoNodesFollowCpuOnTwoNodes) {
 
 // The convnet with its dropout on 2 nodes, where each rank draws its own masks (rank is in the key).
 TEST(CudaEngine, ConvnetWithDropoutOnTwoNodesFollowsCpuOnTwoNodes) {
-  ModelSpec conv = convnet(16);
-  conv.optimizer = "sgd";  // see TwoNodesFollowCpuOnTwoNodes
-  conv.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  const ModelSpec conv = with_sgd(convnet(16));  // free-running: see kSteps
   const auto [gl, gp] = train_two(conv, [](const ModelSpec& s, Communicator c) { return cu::make_engine(s, c); }, 32, 8);
   const auto [cl, cp] = train_two(conv, [](const ModelSpec& s, Communicator c) { return cpu::make_engine(s, c); }, 32, 8);
   for (size_t s = 0; s < gl[0].size(); ++s) EXPECT_NEAR(gl[0][s], cl[0][s], kLossTol * cl[0][s]);
