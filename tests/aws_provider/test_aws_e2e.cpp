@@ -230,15 +230,8 @@ TEST_F(AwsE2E, AnInstanceTakenAwayMidTrainingIsReplacedAtRestartAndTheRunEndsAsO
   EXPECT_NE(o.err.find("aws: node-1 " + lost + " is gone; launching another in its place"), std::string::npos) << o.err;
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(restart 1/1: node 1 replaced: now at \S+, bootstrapped in \d+ ms)")))
       << o.err;
-  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: node 1 replaced: .*)")))
-    std::cerr << "[ figure ] " << m[0] << "\n";
-  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: every node ready again in \d+ ms)")))
-    std::cerr << "[ figure ] " << m[0] << "\n";
-  const std::string weights = json_field(local.out, 0, "weights_fnv1a64");
-  ASSERT_FALSE(weights.empty()) << local.out;
-  EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), weights) << o.out;
-  EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), weights) << o.out;
-  EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
+  print_replacement(o.err);
+  expect_ends_as(local, ref, o, out);
 }
 
 // The host killed mid-job: each worker loses its lease, ages the machine's lease file, and the

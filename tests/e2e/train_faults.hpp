@@ -5,8 +5,12 @@
 
 #include <signal.h>
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <filesystem>
+#include <iostream>
+#include <regex>
 #include <string>
 #include <thread>
 
@@ -48,6 +52,33 @@ inline pid_t worker_of(const std::filesystem::path& dir, int node) {
     if (args.find(std::string("--node") + '\0' + std::to_string(node) + '\0') != std::string::npos) return p;
   }
   return 0;
+}
+
+// SIGKILLs the worker of `node` among the processes working under `dir`.
+inline void kill_worker_of(const std::filesystem::path& dir, int node) {
+  const pid_t w = worker_of(dir, node);
+  ASSERT_GT(w, 0) << "no worker of node " << node << " under " << dir;
+  ASSERT_EQ(::kill(w, SIGKILL), 0);
+}
+
+// The faulty run `o` (history under `out`) ended as the uninterrupted run `reference` (history
+// under `ref`): the same weights on both nodes, to the bit, and the same history.
+inline void expect_ends_as(const Output& reference, const std::filesystem::path& ref, const Output& o,
+                           const std::filesystem::path& out) {
+  const std::string weights = json_field(reference.out, 0, "weights_fnv1a64");
+  ASSERT_FALSE(weights.empty()) << reference.out;
+  EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), weights) << o.out;
+  EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), weights) << o.out;
+  EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
+}
+
+// Prints what the host said of node 1's replacement at restart 1/1, and the figures in it.
+inline void print_replacement(const std::string& err) {
+  std::smatch m;
+  for (const char* say : {"cannot take a worker .*"})
+    if (std::regex_search(err, m, std::regex(std::string("restart 1/1: node 1 ") + say))) std::cerr << "[ said ] " << m[0] << "\n";
+  for (const char* figure : {"restart 1/1: node 1 replaced: .*", "restart 1/1: every node ready again in \\d+ ms"})
+    if (std::regex_search(err, m, std::regex(figure))) std::cerr << "[ figure ] " << m[0] << "\n";
 }
 
 }  // namespace skyforge::test

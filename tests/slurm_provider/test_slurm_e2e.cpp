@@ -150,18 +150,12 @@ TEST_F(SlurmE2E, ALostWorkerRestartsInItsStepAndTheRunEndsAsOnLocal) {
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto c = start_skyforge({"run", write("slurm.toml", faulty_training(slurm_pool(2), 1, out, 4)).string()});
   ASSERT_TRUE(wait_checkpoint(out, 2, 180));
-  const pid_t w = worker_of(nodes_dir_, 1);
-  ASSERT_GT(w, 0) << "no worker of node 1 in its step";
-  ASSERT_EQ(::kill(w, SIGKILL), 0);
+  kill_worker_of(nodes_dir_, 1);
   Output o = c->wait(240);
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
-  const std::string weights = json_field(local.out, 0, "weights_fnv1a64");
-  ASSERT_FALSE(weights.empty()) << local.out;
-  EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), weights) << o.out;
-  EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), weights) << o.out;
-  EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
+  expect_ends_as(local, ref, o, out);
 }
 
 TEST_F(SlurmE2E, AKilledHostLeavesNoWorkerNoDirectoryAndNoJobAfterTheLease) {

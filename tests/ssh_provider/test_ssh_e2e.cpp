@@ -256,18 +256,12 @@ TEST_F(SshE2E, ALostWorkerRestartsOnItsHostAndTheRunEndsAsOnLocal) {
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto c = start_skyforge({"run", write("ssh.toml", faulty_training(ssh_pool(2), 1, out, 4)).string()});
   ASSERT_TRUE(wait_checkpoint(out, 2));
-  const pid_t w = worker_of(remote_, 1);
-  ASSERT_GT(w, 0) << "no worker of node 1 on its host";
-  ASSERT_EQ(::kill(w, SIGKILL), 0);
+  kill_worker_of(remote_, 1);
   Output o = c->wait(240);
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
-  const std::string weights = json_field(local.out, 0, "weights_fnv1a64");
-  ASSERT_FALSE(weights.empty()) << local.out;
-  EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), weights) << o.out;
-  EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), weights) << o.out;
-  EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
+  expect_ends_as(local, ref, o, out);
 }
 
 // A host that goes away ([job] max_restarts, a spare host listed): node 1's sshd is killed with
@@ -289,19 +283,9 @@ TEST_F(SshE2E, ALostHostIsReplacedByASpareOneAtRestartAndTheRunEndsAsOnLocal) {
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(restart 1/1: node 1 cannot take a worker \(.*\); the 'ssh' provider gives it another machine)")))
       << o.err;
   EXPECT_NE(o.err.find("restart 1/1: node 1 replaced: now at " + hosts_->addresses()[2]), std::string::npos) << o.err;
-  std::smatch m;
-  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: node 1 cannot take a worker .*)")))
-    std::cerr << "[ said ] " << m[0] << "\n";
-  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: node 1 replaced: .*)")))
-    std::cerr << "[ figure ] " << m[0] << "\n";
-  if (std::regex_search(o.err, m, std::regex(R"(restart 1/1: every node ready again in \d+ ms)")))
-    std::cerr << "[ figure ] " << m[0] << "\n";
+  print_replacement(o.err);
   EXPECT_NE(o.out.find("[node 1] => "), std::string::npos) << o.out;
-  const std::string weights = json_field(local.out, 0, "weights_fnv1a64");
-  ASSERT_FALSE(weights.empty()) << local.out;
-  EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), weights) << o.out;
-  EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), weights) << o.out;
-  EXPECT_EQ(read_text(out / "history.csv"), read_text(ref / "history.csv"));
+  expect_ends_as(local, ref, o, out);
 }
 
 // Without a spare host the restart fails saying what would have saved the run, and tears down.

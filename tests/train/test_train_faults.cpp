@@ -55,11 +55,7 @@ class TrainFaults : public SkyforgeRunTest {
     return r;
   }
 
-  void kill_worker(int node) {
-    const pid_t w = worker_of(root_, node);
-    ASSERT_GT(w, 0) << "no worker of node " << node;
-    ASSERT_EQ(::kill(w, SIGKILL), 0);
-  }
+  void kill_worker(int node) { kill_worker_of(root_, node); }
 };
 
 // Node 1's worker is SIGKILLed in epoch 3, then the head's in epoch 5: each time every worker
