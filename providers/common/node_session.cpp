@@ -62,7 +62,7 @@ void write_all(int fd, const std::string& text) {
   while (off < text.size()) {
     ssize_t k = ::write(fd, text.data() + off, text.size() - off);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) throw std::runtime_error(std::string("the session is gone: ") + std::strerror(errno));
+    if (k <= 0) throw SessionGone(std::string("the session is gone: ") + std::strerror(errno));
     off += size_t(k);
   }
 }
@@ -113,8 +113,9 @@ while :; do
   w0=${args[0]}
   [ -e "$SKYFORGE_STAGE_ROOT$w0" ] && w0=$SKYFORGE_STAGE_ROOT$w0
   # The environment is exported in a subshell, by a builtin: it stays out of every argv, and
-  # the next worker starts from the agent's own.
-  ( [ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; exec setsid "$w0" "${args[@]:1}" < /dev/null ) &
+  # the next worker starts from the agent's own. SKYFORGE_NODE_AGENT: the node's directory is this
+  # agent's, which removes it when the host is gone and keeps it for the next worker until then.
+  ( [ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; export SKYFORGE_NODE_AGENT=1; exec setsid "$w0" "${args[@]:1}" < /dev/null ) &
   w=$!
   echo "$w" > worker.pid
   lost=0
@@ -235,7 +236,7 @@ void NodeSession::start_worker(const std::vector<std::string>& argv, const std::
   std::lock_guard<std::mutex> lock(mu_);
   if (!input_ || marker_.empty()) throw std::runtime_error("the node has no session (bootstrap first)");
   reap_locked(false);
-  if (reaped_) throw std::runtime_error("the session is gone (exit status " + std::to_string(exit_code(status_)) + ")");
+  if (reaped_) throw SessionGone("the session is gone (exit status " + std::to_string(exit_code(status_)) + ")");
   scan_locked();
   if (worker_started_ && !worker_exit_) throw std::runtime_error("a worker still runs there");
   if (worker_started_) worker_output_ = log_size(log_.get());  // the next worker's output begins here

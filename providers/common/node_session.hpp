@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +42,12 @@ std::string agent_script(const std::string& dir_words, const std::string& stage_
 
 // Setup-script lines that write `script` to "$D/bootstrap.sh" (a quoted here-document).
 std::string bootstrap_file(const std::string& script);
+
+// Thrown by NodeSession::start_worker when the session has ended (the machine, its sshd or the
+// connection gone): no worker can start on that node again; a provider reports it as SF_ERR_GONE.
+struct SessionGone : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // A fresh random marker for agent_script.
 std::string session_marker();

@@ -271,6 +271,8 @@ void SlurmProvider::start_worker(const std::string& node_id, const std::vector<s
     n.session.start_worker(argv, env);
   } catch (const std::invalid_argument& e) {
     throw invalid(e.what());
+  } catch (const providers::SessionGone& e) {
+    throw Error("slurm provider: " + node_id + " (" + n.name + "): " + e.what(), SF_ERR_GONE);
   } catch (const std::runtime_error& e) {
     throw Error("slurm provider: " + node_id + " (" + n.name + "): " + e.what());
   }

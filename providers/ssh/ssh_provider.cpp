@@ -486,11 +486,20 @@ std::string SshProvider::replace_node(const std::string& node_id) {
                 SF_ERR_UNSUPPORTED);
   old.session.stop(std::chrono::milliseconds(2000));
   if (fresh) {
-    start_master(*fresh);
-    check_host(*fresh, local_platform());
-    std::lock_guard<std::mutex> lock(mu_);
-    hosts_.push_back(std::move(fresh));
-    spare = hosts_.back().get();
+    Host* h = fresh.get();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hosts_.push_back(std::move(fresh));  // so teardown ends its connection, whatever happens next
+    }
+    try {
+      start_master(*h);
+      check_host(*h, local_platform());
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      h->lost = true;
+      throw;
+    }
+    spare = h;
   }
   auto n = std::make_unique<Node>();
   n->index = old.index;
@@ -599,6 +608,8 @@ void SshProvider::start_worker(const std::string& node_id, const std::vector<std
     n.session.start_worker(argv, env);
   } catch (const std::invalid_argument& e) {
     throw invalid(e.what());
+  } catch (const providers::SessionGone& e) {
+    throw Error(describe(*n.host) + ": " + node_id + ": " + e.what(), SF_ERR_GONE);
   } catch (const std::runtime_error& e) {
     throw Error(describe(*n.host) + ": " + node_id + ": " + e.what());
   }

@@ -99,7 +99,7 @@ class PoolRun {
   // The collective watchdog (under mu_): why the run must stop, when a node has sat in
   // collective #N for [job] collective_timeout while another never entered it.
   std::optional<std::string> collective_hang() const;
-  std::string describe_loss(uint32_t node, const std::string& reason);  // without mu_
+  std::string describe_loss(const std::string& node_id, const std::string& reason);  // without mu_
   void on_signal(int sig);
 
   // map scheduling (under mu_)
@@ -582,9 +582,11 @@ void PoolRun::on_closed(uint32_t node, uint64_t gen, const std::string& reason) 
     nodes_[node].lost = reason;
     std::string why = reason;
     if (failure_.empty()) {  // the run's first failure: worth asking the provider how the worker ended
+      const std::string id = nodes_[node].id;
       lock.unlock();
-      why = describe_loss(node, reason);
+      why = describe_loss(id, reason);
       lock.lock();
+      if (gen != generation_) return;  // a restart began meanwhile: this worker is already replaced
     }
     std::string lost = "node " + std::to_string(node) + " lost: " + why;
     if (const auto& p = nodes_[node].progress; p && !p->status.empty()) lost += "; last seen at " + p->status;
@@ -623,14 +625,14 @@ void PoolRun::on_closed(uint32_t node, uint64_t gen, const std::string& reason) 
 // connection's own reason. The connection drops a moment before the worker can be reaped, so
 // the provider is asked for up to 500 ms (a remote agent notices within 100 ms, then its line crosses the network); a worker still running (a lease that ran out on a
 // stopped one) or a provider that cannot tell leaves the reason as it was.
-std::string PoolRun::describe_loss(uint32_t node, const std::string& reason) {
+std::string PoolRun::describe_loss(const std::string& node_id, const std::string& reason) {
   const sf_provider_hooks* h = provider_->hooks<sf_provider_hooks>();
   if (!h || !h->worker_exit) return reason;
   sf_worker_exit e{};
   e.struct_size = sizeof e;
   int32_t known = 0;
   for (const auto until = Clock::now() + std::chrono::milliseconds(500);;) {
-    known = h->worker_exit(provider_->self(), nodes_[node].id.c_str(), &e);
+    known = h->worker_exit(provider_->self(), node_id.c_str(), &e);
     if (known != 0 || Clock::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -883,8 +885,13 @@ void PoolRun::restart_workers(const std::string& why) {
     try {
       launch_worker(i);
       continue;
-    } catch (const std::exception& e) {
-      why = e.what();  // the node's machine is gone (an ssh host down): no worker can start there
+    } catch (const PluginError& e) {
+      // Only a node whose machine or session is gone (an ssh host down, an instance reclaimed)
+      // is moved; any other failure ends the run as it says.
+      if (e.status() != SF_ERR_GONE)
+        throw std::runtime_error("restart " + std::to_string(k) + "/" + std::to_string(m_.job.max_restarts) +
+                                 " failed: node " + std::to_string(i) + ": " + e.what());
+      why = e.what();
     }
     replace_node(i, k, why);
   }

@@ -186,18 +186,24 @@ class Worker {
   explicit Worker(const WorkerArgs& a) : args_(a), services_([this](int32_t level, const std::string& m) {
     if (level == SF_LOG_STATUS) {  // what the app is doing: quoted by the host if this node is lost
       // Sent with the heartbeat's Progress, and at once when the last went out 100 ms ago or more,
-      // so that "last seen" is that fresh.
+      // else when those 100 ms are over, so that "last seen" is at most that old.
       const auto now = std::chrono::steady_clock::now();
-      bool send = false;
+      bool send = false, later = false;
+      std::chrono::steady_clock::time_point due;
       {
         std::lock_guard<std::mutex> lock(status_mu_);
         status_ = m.substr(0, 256);
-        if (now - status_sent_ >= std::chrono::milliseconds(100)) {
+        if (now - status_sent_ >= kStatusEvery) {
           status_sent_ = now;
           send = true;
+        } else if (!status_due_) {
+          status_due_ = true;
+          later = true;
+          due = status_sent_ + kStatusEvery;
         }
       }
       if (send) boost::asio::post(io_, [this] { send_progress(); });
+      if (later) boost::asio::post(io_, [this, due] { send_status_at(due); });
       return;
     }
     if (level < min_log_level_) return;
@@ -221,6 +227,7 @@ class Worker {
   void renew_lease_file();
   void report_progress();  // msg::Progress every heartbeat interval, once there is a communicator or a status
   void send_progress();    // one msg::Progress now (io thread)
+  void send_status_at(std::chrono::steady_clock::time_point due);  // a status held back, at `due` (io thread)
   std::shared_ptr<const sf_communicator> make_communicator();
 
   WorkerArgs args_;
@@ -256,7 +263,10 @@ class Worker {
   // The app's last status line (SF_LOG_STATUS): where it is ("epoch 3/6, step 412/900").
   std::mutex status_mu_;
   std::string status_;
+  static constexpr std::chrono::milliseconds kStatusEvery{100};
   std::chrono::steady_clock::time_point status_sent_{};
+  bool status_due_ = false;  // a status waits for send_status_at
+  std::unique_ptr<boost::asio::steady_timer> status_timer_;
 };
 
 void Worker::send_log(int stream, std::string text) {
@@ -325,15 +335,18 @@ std::shared_ptr<const sf_communicator> Worker::make_communicator() {
   return std::shared_ptr<const sf_communicator>(std::move(comm), table);
 }
 
-// The host is gone: nobody will tear this node down, so do it ourselves, now.
+// The host is gone: nobody will tear this node down, so do it ourselves, now. Under a node agent
+// (ssh, slurm, aws: SKYFORGE_NODE_AGENT) the node's directory is the agent's: it removes it when
+// the host's session drops, and until then keeps it for the worker a restart sends next.
 void Worker::dead_man(const std::string& reason) {
   diag("node " + std::to_string(args_.node) + ": " + reason + "; shutting down");
+  const char* agent = std::getenv("SKYFORGE_NODE_AGENT");
   if (!lease_file_.empty()) {
     const struct timespec epoch[2] = {{0, 0}, {0, 0}};
     ::utimensat(AT_FDCWD, lease_file_.c_str(), epoch, 0);  // the machine's switch acts now, not after its ttl
   }
   kill_children();
-  if (args_.remove_work_dir && !args_.work_dir.empty()) {
+  if (args_.remove_work_dir && !args_.work_dir.empty() && !(agent && std::string(agent) == "1")) {
     std::error_code ec;
     std::filesystem::path wd(args_.work_dir);
     if (chdir("/") == 0) {
@@ -351,6 +364,20 @@ void Worker::report_progress() {
   progress_timer_->expires_after(std::chrono::milliseconds(std::max(50, args_.heartbeat_ms)));
   progress_timer_->async_wait([this](const boost::system::error_code& ec) {
     if (!ec) report_progress();
+  });
+}
+
+void Worker::send_status_at(std::chrono::steady_clock::time_point due) {
+  if (!status_timer_) status_timer_ = std::make_unique<boost::asio::steady_timer>(io_);
+  status_timer_->expires_at(due);
+  status_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    {
+      std::lock_guard<std::mutex> lock(status_mu_);
+      status_due_ = false;
+      status_sent_ = std::chrono::steady_clock::now();
+    }
+    send_progress();
   });
 }
 

@@ -63,6 +63,7 @@ typedef int32_t sf_status;
 #define SF_ERR_UNSUPPORTED 3 /* hook cannot serve this request */
 #define SF_ERR_TIMEOUT 4
 #define SF_ERR_CANCELLED 5
+#define SF_ERR_GONE 6 /* ABI 1.7: the node's machine or session is gone (start_worker); see replace_node */
 
 /* ---- plugin kinds ------------------------------------------------------------------ */
 typedef int32_t sf_kind;
@@ -321,8 +322,9 @@ typedef struct sf_provider_hooks {
    * make that fit `accelerator` (a [pool] accelerator spec, "A100:1"; "" for all), cheapest
    * first, as text for a terminal, to `out`. Runs on the client with no pool. */
   sf_status (*offers)(void* self, const char* accelerator, sf_sink out);
-  /* ABI 1.7. Optional. Node `node_id`'s machine is gone (its session ended: a host down, its
-   * sshd killed, a spot instance reclaimed), so no worker can start there again: give the node
+  /* ABI 1.7. Optional. Node `node_id`'s machine is gone (start_worker returned SF_ERR_GONE: its
+   * session ended, a host down, its sshd killed, a spot instance reclaimed), so no worker can
+   * start there again: give the node
    * another machine under the same id (a spare host, a new instance) and write its address to
    * `address`. The host then bootstraps it again and starts its worker there ([job]
    * max_restarts). SF_ERR_UNSUPPORTED when there is no spare capacity (say what would give some).
