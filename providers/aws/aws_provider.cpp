@@ -22,6 +22,12 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+// Clears the live status line the waits below draw, however the scope ends.
+struct StatusCleared {
+  const Host& h;
+  ~StatusCleared() { h.status(""); }
+};
+
 // Whether an SSH server answers on addr:22 with its banner within `wait`.
 bool sshd_answers(const std::string& addr, std::chrono::milliseconds wait) {
   addrinfo hints{}, *res = nullptr;
@@ -227,10 +233,7 @@ Provisioned AwsProvider::provision(const PoolSpec& spec) {
     pool_->set_status([h = host()](const std::string& l) { h.status(l); });
     if (cancelled_) pool_->cancel();
   }
-  struct ClearStatus {
-    const Host& h;
-    ~ClearStatus() { h.status(""); }
-  } clear_status{host()};
+  const StatusCleared clear_status{host()};
   auto instances = pool_->create(spec.pool_id, spec.nodes);
   wait_for_sshd(instances);
 
@@ -248,7 +251,7 @@ Provisioned AwsProvider::provision(const PoolSpec& spec) {
   cfg.slots_per_host = 1;
   // Each instance is new: its host key is recorded on first contact in the pool's own file
   // (never the user's known_hosts), and a changed key within the pool is still refused.
-  cfg.known_hosts_file = (state / "known_hosts").string();
+  cfg.known_hosts_file = known_hosts_ = (state / "known_hosts").string();
   cfg.strict_host_keys = "accept-new";
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -277,14 +280,19 @@ std::string AwsProvider::replace_node(const std::string& node_id) {
   } catch (const std::exception& e) {
     host().warn(std::string("aws: ") + e.what());
   }
-  const auto made = pool->add(1);
+  const StatusCleared clear_status{host()};
   const uint32_t index = uint32_t(std::strtoul(node_id.c_str() + node_id.find('-') + 1, nullptr, 10));
+  const auto made = pool->add(1, index);
   wait_for_sshd(made, index);
-  s->add_host(pool->address_of(made[0]));
-  const std::string address = s->replace_node(node_id);
+  // EC2 may give the new instance the lost one's private address: its new host key must not be
+  // refused as a changed one.
+  const std::string address = pool->address_of(made[0]);
+  providers::run_command({"ssh-keygen", "-q", "-f", known_hosts_, "-R", address});
+  s->add_host(address);
+  const std::string moved_to = s->replace_node(node_id);
   std::lock_guard<std::mutex> lock(mu_);
   instance_of_[node_id] = made[0].id;
-  return address;
+  return moved_to;
 }
 
 void AwsProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {

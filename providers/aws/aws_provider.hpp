@@ -47,6 +47,7 @@ class AwsProvider : public Provider {
   void wait_for_sshd(const std::vector<InstanceView>& instances, uint32_t first_node = 0);
 
   Context ctx_;
+  std::string known_hosts_;  // the pool's own (provision)
   AwsOptions opt_;
   int ssh_timeout_s_ = 300;
   std::string offers_file_;

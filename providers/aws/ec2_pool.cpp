@@ -443,8 +443,17 @@ std::vector<InstanceView> Ec2Pool::run_instances(uint32_t n) {
             }
             throw Error(e.what(), SF_ERR);
           }
-          // The request may have made the instances: look before sending it again.
+          // The request may have made the instances: look before sending it again. Only
+          // instances the pool does not hold yet and that are starting or up count: add() runs
+          // beside the pool's live ones and after a lost one's termination.
           auto found = describe_pool_instances();
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            std::erase_if(found, [&](const InstanceView& m) {
+              return (m.state != "pending" && m.state != "running") ||
+                     std::find(instances_.begin(), instances_.end(), m.id) != instances_.end();
+            });
+          }
           if (!found.empty()) {
             log_("aws: RunInstances answered " + (e.code.empty() ? std::string("nothing") : e.code) + ", but " +
                  std::to_string(found.size()) + " instance(s) of the pool exist: adopting them");
@@ -466,7 +475,7 @@ std::vector<InstanceView> Ec2Pool::run_instances(uint32_t n) {
               SF_ERR);
 }
 
-std::vector<InstanceView> Ec2Pool::wait_running(const std::vector<std::string>& ids) {
+std::vector<InstanceView> Ec2Pool::wait_running(const std::vector<std::string>& ids, uint32_t first_node) {
   const auto start = Clock::now();
   std::map<std::string, std::string> shown;  // id -> last state shown
   for (;;) {
@@ -489,11 +498,11 @@ std::vector<InstanceView> Ec2Pool::wait_running(const std::vector<std::string>& 
       const InstanceView& v = it->second;
       if (shown[v.id] != v.state) {
         shown[v.id] = v.state;
-        log_("aws: node " + std::to_string(i) + " " + v.id + ": " + v.state + " (" + seconds_text(Clock::now() - start) +
+        log_("aws: node " + std::to_string(first_node + i) + " " + v.id + ": " + v.state + " (" + seconds_text(Clock::now() - start) +
              ")");
       }
       if (gone_state(v.state) || v.state == "stopped" || v.state == "stopping")
-        throw Error("aws provider: node " + std::to_string(i) + " (" + v.id + ") is " + v.state +
+        throw Error("aws provider: node " + std::to_string(first_node + i) + " (" + v.id + ") is " + v.state +
                         " before it ever ran" + (v.reason.empty() ? "" : ": " + v.reason),
                     SF_ERR);
       if (v.state != "running" || address_of(v).empty()) all = false;
@@ -502,7 +511,7 @@ std::vector<InstanceView> Ec2Pool::wait_running(const std::vector<std::string>& 
       std::string line = "aws [" + seconds_text(Clock::now() - start) + "]:";
       for (size_t i = 0; i < ids.size(); ++i) {
         auto it = by_id.find(ids[i]);
-        line += (i ? ", node " : " node ") + std::to_string(i) + " " + (it == by_id.end() ? "requested" : it->second.state);
+        line += (i ? ", node " : " node ") + std::to_string(first_node + i) + " " + (it == by_id.end() ? "requested" : it->second.state);
       }
       status_(line);
     }
@@ -540,13 +549,13 @@ std::vector<InstanceView> Ec2Pool::create(const std::string& pool_id, uint32_t n
   return wait_running(ids);
 }
 
-std::vector<InstanceView> Ec2Pool::add(uint32_t n) {
+std::vector<InstanceView> Ec2Pool::add(uint32_t n, uint32_t first_node) {
   if (image_id_.empty()) throw Error("aws provider: add() before create()", SF_ERR_INVALID);
   auto made = run_instances(n);
   std::vector<std::string> ids;
   for (const auto& m : made) ids.push_back(m.id);
   ++launches_;
-  return wait_running(ids);
+  return wait_running(ids, first_node);
 }
 
 void Ec2Pool::wait_terminated(const std::vector<std::string>& ids) {

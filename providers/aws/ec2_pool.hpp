@@ -101,9 +101,9 @@ class Ec2Pool {
   // address it will be reached at. Throws Error naming what failed; whatever was made is
   // recorded first, so teardown() finds it.
   std::vector<InstanceView> create(const std::string& pool_id, uint32_t n);
-  // `n` more instances for the pool create() made (a lost one's replacement), launched and
-  // waited for as there, with the same key, group, tags and dead-man switch.
-  std::vector<InstanceView> add(uint32_t n);
+  // `n` more instances for the pool create() made (a lost one's replacement: nodes first_node
+  // on), launched and waited for as there, with the same key, group, tags and dead-man switch.
+  std::vector<InstanceView> add(uint32_t n, uint32_t first_node);
   // Terminates `ids` (every instance of the pool when empty) and waits for `terminated`; with
   // every instance, also the per-pool group and key pair. Idempotent; callable from any thread,
   // while create() runs included (create() then stops waiting and throws).
@@ -135,7 +135,8 @@ class Ec2Pool {
   std::vector<InstanceView> run_instances(uint32_t n);
   std::vector<InstanceView> describe_pool_instances(bool persistent = false);  // by tag, not terminated
   pugi::xml_document persist(const std::string& action, const QueryParams& params);
-  std::vector<InstanceView> wait_running(const std::vector<std::string>& ids);
+  // `ids[i]` is node first_node + i (for what it shows).
+  std::vector<InstanceView> wait_running(const std::vector<std::string>& ids, uint32_t first_node = 0);
   void wait_terminated(const std::vector<std::string>& ids);
   QueryParams tag_spec(int index, const std::string& resource_type, bool with_expiry) const;
   std::string resolve_image();
