@@ -70,13 +70,18 @@ SlurmConfig SlurmConfig::from(const Options& o) {
   if (c.stage_dir.empty() || c.stage_dir[0] != '/')
     throw invalid("option 'stage_dir': expected an absolute directory on the nodes, got \"" + c.stage_dir + "\"");
   c.control_address = o.get("control_address", "");
+  int64_t spare = o.get_int("spare_nodes", 0);
+  if (spare < 0 || spare > 64) throw invalid("option 'spare_nodes': expected 0 to 64, got " + std::to_string(spare));
+  c.spare_nodes = uint32_t(spare);
   return c;
 }
 
 std::vector<std::string> sbatch_args(const SlurmConfig& c, uint32_t nodes, const std::string& pool_id,
                                      const std::string& batch_script) {
-  std::vector<std::string> a = {"--parsable", "--job-name=skyforge-" + pool_id, "--nodes=" + std::to_string(nodes),
-                                "--ntasks-per-node=1", "--output=/dev/null", "--error=/dev/null"};
+  std::vector<std::string> a = {"--parsable", "--job-name=skyforge-" + pool_id,
+                                "--nodes=" + std::to_string(nodes + c.spare_nodes), "--ntasks-per-node=1",
+                                "--output=/dev/null", "--error=/dev/null"};
+  if (c.spare_nodes > 0) a.push_back("--no-kill");  // a node that fails leaves the job running on the others
   auto opt = [&](const char* flag, const std::string& v) {
     if (!v.empty()) a.push_back(std::string(flag) + "=" + v);
   };
@@ -144,7 +149,8 @@ Provisioned SlurmProvider::provision(const PoolSpec& spec) {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = job.substr(0, job.find(';'));  // "id;cluster" on a federation
   }
-  host().info("slurm: job " + job_ + " submitted (" + std::to_string(spec.nodes) + " nodes)");
+  host().info("slurm: job " + job_ + " submitted (" + std::to_string(spec.nodes) + " nodes" +
+              (config_.spare_nodes ? " + " + std::to_string(config_.spare_nodes) + " spare" : "") + ")");
 
   // Until it runs: its state shown when it changes, cancelled at queue_timeout.
   const auto deadline = Clock::now() + std::chrono::seconds(config_.queue_timeout_s);
@@ -176,8 +182,9 @@ Provisioned SlurmProvider::provision(const PoolSpec& spec) {
   CommandResult hn = slurm("scontrol", {"show", "hostnames", nodelist});
   auto names = lines_of(hn.out);
   names.erase(std::remove(names.begin(), names.end(), ""), names.end());
-  if (hn.status != 0 || names.size() != spec.nodes)
-    throw Error("slurm provider: job " + job_ + " runs on '" + nodelist + "', expected " + std::to_string(spec.nodes) + " nodes");
+  if (hn.status != 0 || names.size() != spec.nodes + config_.spare_nodes)
+    throw Error("slurm provider: job " + job_ + " runs on '" + nodelist + "', expected " +
+                std::to_string(spec.nodes + config_.spare_nodes) + " nodes");
   std::string joined;
   for (const auto& n : names) joined += (joined.empty() ? "" : ",") + n;
   auto addrs = node_addresses(slurm("scontrol", {"-o", "show", "node", joined}).out);
@@ -193,6 +200,8 @@ Provisioned SlurmProvider::provision(const PoolSpec& spec) {
       out.nodes.push_back({n->id, n->address});
       nodes_.push_back(std::move(n));
     }
+    for (size_t i = spec.nodes; i < names.size(); ++i)
+      spares_.emplace_back(names[i], addrs.count(names[i]) ? addrs[names[i]] : names[i]);
   }
   host().info("slurm: job " + job_ + " running on " + nodelist);
   out.control_address = config_.control_address;
@@ -219,9 +228,36 @@ void SlurmProvider::stage() {
 
 SlurmProvider::Node* SlurmProvider::find(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& n : nodes_)
-    if (n->id == id) return n.get();
+  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)  // the newest entry: a replaced node's
+    if ((*it)->id == id) return it->get();
   return nullptr;
+}
+
+std::string SlurmProvider::replace_node(const std::string& node_id) {
+  Node& old = require(node_id, "replace_node");
+  std::pair<std::string, std::string> spare;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spares_.empty())
+      throw Error("slurm provider: " + node_id + "'s Slurm node (" + old.name + ", job " + job_ +
+                      ") is gone, and the allocation has no spare node left: set [provider] spare_nodes = 1 or more "
+                      "to have a lost one replaced",
+                  SF_ERR_UNSUPPORTED);
+    spare = spares_.front();
+    spares_.erase(spares_.begin());
+  }
+  old.session.stop(std::chrono::milliseconds(2000));
+  auto n = std::make_unique<Node>();
+  n->index = old.index;
+  n->id = old.id;
+  n->name = spare.first;
+  n->address = spare.second;
+  host().info("slurm: " + node_id + " moves from " + old.name + " to the spare node " + n->name + " of job " + job_);
+  std::lock_guard<std::mutex> lock(mu_);
+  old.gone = true;
+  lost_names_.push_back(old.name);
+  nodes_.push_back(std::move(n));
+  return spare.second;
 }
 
 SlurmProvider::Node& SlurmProvider::require(const std::string& id, const char* op) {
@@ -300,19 +336,22 @@ int SlurmProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
 }
 
 void SlurmProvider::cancel_job(std::vector<std::string>& problems) {
-  std::string job;
+  std::string job, exclude;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job = job_;
+    for (const auto& n : lost_names_) exclude += (exclude.empty() ? "" : ",") + n;
   }
   if (job.empty()) return;
   // The nodes' processes and the pool's directory, in one last step (the batch script would do
   // the directory too, but it ends with the job cancelled here).
   const std::string p = shell_quote(pool_dir());
-  slurm("srun", {"--jobid=" + job, "--overlap", "--ntasks-per-node=1", "-J", "skyforge-cleanup", "bash", "--norc", "-c",
+  std::vector<std::string> args = {"--jobid=" + job, "--overlap", "--ntasks-per-node=1", "-J", "skyforge-cleanup"};
+  if (!exclude.empty()) args.push_back("--exclude=" + exclude);  // nodes that are gone would hold the step up
+  args.insert(args.end(), {"bash", "--norc", "-c",
                  "for f in " + p + "/node-*/*.pid; do [ -f \"$f\" ] && kill -KILL -- -\"$(cat \"$f\")\" 2>/dev/null; done; "
-                 "rm -rf " + p + "; true"},
-        std::chrono::seconds(20));
+                 "rm -rf " + p + "; true"});
+  slurm("srun", args, std::chrono::seconds(20));
   CommandResult r = slurm("scancel", {job});
   if (r.status != 0) {
     problems.push_back("scancel " + job + " failed: " + last_line(r.err) + " — cancel it by hand");

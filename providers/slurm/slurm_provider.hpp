@@ -25,6 +25,7 @@ struct SlurmConfig {
   std::string partition, time_limit, account, qos, constraint, gres;
   std::vector<std::string> extra_sbatch_args;
   int queue_timeout_s = 600;
+  uint32_t spare_nodes = 0;  // allocated beside the pool's (with --no-kill): a lost node moves to one
   std::string stage_dir = "/tmp";  // on every node: the pool's directory goes under it
   std::string control_address;
 
@@ -52,6 +53,9 @@ class SlurmProvider : public Provider {
   void terminate(const std::vector<std::string>& node_ids) override;
   int worker_alive(const std::string& node_id) override;
   int worker_exit(const std::string& node_id, WorkerExit& out) override;
+  // A node whose Slurm node is gone moves, under the same id, to a spare node of the allocation
+  // (`spare_nodes`); bootstrap follows. SF_ERR_UNSUPPORTED when no spare is left.
+  std::string replace_node(const std::string& node_id) override;
 
   const SlurmConfig& config() const { return config_; }
   std::string job_id() const;
@@ -78,7 +82,9 @@ class SlurmProvider : public Provider {
   std::vector<std::string> stage_files_;
   mutable std::mutex mu_;
   std::string job_;  // "" until sbatch answered; cleared once cancelled
-  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<Node>> nodes_;  // a replaced node's newer entry comes later
+  std::vector<std::pair<std::string, std::string>> spares_;  // (name, address) of unused spare nodes
+  std::vector<std::string> lost_names_;  // Slurm nodes a pool node was moved away from
   std::mutex stage_mu_;
   bool staged_ = false;
 };

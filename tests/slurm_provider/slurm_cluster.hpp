@@ -20,6 +20,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -74,6 +75,9 @@ class SlurmCluster {
          << "\nCryptoType=crypto/munge\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
             "SelectType=select/cons_tres\nReturnToService=2\nMessageTimeout=5\nKillWait=2\n"
+            // A node that stops answering is DOWN after 10 s (Slurm's default: 300 s), so a job
+            // that lost one completes within the test.
+            "SlurmdTimeout=10\n"
          << "SlurmctldPort=" << ctld_port << "\nSlurmdPort=" << d_port << "\nSlurmdSpoolDir=" << (dir_ / "spool").string()
          << "/%n\nStateSaveLocation=" << (dir_ / "state").string() << "\nSlurmctldPidFile=" << (dir_ / "slurmctld.pid").string()
          << "\nSlurmdPidFile=" << (dir_ / "slurmd-%n.pid").string() << "\nSlurmctldLogFile=" << (dir_ / "slurmctld.log").string()
@@ -117,6 +121,12 @@ class SlurmCluster {
     std::vector<std::string> a;
     for (uint32_t i = 0; i < names_.size(); ++i) a.push_back(net_.node_address(i));
     return a;
+  }
+  // Slurm node i's machine gone: every process in its network namespace (its slurmd, the steps'
+  // slurmstepd and what they run) SIGKILLed.
+  void kill_node(uint32_t i) {
+    std::istringstream pids(providers::run_command({"ip", "netns", "pids", net_.netns_name(i)}).out);
+    for (pid_t p; pids >> p;) ::kill(p, SIGKILL);
   }
   // The jobs in the queue (any state), as `squeue -h -o %i` lists them.
   std::string queue() const { return providers::run_command({"squeue", "-h", "-o", "%i %T %j"}).out; }

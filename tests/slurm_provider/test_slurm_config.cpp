@@ -2,6 +2,7 @@
 // tests are in test_slurm_e2e.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "slurm_provider.hpp"
@@ -39,10 +40,23 @@ TEST(SlurmOptions, BecomeSbatchOptions) {
   EXPECT_EQ(sbatch_args(d, 2, "p", "x").size(), 7u) << "no option the manifest did not set";
 }
 
+// Spare nodes are allocated beside the pool's, and a node that fails must not end the job.
+TEST(SlurmOptions, SpareNodesComeWithTheAllocationAndNoKill) {
+  auto c = SlurmConfig::from(options({{"spare_nodes", "1"}}));
+  EXPECT_EQ(c.spare_nodes, 1u);
+  auto a = sbatch_args(c, 2, "p", "x");
+  EXPECT_NE(std::find(a.begin(), a.end(), "--nodes=3"), a.end());
+  EXPECT_NE(std::find(a.begin(), a.end(), "--no-kill"), a.end());
+  auto none = sbatch_args(SlurmConfig::from(options({})), 2, "p", "x");
+  EXPECT_EQ(std::find(none.begin(), none.end(), "--no-kill"), none.end());
+}
+
 TEST(SlurmOptions, BadValuesAreRefusedNamingTheOption) {
   EXPECT_NE(error_of([] { SlurmConfig::from(options({{"time_limit", "an hour"}})); }).find("option 'time_limit'"), std::string::npos);
   EXPECT_NE(error_of([] { SlurmConfig::from(options({{"queue_timeout", "0"}})); }).find("option 'queue_timeout'"), std::string::npos);
   EXPECT_NE(error_of([] { SlurmConfig::from(options({{"stage_dir", "tmp"}})); }).find("option 'stage_dir'"), std::string::npos);
+  EXPECT_NE(error_of([] { SlurmConfig::from(options({{"spare_nodes", "-1"}})); }).find("option 'spare_nodes'"), std::string::npos);
+  EXPECT_NE(error_of([] { SlurmConfig::from(options({{"spare_nodes", "65"}})); }).find("option 'spare_nodes'"), std::string::npos);
   EXPECT_NE(error_of([] { SlurmConfig::from(options({{"extra_sbatch_args", "exclusive"}})); }).find("extra_sbatch_args"),
             std::string::npos);
   for (const char* ok : {"30", "1:00:00", "2-12:00:00", "UNLIMITED"})

@@ -22,13 +22,17 @@ class SlurmE2E : public SkyforgeRunTest {
   void SetUp() override {
     if (auto why = SlurmCluster::unavailable(); !why.empty()) GTEST_SKIP() << "no real Slurm cluster here: " << why;
     SkyforgeRunTest::SetUp();
-    // The daemons' files outside the test's root: their working directories are there, and the
-    // root must be free of processes once a run is over.
-    char dir[] = "/tmp/skyforge-slurm-cluster-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    cluster_ = std::make_unique<SlurmCluster>(dir, 2);
+    make_cluster(2);
     nodes_dir_ = root_ / "nodes";  // the nodes' stage_dir (one filesystem here, as the hosts share this one)
     fs::create_directories(nodes_dir_);
+  }
+  // The daemons' files outside the test's root: their working directories are there, and the
+  // root must be free of processes once a run is over.
+  void make_cluster(uint32_t nodes) {
+    cluster_.reset();
+    char dir[] = "/tmp/skyforge-slurm-cluster-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    cluster_ = std::make_unique<SlurmCluster>(dir, nodes);
     extra_env_["SLURM_CONF"] = cluster_->conf().string();
   }
   void TearDown() override {
@@ -156,6 +160,33 @@ TEST_F(SlurmE2E, ALostWorkerRestartsInItsStepAndTheRunEndsAsOnLocal) {
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
   expect_ends_as(local, ref, o, out);
+}
+
+// A Slurm node that is gone ([job] max_restarts, [provider] spare_nodes = 1): every process of
+// node 1's machine is SIGKILLed mid-training, slurmd included; the restart finds its job step
+// gone, the node moves to the allocation's spare node under the same rank, and the run ends with
+// the weights and history of an uninterrupted run on the local provider, to the bit.
+TEST_F(SlurmE2E, ALostNodeMovesToASpareNodeAtRestartAndTheRunEndsAsOnLocal) {
+  make_cluster(3);
+  const fs::path ref = root_ / "local", out = root_ / "slurm";
+  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  auto c = start_skyforge({"run", write("slurm.toml", faulty_training(slurm_pool(2, "spare_nodes = 1\n"), 1, out, 4)).string()});
+  ASSERT_TRUE(wait_checkpoint(out, 2, 180)) << c->err_so_far();
+  cluster_->kill_node(1);
+  Output o = c->wait(240);
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.err.find("node 1 lost: "), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("slurm: node-1 moves from " + cluster_->node_names()[1] + " to the spare node " +
+                       cluster_->node_names()[2]),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("restart 1/1: node 1 replaced: now at " + cluster_->addresses()[2]), std::string::npos) << o.err;
+  print_replacement(o.err);
+  expect_ends_as(local, ref, o, out);
+  // The job was cancelled; Slurm ends it once it has declared the lost node down (SlurmdTimeout,
+  // 10 s in this cluster): then nothing is left (TearDown).
+  for (int i = 0; i < 600 && skyforge_jobs() != ""; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
 TEST_F(SlurmE2E, AKilledHostLeavesNoWorkerNoDirectoryAndNoJobAfterTheLease) {

@@ -843,7 +843,11 @@ void PoolRun::restart_workers(const std::string& why) {
   // Wait until every worker is gone: its connection closed, and (where the provider can tell)
   // its process ended.
   auto* h = provider_->hooks<sf_provider_hooks>();
-  const auto deadline = t0 + std::chrono::milliseconds(std::max(opt_.lease_ms, 1000) + 10000);
+  const int64_t wait_ms = std::max(opt_.lease_ms, 1000) + 10000;
+  const auto deadline = t0 + std::chrono::milliseconds(wait_ms);
+  const bool can_replace = h->struct_size >= offsetof(sf_provider_hooks, replace_node) + sizeof h->replace_node &&
+                           h->replace_node;
+  std::set<size_t> unreachable;  // the provider still sees their workers run, long after they lost the host
   for (;;) {
     std::vector<size_t> running;
     std::vector<std::string> ids;
@@ -860,6 +864,18 @@ void PoolRun::restart_workers(const std::string& why) {
         if (h->worker_alive(provider_->self(), ids[i].c_str()) == 1) running.push_back(i);
     if (running.empty()) break;
     if (Clock::now() >= deadline) {
+      // Their connections closed long ago (none is open: those go first), yet the provider cannot
+      // see the workers end: their machines are out of reach (a Slurm node whose slurmd died with
+      // it keeps its step's srun waiting). A provider that can gives them other machines below.
+      bool all_closed = true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t i : running) all_closed = all_closed && (!nodes_[i].conn || nodes_[i].closed);
+      }
+      if (can_replace && all_closed) {
+        unreachable.insert(running.begin(), running.end());
+        break;
+      }
       std::string list;
       for (size_t i : running) list += (list.empty() ? "" : ", ") + std::to_string(i);
       throw std::runtime_error("restart " + std::to_string(k) + ": the workers of node" + (running.size() > 1 ? "s " : " ") +
@@ -882,6 +898,10 @@ void PoolRun::restart_workers(const std::string& why) {
   }
   for (uint32_t i = 0; i < nodes_.size(); ++i) {
     std::string why;
+    if (unreachable.count(i)) {
+      replace_node(i, k, "its worker was out of reach for " + std::to_string(wait_ms / 1000) + " s after it lost the host");
+      continue;
+    }
     try {
       launch_worker(i);
       continue;
