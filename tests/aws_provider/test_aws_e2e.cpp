@@ -215,7 +215,7 @@ TEST_F(AwsE2E, AnInstanceTakenAwayMidRunFailsTheRunNamingItsNode) {
 // on the local provider, to the bit. Then nothing is left: every instance, the group, the key.
 TEST_F(AwsE2E, AnInstanceTakenAwayMidTrainingIsReplacedAtRestartAndTheRunEndsAsOnLocal) {
   const fs::path ref = root_ / "local", out = root_ / "aws";
-  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  Output local = run("local.toml", local_reference(ref), 240);
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto c = start_skyforge({"run", write("aws.toml", faulty_training(aws_pool(2), 1, out, 4)).string()});
   ASSERT_TRUE(wait_checkpoint(out, 2, 240));

@@ -33,6 +33,12 @@ inline std::string faulty_training(const std::string& pool, int max_restarts, co
          "[[train.layers]]\ntype = \"dense\"\nunits = 10\n";
 }
 
+// The uninterrupted run a faulty one is compared with: the same training (4 epochs) on 2 local
+// nodes, history under `ref`.
+inline std::string local_reference(const std::filesystem::path& ref) {
+  return faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4);
+}
+
 // Waits for the checkpoint of `epoch` to be written (the training is then in the next epoch).
 inline bool wait_checkpoint(const std::filesystem::path& out, int epoch, double timeout_s = 120) {
   const std::filesystem::path f = out / "ckpt" / ("ckpt-" + std::to_string(epoch) + ".bin");

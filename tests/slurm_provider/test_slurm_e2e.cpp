@@ -150,7 +150,7 @@ TEST_F(SlurmE2E, ABadSbatchOptionFailsWithSbatchsReason) {
 // of an uninterrupted run on the local provider, to the bit.
 TEST_F(SlurmE2E, ALostWorkerRestartsInItsStepAndTheRunEndsAsOnLocal) {
   const fs::path ref = root_ / "local", out = root_ / "slurm";
-  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  Output local = run("local.toml", local_reference(ref), 240);
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto c = start_skyforge({"run", write("slurm.toml", faulty_training(slurm_pool(2), 1, out, 4)).string()});
   ASSERT_TRUE(wait_checkpoint(out, 2, 180));
@@ -169,7 +169,7 @@ TEST_F(SlurmE2E, ALostWorkerRestartsInItsStepAndTheRunEndsAsOnLocal) {
 TEST_F(SlurmE2E, ALostNodeMovesToASpareNodeAtRestartAndTheRunEndsAsOnLocal) {
   make_cluster(3);
   const fs::path ref = root_ / "local", out = root_ / "slurm";
-  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  Output local = run("local.toml", local_reference(ref), 240);
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto c = start_skyforge({"run", write("slurm.toml", faulty_training(slurm_pool(2, "spare_nodes = 1\n"), 1, out, 4)).string()});
   ASSERT_TRUE(wait_checkpoint(out, 2, 180)) << c->err_so_far();

@@ -252,7 +252,7 @@ TEST_F(SshE2E, ThePoolSecretNeverAppearsOnACommandLine) {
 // weights and history of an uninterrupted run on the local provider, to the bit.
 TEST_F(SshE2E, ALostWorkerRestartsOnItsHostAndTheRunEndsAsOnLocal) {
   const fs::path ref = root_ / "local", out = root_ / "ssh";
-  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  Output local = run("local.toml", local_reference(ref), 240);
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto c = start_skyforge({"run", write("ssh.toml", faulty_training(ssh_pool(2), 1, out, 4)).string()});
   ASSERT_TRUE(wait_checkpoint(out, 2));
@@ -272,7 +272,7 @@ TEST_F(SshE2E, ALostHostIsReplacedByASpareOneAtRestartAndTheRunEndsAsOnLocal) {
   hosts_.reset();
   hosts_ = std::make_unique<SshdHosts>(root_ / "hosts3", 3);
   const fs::path ref = root_ / "local", out = root_ / "ssh";
-  Output local = run("local.toml", faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4), 240);
+  Output local = run("local.toml", local_reference(ref), 240);
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto c = start_skyforge({"run", write("ssh.toml", faulty_training(ssh_pool(2), 1, out, 4)).string()});
   ASSERT_TRUE(wait_checkpoint(out, 2));
