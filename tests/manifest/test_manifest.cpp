@@ -3,10 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,61 @@ const std::string kJob = "[job]\napp = \"hello\"\n";
 TEST(SourcePos, Formats) {
   EXPECT_EQ((SourcePos{"job.toml", 3, 9}).str(), "job.toml:3:9");
   EXPECT_EQ((SourcePos{"job.toml", 0, 0}).str(), "job.toml");
+}
+
+// The suggestion's edit distance stops as soon as a candidate cannot be within the budget. It
+// must still suggest exactly what the full optimal-string-alignment table would.
+namespace {
+size_t full_osa(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+std::string reference_suggestion(const std::string& word, const std::vector<std::string>& candidates) {
+  const size_t budget = std::clamp<size_t>(word.size() / 3, 1, 3);
+  const std::string* best = nullptr;
+  size_t best_d = budget + 1;
+  for (const auto& c : candidates) {
+    const size_t d = full_osa(word, c);
+    if (d < best_d) best_d = d, best = &c;
+  }
+  if (!best || best_d == 0) return "";
+  return " (did you mean '" + *best + "'?)";
+}
+}  // namespace
+
+TEST(DidYouMean, SuggestsTheNearestCandidateWithinTheBudget) {
+  const std::vector<std::string> known = {"torch", "jax", "keras", "tensorflow", "huggingface"};
+  EXPECT_EQ(detail::did_you_mean("troch", known), " (did you mean 'torch'?)");  // a transposition
+  EXPECT_EQ(detail::did_you_mean("kears", known), " (did you mean 'keras'?)");
+  EXPECT_EQ(detail::did_you_mean("tensorflw", known), " (did you mean 'tensorflow'?)");
+  EXPECT_EQ(detail::did_you_mean("keras", known), "");  // a known word needs no suggestion
+  EXPECT_EQ(detail::did_you_mean("pytorch-lightning", known), "");
+  EXPECT_EQ(detail::did_you_mean(std::string(4000, 'k'), known), "");
+}
+
+TEST(DidYouMean, AgreesWithTheFullTableOnRandomWords) {
+  // Words over a 3-letter alphabet so that near misses (and transpositions) are common.
+  std::mt19937 rng(20261126);
+  auto word = [&](size_t max_len) {
+    std::string w(rng() % (max_len + 1), 'a');
+    for (char& c : w) c = static_cast<char>('a' + rng() % 3);
+    return w;
+  };
+  for (int round = 0; round < 20000; ++round) {
+    std::vector<std::string> candidates(1 + rng() % 6);
+    for (auto& c : candidates) c = word(10);
+    const std::string w = word(12);
+    ASSERT_EQ(detail::did_you_mean(w, candidates), reference_suggestion(w, candidates)) << "word '" << w << "'";
+  }
 }
 
 TEST(OutputPolicy, Names) {

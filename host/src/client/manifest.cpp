@@ -54,21 +54,36 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
 
 namespace {
 // Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
-// adjacent characters ("troch" -> "torch") each cost one.
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> d((a.size() + 1) * (b.size() + 1));
-  auto at = [&](size_t i, size_t j) -> size_t& { return d[i * (b.size() + 1) + j]; };
+// adjacent characters ("troch" -> "torch") each cost one. Only distances up to `limit` matter to
+// a suggestion, so anything further is reported as limit + 1 without filling the table: the
+// length difference is a lower bound, and so is the smallest entry of a finished row. An unknown
+// key of 4,000 bytes costs a comparison, not 4,000 x |candidate| cells per candidate.
+size_t edit_distance(std::string_view a, std::string_view b, size_t limit) {
+  const size_t diff = a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+  if (diff > limit) return limit + 1;
+  const size_t w = b.size() + 1;
+  std::vector<size_t> d((a.size() + 1) * w);
+  auto at = [&](size_t i, size_t j) -> size_t& { return d[i * w + j]; };
   for (size_t i = 0; i <= a.size(); ++i) at(i, 0) = i;
   for (size_t j = 0; j <= b.size(); ++j) at(0, j) = j;
   for (size_t i = 1; i <= a.size(); ++i) {
+    size_t row_min = at(i, 0);
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
       at(i, j) = std::min({at(i - 1, j) + 1, at(i, j - 1) + 1, at(i - 1, j - 1) + cost});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
         at(i, j) = std::min(at(i, j), at(i - 2, j - 2) + 1);
+      row_min = std::min(row_min, at(i, j));
+    }
+    // A transposition reaches back two rows, so a row above the limit ends the search only
+    // when the row before it was above the limit too.
+    if (row_min > limit && i > 1) {
+      size_t prev_min = at(i - 1, 0);
+      for (size_t j = 1; j <= b.size(); ++j) prev_min = std::min(prev_min, at(i - 1, j));
+      if (prev_min > limit) return limit + 1;
     }
   }
-  return at(a.size(), b.size());
+  return std::min(at(a.size(), b.size()), limit + 1);
 }
 }  // namespace
 
@@ -78,13 +93,14 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
   const std::string* best = nullptr;
   size_t best_d = budget + 1;
   for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
+    size_t d = edit_distance(word, c, best_d - 1);
     if (d < best_d) {
       best_d = d;
       best = &c;
+      if (d == 0) return "";  // the word is a candidate itself
     }
   }
-  if (!best || best_d == 0) return "";
+  if (!best) return "";
   return " (did you mean '" + *best + "'?)";
 }
 
