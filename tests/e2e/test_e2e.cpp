@@ -305,6 +305,49 @@ TEST_F(E2E, AWorkerKilledByItsAppIsNamedWithTheSignalTheTaskAndTheApp) {
       << o.err;
 }
 
+// A restart ([job] max_restarts) whose surviving node's native app never returns: the worker
+// goes without it kStopGrace (5 s) after the host's shutdown, so the host's wait for every worker
+// to stop (lease + 10 s) holds, the restart goes on, and the run ends as the app says.
+TEST_F(E2E, ARestartGoesOnWhenASurvivorsAppNeverReturns) {
+  const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
+  const fs::path marker = root_ / "killed";
+  auto m = write("stall.toml", "[pool]\nnodes = 2\n[job]\n" + path +
+                                   "app = \"crashy\"\nmode = \"broadcast\"\nmax_restarts = 1\n[job.options]\nrun = "
+                                   "\"kill-once-stall\"\nmarker = \"" + marker.string() + "\"\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  Output o = run({"run", m.string()});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_TRUE(fs::exists(marker.string() + ".stalled"));  // one node really stalled
+  EXPECT_NE(o.err.find("lost: its worker was killed by SIGKILL"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("run() of app 'crashy' did not return within 5 s of the host's shutdown (restart); "
+                       "the worker ends without it"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("restart 1/1: every node ready again"), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("did not stop"), std::string::npos) << o.err;
+  std::printf("kill -> stalled survivor left -> run done: %.1f s\n", seconds);
+
+  // A command that ignores SIGTERM gets SIGKILL 5 s later; the restart goes on. Node 1 kills
+  // its worker once; node 0 then stalls once, ignoring SIGTERM (its `sleep` too).
+  const std::string k = (root_ / "k").string(), st = (root_ / "s").string();
+  auto c = write("stallcmd.toml",
+                 command_manifest(2,
+                                  "trap '' TERM; if [ $SKYFORGE_NODE = 1 ]; then mkdir " + k +
+                                      " 2>/dev/null && kill -9 $PPID; exit 0; fi; while [ ! -d " + k +
+                                      " ]; do sleep 0.1; done; if mkdir " + st +
+                                      " 2>/dev/null; then while :; do sleep 1; done; fi",
+                                  "max_restarts = 1\n"));
+  o = run({"run", c.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_TRUE(fs::exists(st));
+  EXPECT_NE(o.err.find("warning: the command did not end within 5 s of SIGTERM (the host stopped the node: restart); "
+                       "SIGKILL"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("restart 1/1: every node ready again"), std::string::npos) << o.err;
+}
+
 // A compute backend that says it cannot run (sf_compute_hooks::probe; the cuda backend without
 // a driver): on the local provider the client asks before anything starts, and `run` exits 2 at
 // the manifest value that selects it; a node asks again before its job starts.

@@ -224,6 +224,8 @@ class Worker {
   // around_app_exit of every entered plugin, in reverse; the failures, in call order.
   std::vector<std::string> exit_hooks(bool ok);
   void dead_man(const std::string& reason);
+  void arm_stop_deadline(const std::string& reason);  // io thread, on the host's Shutdown
+  [[noreturn]] void leave();
   void renew_lease_file();
   void report_progress();  // msg::Progress every heartbeat interval, once there is a communicator or a status
   void send_progress();    // one msg::Progress now (io thread)
@@ -267,6 +269,10 @@ class Worker {
   std::chrono::steady_clock::time_point status_sent_{};
   bool status_due_ = false;  // a status waits for send_status_at
   std::unique_ptr<boost::asio::steady_timer> status_timer_;
+  // After the host's Shutdown: a command gets kStopGrace after SIGTERM, then SIGKILL; a native
+  // app that has not returned by then is left behind (the process ends).
+  static constexpr std::chrono::seconds kStopGrace{5};
+  std::unique_ptr<boost::asio::steady_timer> stop_timer_;
 };
 
 void Worker::send_log(int stream, std::string text) {
@@ -295,6 +301,7 @@ void Worker::on_frame(msg::Type type, std::string&& payload) {
     case msg::Type::Shutdown:
       shutdown_ = true;
       if (g_child_pid.load() > 0) signal_group(SIGTERM);  // cancel a running command
+      arm_stop_deadline(net::deserialize<msg::Shutdown>(payload).reason);
       break;
     default:
       diag("ignoring unexpected frame type " + std::to_string(static_cast<int>(type)));
@@ -355,6 +362,51 @@ void Worker::dead_man(const std::string& reason) {
     }
   }
   _exit(3);
+}
+
+// The host's Shutdown (a restart, the run's end or its failure) ends this worker within
+// kStopGrace + 2 s whatever its app is doing, so that the host's wait for every worker to stop
+// (lease + 10 s) holds: a command that ignores SIGTERM gets SIGKILL after kStopGrace (torchrun
+// escalates the same way), and a native app whose run() does not return by then (stuck in a
+// read, a loop, a collective with a long timeout) cannot be stopped from outside its thread, so
+// the worker goes without it: the connection is flushed and closed and the process ends. The
+// node's directory stays (a restart's next worker resumes from the checkpoints in it), and the
+// lease file is left alone (the machine is not being given up).
+void Worker::arm_stop_deadline(const std::string& reason) {
+  if (stop_timer_ || finishing_) return;
+  stop_timer_ = std::make_unique<boost::asio::steady_timer>(io_, kStopGrace);
+  stop_timer_->async_wait([this, reason](const boost::system::error_code& ec) {
+    if (ec || finishing_) return;
+    const std::string grace = std::to_string(kStopGrace.count()) + " s";
+    if (g_child_pid.load() > 0) {
+      send_log(3, "warning: the command did not end within " + grace + " of SIGTERM (the host stopped the node: " +
+                      reason + "); SIGKILL\n");
+      kill_children();  // run_app() returns as the command is reaped
+      stop_timer_->expires_after(std::chrono::seconds(2));
+      stop_timer_->async_wait([this](const boost::system::error_code& e) {
+        if (!e && !finishing_) {
+          send_log(3, "warning: the worker did not end 2 s after its command was killed; it ends now\n");
+          std::thread([this] { leave(); }).detach();
+        }
+      });
+      return;
+    }
+    send_log(3, std::string("warning: run() of app '") + g_app_name + "' did not return within " + grace +
+                    " of the host's shutdown (" + reason + "); the worker ends without it\n");
+    std::thread([this] { leave(); }).detach();  // not on the io thread: the flush needs it
+  });
+}
+
+// The end of a worker whose app will not return: children killed, every frame sent, the
+// connection closed, exit status 4.
+void Worker::leave() {
+  finishing_ = true;  // the close below is ours: no dead-man exit, which would remove the node's directory
+  kill_children();
+  if (auto c = conn_) {
+    c->close();
+    c->wait_closed(2000);
+  }
+  _exit(4);
 }
 
 void Worker::report_progress() {
