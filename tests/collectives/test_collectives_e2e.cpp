@@ -258,6 +258,49 @@ TEST_F(Watchdog, ANodeSlowedByNetemIsNamed) {
   std::printf("[ figure ] a node slowed by netem (3 s): named %.1f s after the delay began\n", named);
 }
 
+// A node whose link to its peers is throttled to 8 kbit/s (HTB + a u32 filter in its network
+// namespace: traffic to the other nodes slowed, to the host not, so its heartbeats stay on time):
+// every allreduce now takes seconds, every node sits in the same one, and the watchdog stops
+// the run after [job] collective_timeout saying a link is slow or down, long before Gloo's own
+// timeout. This kernel has HTB but no sch_netem; the test needs only what it uses.
+TEST_F(Watchdog, ANodeWhoseLinkIsThrottledIsFound) {
+  if (geteuid() != 0) GTEST_SKIP() << "isolation = \"netns\" needs root (CAP_NET_ADMIN)";
+  if (system("ip netns add sf-htb-probe 2>/dev/null && ip netns exec sf-htb-probe tc qdisc add dev lo root handle 1: htb "
+             ">/dev/null 2>&1 && ip netns exec sf-htb-probe tc filter add dev lo protocol ip parent 1: prio 1 u32 match "
+             "ip dst 127.0.0.1/32 flowid 1:1 >/dev/null 2>&1; r=$?; ip netns del sf-htb-probe 2>/dev/null; exit $r") != 0)
+    GTEST_SKIP() << "tc htb or the u32 classifier is not available in this kernel";
+  auto c = start_skyforge({"run", write("htb.toml", manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
+                                                            "[provider]\nisolation = \"netns\"\n",
+                                                            "collective_timeout = 2\n")).string()});
+  const pid_t victim = wait_worker_of(1);
+  ASSERT_GT(victim, 0);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // well inside the allreduce loop
+  const auto t0 = std::chrono::steady_clock::now();
+  // To the host (the default gateway, the bridge's .1): full speed; to the rest of the subnet
+  // (the other nodes): 8 kbit/s.
+  const std::string slow =
+      "nsenter -t " + std::to_string(victim) +
+      " -n sh -c 'gw=$(ip -4 route show default | cut -d\" \" -f3) && [ -n \"$gw\" ] && "
+      "tc qdisc add dev eth0 root handle 1: htb default 1 r2q 1000 && "
+      "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit quantum 60000 && "
+      "tc class add dev eth0 parent 1: classid 1:2 htb rate 8kbit ceil 8kbit quantum 1514 && "
+      "tc filter add dev eth0 protocol ip parent 1: prio 1 u32 match ip dst $gw/32 flowid 1:1 && "
+      "tc filter add dev eth0 protocol ip parent 1: prio 2 u32 match ip dst ${gw%.*}.0/24 flowid 1:2'";
+  ASSERT_EQ(std::system(slow.c_str()), 0) << slow;
+  EXPECT_TRUE(c->wait_for_output("collective watchdog: ", 60));
+  const double found = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Output o = c->wait(60);
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(every node has been in allreduce #\d+ for [234] s and none has finished it \(\[job\] collective_timeout = 2 s\): a link between nodes may be down)")))
+      << o.err;
+  EXPECT_EQ(o.err.find("lost"), std::string::npos) << o.err;  // the heartbeats kept coming: no node was lost
+  std::smatch said;
+  std::regex_search(o.err, said, std::regex("collective watchdog: [^\n]*"));
+  std::printf("[ figure ] a node whose link to its peers is throttled to 8 kbit/s: found %.1f s after the throttle began\n%s\n",
+              found, said.str().c_str());
+  EXPECT_LT(found, 15);
+}
+
 // mode = "single" runs the app on the head only: no group to join, so communicator() fails at
 // once instead of waiting out the timeout for nodes that never run the app.
 TEST_F(Collectives, SingleModeHasNoCommunicator) {
