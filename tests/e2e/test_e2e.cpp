@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -647,9 +648,9 @@ TEST_F(E2E, NetnsIsolationGivesEachNodeItsOwnAddress) {
 
 }  // namespace
 
-// A flood on the control port (500 junk connections, and 50 held open with a partial frame)
-// leaves the running job alone, and the host's stderr gets a few lines, not 500: the first
-// rejections verbatim, then a summary with the count.
+// A flood on the control port (1,000 junk connections, then 300 held open with a partial frame:
+// slow loris) leaves the running job alone, and the host's stderr gets a few lines, not 1,000:
+// the first rejections verbatim, then a summary with the count.
 TEST_F(E2E, AConnectionFloodIsSummarisedAndTheJobGoesOn) {
   auto m = write("flood.toml", command_manifest(2, "echo up; sleep 3; echo done"));
   auto c = start({"run", m.string()});
@@ -676,7 +677,13 @@ TEST_F(E2E, AConnectionFloodIsSummarisedAndTheJobGoesOn) {
     }
     return fd;
   };
-  for (int i = 0; i < 500; ++i) {
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_cur < 2048 && files.rlim_max > files.rlim_cur) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 2048);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &files), 0);
+  }
+  for (int i = 0; i < 1000; ++i) {
     const int fd = dial();
     ASSERT_GE(fd, 0) << "connection " << i << ": " << std::strerror(errno);
     const char junk[] = "GET / HTTP/1.0\r\n\r\n";
@@ -684,11 +691,12 @@ TEST_F(E2E, AConnectionFloodIsSummarisedAndTheJobGoesOn) {
     ::close(fd);
   }
   std::vector<int> held;  // slow loris: half a frame header, then nothing
-  for (int i = 0; i < 50; ++i)
+  for (int i = 0; i < 300; ++i)
     if (const int fd = dial(); fd >= 0) {
       (void)!::write(fd, "\x00\x00", 2);
       held.push_back(fd);
     }
+  EXPECT_EQ(held.size(), 300u);
   Output o = c->wait(60);
   for (int fd : held) ::close(fd);
   EXPECT_EQ(o.exit_code, 0) << o.err;
