@@ -178,6 +178,29 @@ class Watchdog : public Collectives {
     }
     return 0;
   }
+  // A 2-node netns pool in a minute-long allreduce loop, and a shell command run in node 1's
+  // network namespace once it is well inside the loop (`in_ns`: the script for `sh -c`, no
+  // single quotes). Returns the run and when the command was done.
+  struct Injected {
+    std::unique_ptr<Child> run;
+    std::chrono::steady_clock::time_point at;
+  };
+  Injected inject_into_node_1(const std::string& name, const std::string& extra_job, const std::string& in_ns) {
+    Injected r;
+    r.run = start_skyforge({"run", write(name, manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
+                                                       "[provider]\nisolation = \"netns\"\n", extra_job)).string()});
+    const pid_t victim = wait_worker_of(1);
+    EXPECT_GT(victim, 0);
+    if (victim <= 0) return r;
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // well inside the allreduce loop
+    r.at = std::chrono::steady_clock::now();
+    const std::string cmd = "nsenter -t " + std::to_string(victim) + " -n sh -c '" + in_ns + "'";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return r;
+  }
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 };
 
 TEST_F(Watchdog, ANodeThatNeverEntersTheFirstCollectiveIsNamed) {
@@ -211,19 +234,13 @@ TEST_F(Watchdog, ANodeThatStopsCallingIsNamedWithItsLastCollective) {
 TEST_F(Watchdog, ANodeWhoseLinkIsCutIsNamed) {
   if (geteuid() != 0) GTEST_SKIP() << "isolation = \"netns\" needs root (CAP_NET_ADMIN)";
   if (system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "ip netns is not available";
-  auto c = start_skyforge({"run", write("cut.toml", manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
-                                                            "[provider]\nisolation = \"netns\"\n")).string()});
-  const pid_t victim = wait_worker_of(1);
-  ASSERT_GT(victim, 0);
-  std::this_thread::sleep_for(std::chrono::seconds(1));  // well inside the allreduce loop
-  const auto t0 = std::chrono::steady_clock::now();
   // (ip, not /sys/class/net: sysfs shows the mount namespace's view, which nsenter -n keeps)
-  const std::string cut = "nsenter -t " + std::to_string(victim) +
-                          " -n sh -c 'for i in $(ip -o link show | cut -d: -f2 | cut -d@ -f1); do "
-                          "[ $i = lo ] || ip link set dev $i down || exit 1; done'";
-  ASSERT_EQ(std::system(cut.c_str()), 0) << cut;
+  auto [c, t0] = inject_into_node_1("cut.toml", "",
+                                    "for i in $(ip -o link show | cut -d: -f2 | cut -d@ -f1); do "
+                                    "[ $i = lo ] || ip link set dev $i down || exit 1; done");
+  ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(c->wait_for_output("node 1 lost", 30));
-  const double named = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double named = seconds_since(t0);
   Output o = c->wait(60);
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   EXPECT_NE(o.err.find("node 1 lost"), std::string::npos) << o.err;
@@ -240,19 +257,12 @@ TEST_F(Watchdog, ANodeSlowedByNetemIsNamed) {
   if (system("ip netns add sf-netem-probe 2>/dev/null && ip netns exec sf-netem-probe tc qdisc add dev lo root netem "
              "delay 1ms >/dev/null 2>&1; r=$?; ip netns del sf-netem-probe 2>/dev/null; exit $r") != 0)
     GTEST_SKIP() << "tc netem is not available in this kernel (no sch_netem)";
-  auto c = start_skyforge({"run", write("netem.toml", manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
-                                                              "[provider]\nisolation = \"netns\"\n",
-                                                              "collective_timeout = 2\n")).string()});
-  const pid_t victim = wait_worker_of(1);
-  ASSERT_GT(victim, 0);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string slow = "nsenter -t " + std::to_string(victim) +
-                           " -n sh -c 'for i in $(ip -o link show | cut -d: -f2 | cut -d@ -f1); do "
-                           "[ $i = lo ] || tc qdisc add dev $i root netem delay 3000ms || exit 1; done'";
-  ASSERT_EQ(std::system(slow.c_str()), 0) << slow;
+  auto [c, t0] = inject_into_node_1("netem.toml", "collective_timeout = 2\n",
+                                    "for i in $(ip -o link show | cut -d: -f2 | cut -d@ -f1); do "
+                                    "[ $i = lo ] || tc qdisc add dev $i root netem delay 3000ms || exit 1; done");
+  ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(c->wait_for_output("node 1 never entered allreduce", 60));
-  const double named = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double named = seconds_since(t0);
   Output o = c->wait(60);
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   std::printf("[ figure ] a node slowed by netem (3 s): named %.1f s after the delay began\n", named);
@@ -269,26 +279,18 @@ TEST_F(Watchdog, ANodeWhoseLinkIsThrottledIsFound) {
              ">/dev/null 2>&1 && ip netns exec sf-htb-probe tc filter add dev lo protocol ip parent 1: prio 1 u32 match "
              "ip dst 127.0.0.1/32 flowid 1:1 >/dev/null 2>&1; r=$?; ip netns del sf-htb-probe 2>/dev/null; exit $r") != 0)
     GTEST_SKIP() << "tc htb or the u32 classifier is not available in this kernel";
-  auto c = start_skyforge({"run", write("htb.toml", manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
-                                                            "[provider]\nisolation = \"netns\"\n",
-                                                            "collective_timeout = 2\n")).string()});
-  const pid_t victim = wait_worker_of(1);
-  ASSERT_GT(victim, 0);
-  std::this_thread::sleep_for(std::chrono::seconds(1));  // well inside the allreduce loop
-  const auto t0 = std::chrono::steady_clock::now();
   // To the host (the default gateway, the bridge's .1): full speed; to the rest of the subnet
   // (the other nodes): 8 kbit/s.
-  const std::string slow =
-      "nsenter -t " + std::to_string(victim) +
-      " -n sh -c 'gw=$(ip -4 route show default | cut -d\" \" -f3) && [ -n \"$gw\" ] && "
-      "tc qdisc add dev eth0 root handle 1: htb default 1 r2q 1000 && "
-      "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit quantum 60000 && "
-      "tc class add dev eth0 parent 1: classid 1:2 htb rate 8kbit ceil 8kbit quantum 1514 && "
-      "tc filter add dev eth0 protocol ip parent 1: prio 1 u32 match ip dst $gw/32 flowid 1:1 && "
-      "tc filter add dev eth0 protocol ip parent 1: prio 2 u32 match ip dst ${gw%.*}.0/24 flowid 1:2'";
-  ASSERT_EQ(std::system(slow.c_str()), 0) << slow;
+  auto [c, t0] = inject_into_node_1("htb.toml", "collective_timeout = 2\n",
+                                    "gw=$(ip -4 route show default | cut -d\" \" -f3) && [ -n \"$gw\" ] && "
+                                    "tc qdisc add dev eth0 root handle 1: htb default 1 r2q 1000 && "
+                                    "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit quantum 60000 && "
+                                    "tc class add dev eth0 parent 1: classid 1:2 htb rate 8kbit ceil 8kbit quantum 1514 && "
+                                    "tc filter add dev eth0 protocol ip parent 1: prio 1 u32 match ip dst $gw/32 flowid 1:1 && "
+                                    "tc filter add dev eth0 protocol ip parent 1: prio 2 u32 match ip dst ${gw%.*}.0/24 flowid 1:2");
+  ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(c->wait_for_output("collective watchdog: ", 60));
-  const double found = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double found = seconds_since(t0);
   Output o = c->wait(60);
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(every node has been in allreduce #\d+ for [234] s and none has finished it \(\[job\] collective_timeout = 2 s\): a link between nodes may be down)")))
