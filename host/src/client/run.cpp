@@ -979,10 +979,10 @@ int PoolRun::report() {
   if (!m_.job.command.empty()) {
     std::string failed;
     for (size_t i = 0; i < nodes_.size(); ++i)
-      // A command the teardown itself stopped (SIGTERM after another node failed, or Ctrl-C)
-      // did not fail: the run's failure is reported once, below.
+      // A command the teardown itself stopped (SIGTERM after another node failed, or Ctrl-C;
+      // SIGKILL when it ignored that) did not fail: the run's failure is reported once, below.
       if (nodes_[i].result && nodes_[i].result->exit_code != 0 &&
-          !(nodes_[i].cancelled && nodes_[i].result->exit_code == -SIGTERM))
+          !(nodes_[i].cancelled && (nodes_[i].result->exit_code == -SIGTERM || nodes_[i].result->exit_code == -SIGKILL)))
         failed += (failed.empty() ? "" : ", ") + std::string("node ") + std::to_string(i) + " (" +
                   (nodes_[i].result->exit_code < 0 ? "signal " + std::to_string(-nodes_[i].result->exit_code)
                                                    : "exit " + std::to_string(nodes_[i].result->exit_code)) +

@@ -225,6 +225,8 @@ class Worker {
   std::vector<std::string> exit_hooks(bool ok);
   void dead_man(const std::string& reason);
   void arm_stop_deadline(const std::string& reason);  // io thread, on the host's Shutdown
+  std::chrono::milliseconds stop_grace() const;
+  void leave_async();
   [[noreturn]] void leave();
   void renew_lease_file();
   void report_progress();  // msg::Progress every heartbeat interval, once there is a communicator or a status
@@ -269,10 +271,11 @@ class Worker {
   std::chrono::steady_clock::time_point status_sent_{};
   bool status_due_ = false;  // a status waits for send_status_at
   std::unique_ptr<boost::asio::steady_timer> status_timer_;
-  // After the host's Shutdown: a command gets kStopGrace after SIGTERM, then SIGKILL; a native
-  // app that has not returned by then is left behind (the process ends).
-  static constexpr std::chrono::seconds kStopGrace{5};
+  // After the host's Shutdown: a command gets stop_grace() after SIGTERM, then SIGKILL; a
+  // native app that has not returned by then is left behind (the process ends).
   std::unique_ptr<boost::asio::steady_timer> stop_timer_;
+  std::atomic<bool> ending_{false};  // claimed by whichever ends the worker: its normal end, or leave()
+  std::atomic<const char*> phase_{"the job's setup"};  // what the main thread is doing, for leave()'s message
 };
 
 void Worker::send_log(int stream, std::string text) {
@@ -364,41 +367,60 @@ void Worker::dead_man(const std::string& reason) {
   _exit(3);
 }
 
-// The host's Shutdown (a restart, the run's end or its failure) ends this worker within
-// kStopGrace + 2 s whatever its app is doing, so that the host's wait for every worker to stop
-// (lease + 10 s) holds: a command that ignores SIGTERM gets SIGKILL after kStopGrace (torchrun
-// escalates the same way), and a native app whose run() does not return by then (stuck in a
-// read, a loop, a collective with a long timeout) cannot be stopped from outside its thread, so
-// the worker goes without it: the connection is flushed and closed and the process ends. The
-// node's directory stays (a restart's next worker resumes from the checkpoints in it), and the
-// lease file is left alone (the machine is not being given up).
+// The host's Shutdown (a restart, the run's end or its failure) ends this worker before the
+// host's wait for it runs out (lease + 10 s), whatever its app is doing. The grace is that wait
+// less 6 s (8 s with the default 4 s lease): a command gets SIGTERM at once and SIGKILL when the
+// grace is over (torchrun escalates the same way); a native app still inside run(), its tasks,
+// its plugins' setup or exit hooks by then cannot be stopped from outside its thread, so the
+// worker goes without it: every frame sent so far is delivered, the connection closed and the
+// process ends (status 4). The node's directory stays (a restart's next worker resumes from
+// the checkpoints in it), and the lease file is left alone (the machine is not being given up).
+std::chrono::milliseconds Worker::stop_grace() const {
+  return std::chrono::milliseconds(std::max(1000, args_.lease_ms + 10000 - 6000));
+}
+
 void Worker::arm_stop_deadline(const std::string& reason) {
   if (stop_timer_ || finishing_) return;
-  stop_timer_ = std::make_unique<boost::asio::steady_timer>(io_, kStopGrace);
-  stop_timer_->async_wait([this, reason](const boost::system::error_code& ec) {
+  const bool sigterm_sent = g_child_pid.load() > 0;
+  stop_timer_ = std::make_unique<boost::asio::steady_timer>(io_, stop_grace());
+  stop_timer_->async_wait([this, reason, sigterm_sent](const boost::system::error_code& ec) {
     if (ec || finishing_) return;
-    const std::string grace = std::to_string(kStopGrace.count()) + " s";
+    const std::string grace = std::to_string((stop_grace().count() + 500) / 1000) + " s";
     if (g_child_pid.load() > 0) {
-      send_log(3, "warning: the command did not end within " + grace + " of SIGTERM (the host stopped the node: " +
-                      reason + "); SIGKILL\n");
-      kill_children();  // run_app() returns as the command is reaped
+      // SIGKILL only: run_command() reaps its child (a waitpid here would race with it), and
+      // the normal end of the worker kills and reaps whatever the group still holds.
+      send_log(3, "warning: the command did not end within " + grace + " of the host's shutdown (" + reason + ")" +
+                      (sigterm_sent ? " and its SIGTERM" : "") + "; SIGKILL\n");
+      signal_group(SIGKILL);
       stop_timer_->expires_after(std::chrono::seconds(2));
       stop_timer_->async_wait([this](const boost::system::error_code& e) {
         if (!e && !finishing_) {
           send_log(3, "warning: the worker did not end 2 s after its command was killed; it ends now\n");
-          std::thread([this] { leave(); }).detach();
+          leave_async();
         }
       });
       return;
     }
-    send_log(3, std::string("warning: run() of app '") + g_app_name + "' did not return within " + grace +
-                    " of the host's shutdown (" + reason + "); the worker ends without it\n");
-    std::thread([this] { leave(); }).detach();  // not on the io thread: the flush needs it
+    const std::string phase = phase_.load();
+    const bool in_app = phase == "run()" || phase == "the tasks";
+    send_log(3, "warning: " + phase + (in_app ? std::string(" of app '") + g_app_name + "'" : "") + " did not end within " +
+                    grace + " of the host's shutdown (" + reason + "); the worker ends without it\n");
+    leave_async();
   });
 }
 
-// The end of a worker whose app will not return: children killed, every frame sent, the
-// connection closed, exit status 4.
+// leave() on a thread of its own: the close it waits for needs the io thread.
+void Worker::leave_async() {
+  if (ending_.exchange(true)) return;  // the worker's normal end got there first
+  try {
+    std::thread([this] { leave(); }).detach();
+  } catch (const std::system_error&) {
+    leave();  // no thread to be had: the close waits its 2 s out and the process ends anyway
+  }
+}
+
+// The end of a worker whose app will not return: children killed, the frames sent so far
+// delivered, the connection closed, exit status 4.
 void Worker::leave() {
   finishing_ = true;  // the close below is ours: no dead-man exit, which would remove the node's directory
   kill_children();
@@ -670,6 +692,7 @@ msg::RunResult Worker::run_app(EnvMap& env) {
   result.node = args_.node;
   const msg::Job& job = *job_;
   if (!job.command.empty()) {
+    phase_ = "the command";
     result.exit_code = run_command(job.command, env);
     result.ok = result.exit_code == 0;
     if (!result.ok)
@@ -678,6 +701,7 @@ msg::RunResult Worker::run_app(EnvMap& env) {
     return result;
   }
   if (job.mode == JobMode::map) {
+    phase_ = "the tasks";
     run_tasks();
     return result;
   }
@@ -686,6 +710,7 @@ msg::RunResult Worker::run_app(EnvMap& env) {
   sf_sink sink = {&result.value,
                   [](void* ctx, const char* d, size_t n) { lent([&] { static_cast<std::string*>(ctx)->append(d, n); }); }};
   t_in_run = true;
+  phase_ = "run()";
   app_->call(&sf_app_hooks::run, "run", sink);
   t_in_run = false;
   return result;
@@ -794,6 +819,7 @@ int Worker::run() {
         const char* old = env.get("PYTHONPATH");
         env.set("PYTHONPATH", old && *old ? site + ":" + old : site);
       }
+      phase_ = "the plugins' setup";
       setup_plugins(env);
       if (job_->command.empty()) env.apply_to_process();  // native apps read the same environment
       conn_->send(msg::Type::Ready, std::string());
@@ -807,6 +833,7 @@ int Worker::run() {
   if (have_job) {
     // around_app_exit hears whether this node's part failed: its app or command, or in a map job
     // any of its tasks. A failing exit hook fails the node (after every exit hook has run).
+    phase_ = "the exit hooks";
     std::vector<std::string> errors = exit_hooks(result.ok && failed_tasks_.load() == 0);
     for (size_t i = 0; i < errors.size(); ++i) {
       if (i == 0 && result.ok) {
@@ -824,6 +851,8 @@ int Worker::run() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return shutdown_; });
   }
+  if (ending_.exchange(true))  // leave() has the worker already: it ends the process
+    for (;;) ::pause();
   finishing_ = true;
   kill_children();
   frameworks_.clear();
