@@ -48,16 +48,42 @@ float adam_alpha(const AdamConfig& c, uint64_t iteration) {
   return static_cast<float>(c.learning_rate * std::sqrt(1.0 - std::pow(c.beta_2, t)) / (1.0 - std::pow(c.beta_1, t)));
 }
 
-void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
-                 Stream s) {
+namespace {
+
+void adam(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
+          const double* samples, Stream s) {
   const AdamRule rule{static_cast<float>(1.0 - c.beta_1), static_cast<float>(1.0 - c.beta_2), adam_alpha(c, iteration),
-                      static_cast<float>(c.epsilon), grad_scale};
+                      static_cast<float>(c.epsilon), grad_scale, samples};
   multi_tensor(tensors, count, rule, true, true, s, "adam_update");
 }
 
-void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s) {
-  const SgdRule rule{static_cast<float>(c.learning_rate), static_cast<float>(c.momentum), grad_scale, c.nesterov};
+void sgd(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, const double* samples,
+         Stream s) {
+  const SgdRule rule{static_cast<float>(c.learning_rate), static_cast<float>(c.momentum), grad_scale, c.nesterov,
+                     samples};
   multi_tensor(tensors, count, rule, c.momentum != 0.0, false, s, "sgd_update");
+}
+
+}  // namespace
+
+void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
+                 Stream s) {
+  adam(tensors, count, c, iteration, grad_scale, nullptr, s);
+}
+
+void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration,
+                 const double* samples, Stream s) {
+  impl::require(samples != nullptr, "adam_update", "samples is null");
+  adam(tensors, count, c, iteration, 1.f, samples, s);
+}
+
+void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s) {
+  sgd(tensors, count, c, grad_scale, nullptr, s);
+}
+
+void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const double* samples, Stream s) {
+  impl::require(samples != nullptr, "sgd_update", "samples is null");
+  sgd(tensors, count, c, 1.f, samples, s);
 }
 
 void batchnorm_forward_training(const float* x, float* y, size_t rows, size_t C, const float* gamma, const float* beta,

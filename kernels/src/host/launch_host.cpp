@@ -26,6 +26,7 @@ const char* build_name() { return "host"; }
 
 }  // namespace skyforge::kernels
 
+#include "../data.inl"
 #include "../dense.inl"
 #include "../train.inl"
 #include "../window.inl"

@@ -10,6 +10,7 @@
 // pointers' memory (reduce.hpp); kernels that take one overwrite it.
 #pragma once
 
+#include "data.hpp"
 #include "hd.hpp"
 #include "philox.hpp"
 #include "reduce.hpp"
@@ -48,6 +49,16 @@ void softmax_xent(const float* logits, const int32_t* labels, size_t rows, size_
 void reduce_sum(const float* x, size_t n, double* out, double* ws, Stream s = {});
 void reduce_sum_squares(const float* x, size_t n, double* out, double* ws, Stream s = {});
 
+// ---- bound data (data.hpp) ------------------------------------------------------------------------
+// out[r, :] = x[idx[r], :] for r < rows, width floats a row; labels out[r] = y[idx[r]] (y and
+// labels may be null together). The caller checks every idx[r] against its set's size.
+void gather_rows(const float* x, const int32_t* y, const uint64_t* idx, size_t rows, size_t width, float* out,
+                 int32_t* labels, Stream s = {});
+// p[0 .. n) = value.
+void fill(double* p, size_t n, double value, Stream s = {});
+// acc[0 .. n) += x[0 .. n).
+void accumulate(double* acc, const double* x, size_t n, Stream s = {});
+
 // ---- optimizers ----------------------------------------------------------------------------------
 // One parameter tensor: its values, gradient and optimizer slots (size floats each).
 // Adam: slot0 = m, slot1 = v. SGD with momentum: slot0 = velocity; plain SGD: no slots (null).
@@ -72,6 +83,11 @@ float adam_alpha(const AdamConfig& c, uint64_t iteration);
 void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
                  Stream s = {});
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s = {});
+// The same with grad_scale = float(1 / *samples), *samples read on the device when the update
+// runs: a step's global sample count that the host has not waited for (docs/kernels.md).
+void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration,
+                 const double* samples, Stream s = {});
+void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const double* samples, Stream s = {});
 
 // ---- dropout -------------------------------------------------------------------------------------
 // Inverted dropout (philox.hpp): out[i] = in[i] * (kept ? 1 / (1 - rate) : 0), the mask a pure

@@ -36,10 +36,16 @@ struct TensorTable {
 //   m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2); p -= alpha * m / (sqrt(v) + epsilon)
 // where alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), t = iteration + 1 (adam_alpha).
 // Slots: m in slot0, v in slot1.
+// With `samples` (device memory) the scale is float(1 / *samples), read when the update runs.
+SF_HD inline float grad_scale_of(float scale, const double* samples) {
+  return samples ? static_cast<float>(1.0 / *samples) : scale;
+}
+
 struct AdamRule {
   float b1c, b2c, alpha, eps, scale;  // b1c = 1 - beta_1, b2c = 1 - beta_2
+  const double* samples = nullptr;
   SF_HD void operator()(float& p, float g, float* s0, float* s1) const {
-    const float gi = g * scale;
+    const float gi = g * grad_scale_of(scale, samples);
     float m = *s0, v = *s1;
     m += (gi - m) * b1c;
     v += (gi * gi - v) * b2c;
@@ -54,8 +60,9 @@ struct AdamRule {
 struct SgdRule {
   float lr, momentum, scale;
   bool nesterov;
+  const double* samples = nullptr;
   SF_HD void operator()(float& p, float g, float* s0, float*) const {
-    const float gi = g * scale;
+    const float gi = g * grad_scale_of(scale, samples);
     if (momentum == 0.f) {
       p -= lr * gi;
       return;

@@ -1,0 +1,78 @@
+// Bound data (data.hpp, docs/kernels.md "Bound data"): the batch gathered from sample indices,
+// the step sums kept on the device, and the optimizers' scale read from a device count, each
+// against the host-side computation it replaces.
+#include "reference.hpp"
+
+#include <skyforge/kernels/launch.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <stdexcept>
+
+namespace sk = skyforge::kernels;
+
+TEST(BoundData, GatherRowsCopiesTheIndexedSamplesAndLabels) {
+  const size_t n = 97, width = 784;
+  const std::vector<float> x = kref::randn(n * width, 7);
+  std::vector<int32_t> y(n);
+  for (size_t i = 0; i < n; ++i) y[i] = static_cast<int32_t>((i * 31) % 10);
+  // Repeats, the last sample, out of order: what an epoch's permutation hands a step.
+  const std::vector<uint64_t> idx = {96, 0, 5, 5, 42, 1, 95, 17};
+  std::vector<float> out(idx.size() * width, -1.f);
+  std::vector<int32_t> labels(idx.size(), -1);
+  sk::gather_rows(x.data(), y.data(), idx.data(), idx.size(), width, out.data(), labels.data());
+  for (size_t r = 0; r < idx.size(); ++r) {
+    EXPECT_EQ(0, std::memcmp(out.data() + r * width, x.data() + idx[r] * width, width * sizeof(float))) << "row " << r;
+    EXPECT_EQ(labels[r], y[idx[r]]) << "row " << r;
+  }
+  // Rows only.
+  std::vector<float> only(width);
+  sk::gather_rows(x.data(), nullptr, idx.data() + 4, 1, width, only.data(), nullptr);
+  EXPECT_EQ(0, std::memcmp(only.data(), x.data() + 42 * width, width * sizeof(float)));
+  EXPECT_THROW(sk::gather_rows(x.data(), y.data(), idx.data(), 1, width, out.data(), nullptr), std::invalid_argument);
+  EXPECT_THROW(sk::gather_rows(nullptr, nullptr, idx.data(), 1, width, out.data(), nullptr), std::invalid_argument);
+}
+
+TEST(BoundData, FillAndAccumulateKeepRunningSums) {
+  double acc[3], step[3];
+  sk::fill(acc, 3, 0.0);
+  double want[3] = {0, 0, 0};
+  for (int s = 1; s <= 50; ++s) {
+    step[0] = 0.1 * s, step[1] = s % 7, step[2] = 64;
+    sk::accumulate(acc, step, 3);
+    for (int i = 0; i < 3; ++i) want[i] += step[i];
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(acc[i], want[i]) << i;  // the same additions in the same order
+  sk::fill(acc + 1, 2, 3.5);
+  EXPECT_EQ(acc[1], 3.5);
+  EXPECT_EQ(acc[2], 3.5);
+  EXPECT_THROW(sk::accumulate(acc, nullptr, 3), std::invalid_argument);
+}
+
+// The scale read from a device count equals the host's float(1 / samples) bit for bit, for
+// Adam and for SGD with momentum.
+TEST(BoundData, OptimizerScaleFromADeviceCountEqualsTheHostScale) {
+  const size_t n = 4099;
+  const double samples = 192;  // a global batch: 3 ranks x 64
+  const float scale = static_cast<float>(1.0 / samples);
+  for (int opt = 0; opt < 2; ++opt) {
+    std::vector<float> pa = kref::randn(n, 1), pb = pa, ma(n, 0.f), mb(n, 0.f), va(n, 0.f), vb(n, 0.f);
+    for (uint64_t step = 0; step < 4; ++step) {
+      const std::vector<float> g = kref::randn(n, 10 + static_cast<uint32_t>(step), 30.f);
+      sk::OptimTensor a{pa.data(), g.data(), ma.data(), va.data(), n}, b{pb.data(), g.data(), mb.data(), vb.data(), n};
+      if (opt == 0) {
+        sk::adam_update(&a, 1, sk::AdamConfig{}, step, scale);
+        sk::adam_update(&b, 1, sk::AdamConfig{}, step, &samples);
+      } else {
+        const sk::SgdConfig c{0.05, 0.9, true};
+        sk::sgd_update(&a, 1, c, scale);
+        sk::sgd_update(&b, 1, c, &samples);
+      }
+    }
+    EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), n * sizeof(float))) << (opt ? "sgd" : "adam");
+    EXPECT_EQ(0, std::memcmp(ma.data(), mb.data(), n * sizeof(float))) << (opt ? "sgd" : "adam");
+  }
+  sk::OptimTensor t{};
+  EXPECT_THROW(sk::adam_update(&t, 1, sk::AdamConfig{}, 0, static_cast<const double*>(nullptr)), std::invalid_argument);
+}
