@@ -141,6 +141,18 @@ TEST_F(LoaderTest, ComputeBackendMissingItsHooksIsRefusedAtLoad) {
       << e;
 }
 
+// Bound data (ABI 1.8): a caller that finds bind_data uses the other four, so a table with some
+// of them is refused at load, naming the five.
+TEST_F(LoaderTest, ComputeBackendWithSomeBoundDataHooksIsRefusedAtLoad) {
+  std::string e = load_error(fixture("compute_partial_bound"));
+  EXPECT_NE(e.find(fixture("compute_partial_bound")), std::string::npos) << e;
+  EXPECT_NE(e.find("compute_backend plugin 'compute_partial_bound' has some of the bound-data hooks (ABI 1.8) but "
+                   "not all: bind_data, release_data, train_step_indexed, eval_step_indexed and take_results go "
+                   "together"),
+            std::string::npos)
+      << e;
+}
+
 TEST_F(LoaderTest, TaskBackendsHaveTheirHooksFromAbi1_5) {
   const LoadedPlugin& ok = loader.load(fixture("task_backend_ok"), "task_backend_ok", SF_KIND_TASK_BACKEND);
   ASSERT_NE(std::get_if<sf_task_hooks>(&ok.table), nullptr);

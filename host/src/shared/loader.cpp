@@ -193,6 +193,15 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
     if (!req.present(*p))
       throw LoadError(path + ": " + kind_name(p->kind) + " plugin '" + p->name + "' lacks the required hook '" +
                       req.name + "'");
+  if (p->kind == SF_KIND_COMPUTE_BACKEND) {
+    // Bound data (ABI 1.8): a caller that finds bind_data uses the other four.
+    const auto& t = std::get<sf_compute_hooks>(p->table);
+    const int n = !!t.bind_data + !!t.release_data + !!t.train_step_indexed + !!t.eval_step_indexed + !!t.take_results;
+    if (n != 0 && n != 5)
+      throw LoadError(path + ": compute_backend plugin '" + p->name +
+                      "' has some of the bound-data hooks (ABI 1.8) but not all: bind_data, release_data, "
+                      "train_step_indexed, eval_step_indexed and take_results go together");
+  }
 
   plugins_.push_back(std::move(p));
   return *plugins_.back();

@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 7
+#define SKYFORGE_ABI_MINOR 8
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -411,6 +411,27 @@ typedef struct sf_compute_hooks {
    * `local` provider), so such a run stops before anything starts; every node calls it for the
    * selected backend before its job starts. */
   sf_status (*probe)(void* self);
+  /* ABI 1.8. Optional, all five or none (the host refuses a table with some of them). Bound
+   * data: the engine keeps a dataset (a GPU engine in device memory) and a step names its
+   * samples by index, so a fit copies its data once instead of once per step and the batch is
+   * gathered where the engine runs. bind_data copies n samples (x: n times one sample's floats;
+   * y: n labels, each checked here) and writes the set's handle to *data. SF_ERR_UNSUPPORTED
+   * when this engine keeps no data or the set does not fit: the caller passes samples to
+   * train_step / eval_step instead. A handle is valid until release_data or engine_destroy. */
+  sf_status (*bind_data)(void* self, void* engine, const float* x, const int32_t* y, uint64_t n, uint64_t* data);
+  sf_status (*release_data)(void* self, void* engine, uint64_t data);
+  /* train_step / eval_step on samples idx[0 .. batch) of bound set `data` (each index < its n;
+   * repeats allowed); collective like them. out NULL: deferred: the step's result is not
+   * returned but added to the engine's pending sums, and the call need not wait for the step
+   * (a GPU engine runs ahead of the host); take_results hands the sums over. */
+  sf_status (*train_step_indexed)(void* self, void* engine, uint64_t data, const uint64_t* idx, uint32_t batch,
+                                  sf_step_result* out);
+  sf_status (*eval_step_indexed)(void* self, void* engine, uint64_t data, const uint64_t* idx, uint32_t batch,
+                                 sf_step_result* out);
+  /* The pending sums of every deferred step since the last take (loss: the mean over their
+   * samples; correct and samples: totals; all 0 when none), which then start again from zero.
+   * Waits for those steps; local (each rank's sums already cover the global batches). */
+  sf_status (*take_results)(void* self, void* engine, sf_step_result* out);
 } sf_compute_hooks;
 
 /* ---- task backends (docs/plugins.md; ABI 1.5) ----------------------------------------- */

@@ -485,7 +485,22 @@ class Engine {
   virtual void set_params(const float* in, uint64_t count) = 0;
   virtual std::string state_dict() const = 0;
   virtual void load_state(std::string_view bytes) = 0;
+  // Bound data (ABI 1.8; abi.h, sf_compute_hooks::bind_data): an engine that keeps datasets
+  // overrides all five. The defaults say it keeps none, and the caller passes samples instead.
+  virtual uint64_t bind_data(const float*, const int32_t*, uint64_t) {
+    throw Error("this engine keeps no bound data", SF_ERR_UNSUPPORTED);
+  }
+  virtual void release_data(uint64_t data) { throw unknown_data(data); }
+  // deferred: the result goes to the pending sums (take_results); the return value is unused.
+  virtual StepResult train_step_indexed(uint64_t data, const uint64_t*, uint32_t, bool) { throw unknown_data(data); }
+  virtual StepResult eval_step_indexed(uint64_t data, const uint64_t*, uint32_t, bool) { throw unknown_data(data); }
+  virtual StepResult take_results() { return {}; }
   std::string last_error;  // the C glue keeps the engine's last failure here
+
+ protected:
+  static Error unknown_data(uint64_t data) {
+    return Error("no bound data set " + std::to_string(data) + " on this engine (bind_data first)", SF_ERR_INVALID);
+  }
 };
 
 class ComputeBackend : public PluginBase {
@@ -824,6 +839,31 @@ const sf_compute_hooks* compute_hooks() {
     };
     if constexpr (SKYFORGE_OVERRIDES(P, ComputeBackend, probe))
       t.probe = [](void* s) noexcept { return guard<P>(s, [&](P& p) { p.probe(); }); };
+    // Bound data: every SDK engine has the hooks; one that keeps no data answers bind_data with
+    // SF_ERR_UNSUPPORTED (Engine's defaults), which callers take as "pass samples".
+    t.bind_data = [](void*, void* e, const float* x, const int32_t* y, uint64_t n, uint64_t* data) noexcept {
+      return engine_guard(e, [&](Engine& en) { *data = en.bind_data(x, y, n); });
+    };
+    t.release_data = [](void*, void* e, uint64_t data) noexcept {
+      return engine_guard(e, [&](Engine& en) { en.release_data(data); });
+    };
+    t.train_step_indexed = [](void*, void* e, uint64_t data, const uint64_t* idx, uint32_t b,
+                              sf_step_result* out) noexcept {
+      return engine_guard(e, [&](Engine& en) {
+        const StepResult r = en.train_step_indexed(data, idx, b, out == nullptr);
+        if (out) fill(out, r);
+      });
+    };
+    t.eval_step_indexed = [](void*, void* e, uint64_t data, const uint64_t* idx, uint32_t b,
+                             sf_step_result* out) noexcept {
+      return engine_guard(e, [&](Engine& en) {
+        const StepResult r = en.eval_step_indexed(data, idx, b, out == nullptr);
+        if (out) fill(out, r);
+      });
+    };
+    t.take_results = [](void*, void* e, sf_step_result* out) noexcept {
+      return engine_guard(e, [&](Engine& en) { fill(out, en.take_results()); });
+    };
     return t;
   }();
   return &h;
