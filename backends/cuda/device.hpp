@@ -38,6 +38,10 @@ class Device {
   void* alloc(size_t bytes);
   void free(void* p) noexcept;
   void upload(void* dst, const void* src, size_t bytes);    // host -> device, returns when done
+  // host -> device in stream order, returning before the copy is done; src may be reused at
+  // once (the CUDA build copies it into pinned staging memory first: a ring of a few, so the
+  // host runs at most that many uploads ahead of the device).
+  void upload_async(void* dst, const void* src, size_t bytes);
   void download(void* dst, const void* src, size_t bytes);  // device -> host, returns when done
   void copy(void* dst, const void* src, size_t bytes);      // device -> device
   void zero(void* p, size_t bytes);
@@ -51,6 +55,7 @@ class Device {
   // enqueued after it (the rest of the backward pass) overlap it, as PyTorch DDP's buckets do;
   // join_collectives() orders the stream after every allreduce so far (before the update).
   void allreduce_sum(float* p, size_t n);
+  void allreduce_sum(double* p, size_t n);  // the same for doubles (a step's loss and counts)
   void join_collectives();
   // Device bytes from root to every rank (in stream order).
   void broadcast(void* p, size_t bytes, uint32_t root);

@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -39,6 +40,14 @@ struct Device::Impl {
   cudaEvent_t summed = nullptr;        // recorded on `collectives` at join_collectives
   cublasHandle_t blas = nullptr;
   ncclComm_t nccl = nullptr;
+  // upload_async's pinned staging buffers, used in turn; `done` is recorded after each copy.
+  struct Staging {
+    void* host = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t done = nullptr;
+  };
+  std::array<Staging, 4> staging{};
+  size_t next_staging = 0;
   bool failed = false;   // a collective failed or timed out: the communicator is aborted
   std::string failure;   // why, for every later call
   std::chrono::milliseconds timeout{300000};
@@ -59,6 +68,10 @@ struct Device::Impl {
         }
       }
       if (nccl) (clean ? ncclCommDestroy : ncclCommAbort)(nccl);
+    }
+    for (Staging& b : staging) {
+      if (b.done) cudaEventDestroy(b.done);
+      if (b.host) cudaFreeHost(b.host);
     }
     if (blas) cublasDestroy(blas);
     if (summed) cudaEventDestroy(summed);
@@ -108,14 +121,35 @@ struct Device::Impl {
     if (r != ncclSuccess)
       abort_nccl(std::string(what) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nccl) + ")");
   }
+  // In place on the collectives stream, after everything `stream` has been given so far.
+  void allreduce(void* p, size_t n, ncclDataType_t type) {
+    usable();
+    if (!nccl || n == 0) return;
+    check(cudaEventRecord(ready, stream), "cudaEventRecord");
+    check(cudaStreamWaitEvent(collectives, ready, 0), "cudaStreamWaitEvent");
+    check_nccl(ncclAllReduce(p, p, n, type, ncclSum, nccl, collectives), "ncclAllReduce");
+  }
   // Until the stream is done, watching NCCL meanwhile (a collective on it may wait on a peer).
   void wait_stream(const char* what) {
+    wait_until([this] { return cudaStreamQuery(stream); }, what);
+  }
+  // Until query() stops saying cudaErrorNotReady (a stream or an event of it), the same way.
+  template <class Query>
+  void wait_until(const Query& query, const char* what) {
+    if (!nccl && !failed) {  // one rank: nothing can hang on a peer
+      for (int spins = 0;;) {
+        const cudaError_t e = query();
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) check(e, what);
+        pause(spins);
+      }
+    }
     usable();
     settle(what);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     int spins = 0;
     for (;;) {
-      const cudaError_t e = cudaStreamQuery(stream);
+      const cudaError_t e = query();
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) {
         failed = true;  // a CUDA error on the stream: the destructor must not finalize with peers
@@ -231,6 +265,22 @@ void Device::upload(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
   synchronize();
 }
+void Device::upload_async(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  Impl::Staging& b = impl_->staging[impl_->next_staging++ % impl_->staging.size()];
+  if (b.done) impl_->wait_until([&] { return cudaEventQuery(b.done); }, "upload_async");  // its last copy
+  else check(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming), "cudaEventCreate");
+  if (b.capacity < bytes) {
+    if (b.host) check(cudaFreeHost(b.host), "cudaFreeHost");
+    b.host = nullptr;
+    b.capacity = 0;
+    check(cudaMallocHost(&b.host, bytes), "cudaMallocHost");
+    b.capacity = bytes;
+  }
+  std::memcpy(b.host, src, bytes);
+  check(cudaMemcpyAsync(dst, b.host, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload_async");
+  check(cudaEventRecord(b.done, impl_->stream), "cudaEventRecord");
+}
 void Device::download(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
@@ -253,13 +303,8 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
         "cublasSgemm");
 }
 
-void Device::allreduce_sum(float* p, size_t n) {
-  impl_->usable();
-  if (!impl_->nccl || n == 0) return;
-  check(cudaEventRecord(impl_->ready, impl_->stream), "cudaEventRecord");
-  check(cudaStreamWaitEvent(impl_->collectives, impl_->ready, 0), "cudaStreamWaitEvent");
-  impl_->check_nccl(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, impl_->nccl, impl_->collectives), "ncclAllReduce");
-}
+void Device::allreduce_sum(float* p, size_t n) { impl_->allreduce(p, n, ncclFloat32); }
+void Device::allreduce_sum(double* p, size_t n) { impl_->allreduce(p, n, ncclFloat64); }
 void Device::join_collectives() {
   impl_->usable();
   if (!impl_->nccl) return;

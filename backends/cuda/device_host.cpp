@@ -28,6 +28,7 @@ void Device::free(void* p) noexcept { std::free(p); }
 void Device::upload(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
+void Device::upload_async(void* dst, const void* src, size_t bytes) { upload(dst, src, bytes); }
 void Device::download(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
@@ -46,6 +47,7 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
 }
 
 void Device::allreduce_sum(float* p, size_t n) { impl_->comm.allreduce(p, n, SF_REDUCE_SUM); }
+void Device::allreduce_sum(double* p, size_t n) { impl_->comm.allreduce(p, n, SF_REDUCE_SUM); }
 void Device::join_collectives() {}  // the pool's allreduce returns when done
 void Device::broadcast(void* p, size_t bytes, uint32_t root) { impl_->comm.broadcast(p, bytes, root); }
 void Device::synchronize() {}

@@ -236,7 +236,9 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   n_slots_ = optimizer_ == "adam" ? 2 * n_params_ : sgd_.momentum > 0 ? n_params_ : 0;
   slots_ = Buffer<float>(*dev_, n_slots_);
   dev_->zero(slots_.get(), n_slots_ * sizeof(float));
-  sums_ = Buffer<double>(*dev_, 2);
+  sums_ = Buffer<double>(*dev_, 3);
+  pending_ = Buffer<double>(*dev_, 3);
+  dev_->zero(pending_.get(), 3 * sizeof(double));
   // Data-parallel: every replica starts from rank 0's weights, whatever its seed.
   dev_->broadcast(params_.get(), n_params_ * sizeof(float), 0);
   dev_->synchronize();
@@ -271,6 +273,7 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
   loss_ = Buffer<float>(*dev_, batch);
   hit_ = Buffer<float>(*dev_, batch);
   labels_ = Buffer<int32_t>(*dev_, batch);
+  idx_ = Buffer<uint64_t>(*dev_, batch);
   ws_ = Buffer<double>(*dev_, ws);
   capacity_ = batch;
 }
@@ -363,23 +366,46 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
   return in;
 }
 
-// One forward (+ backward with the bucketed gradient allreduce): grads_ ends up holding the
-// global gradient SUM, as in the cpu backend (docs/compute-backends.md).
-StepResult CudaEngine::compute(const float* x_host, const int32_t* y_host, uint32_t batch, bool training,
-                               bool backward) {
-  check_batch(x_host, y_host, batch, training ? "train_step" : "eval_step");
-  if (!y_host) invalid("labels are NULL");
+void CudaEngine::stage(const float* x, const int32_t* y, uint32_t batch, const char* what) {
+  check_batch(x, y, batch, what);
+  if (!y) invalid(std::string(what) + ": labels are NULL");
   ensure_capacity(batch);
+  dev_->upload(x_.get(), x, size_t{batch} * numel(input_shape_) * sizeof(float));
+  dev_->upload(labels_.get(), y, size_t{batch} * sizeof(int32_t));
+}
+
+void CudaEngine::stage(uint64_t data, const uint64_t* idx, uint32_t batch, const char* what) {
+  const auto it = data_.find(data);
+  if (it == data_.end()) throw unknown_data(data);
+  if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
+  if (!idx) invalid(std::string(what) + ": idx is NULL");
+  const uint64_t n = it->second.n;
+  for (uint32_t i = 0; i < batch; ++i)
+    if (idx[i] >= n)
+      invalid(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " + std::to_string(i) +
+              " is outside bound set " + std::to_string(data) + " of " + std::to_string(n) + " samples");
+  ensure_capacity(batch);
+  // The indices go up without a wait; the batch is gathered on the device.
+  dev_->upload_async(idx_.get(), idx, size_t{batch} * sizeof(uint64_t));
+  k::gather_rows(it->second.x.get(), it->second.y.get(), idx_.get(), batch, numel(input_shape_), x_.get(),
+                 labels_.get(), dev_->stream());
+}
+
+// Forward, loss and accuracy sums, and with `train` the backward with the bucketed gradient
+// allreduce (grads_: the global gradient SUM, as in the cpu backend, docs/compute-backends.md)
+// and the optimizer update. The step's sums are made global on the device (one small allreduce
+// of three doubles beside the gradients'), and the update reads the global sample count there,
+// so nothing here needs the host to wait: a deferred step only adds its sums to pending_.
+StepResult CudaEngine::run(uint32_t batch, bool train, bool deferred) {
   const k::Stream s = dev_->stream();
-  dev_->upload(x_.get(), x_host, size_t{batch} * numel(input_shape_) * sizeof(float));
-  dev_->upload(labels_.get(), y_host, size_t{batch} * sizeof(int32_t));
-  const float* logits = forward(x_.get(), batch, training);
-  k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(), backward ? gbuf_[0].get() : nullptr,
-                  s);
+  const bool dp = comm_.size() > 1;
+  const float* logits = forward(x_.get(), batch, train);
+  k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(), train ? gbuf_[0].get() : nullptr, s);
   k::reduce_sum(loss_.get(), batch, sums_.get(), ws_.get(), s);
   k::reduce_sum(hit_.get(), batch, sums_.get() + 1, ws_.get(), s);
-  if (backward) {
-    const bool dp = comm_.size() > 1;
+  k::fill(sums_.get() + 2, 1, static_cast<double>(batch), s);
+  if (dp) dev_->allreduce_sum(sums_.get(), 3);  // overlaps the backward below
+  if (train) {
     const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
     size_t lo = n_params_, hi = n_params_;  // pending bucket [lo, hi), grows downwards
     int cur = 0;
@@ -458,42 +484,102 @@ StepResult CudaEngine::compute(const float* x_host, const int32_t* y_host, uint3
       }
     }
     if (dp && hi > 0) dev_->allreduce_sum(grads_.get(), hi);
-    if (dp) dev_->join_collectives();  // the update reads every summed gradient
   }
-  double sums[2];
-  dev_->download(sums, sums_.get(), sizeof(sums));
-  // loss sum, correct and samples of the global batch in one small collective of the pool.
-  double stats[3] = {sums[0], sums[1], static_cast<double>(batch)};
-  comm_.allreduce(stats, 3, SF_REDUCE_SUM);
+  if (dp) dev_->join_collectives();  // the update and the sums read what the allreduces made
+  if (train) {
+    // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md); the
+    // gradient sum becomes a mean with the global sample count in sums_[2].
+    k::OptimTensor t;
+    t.param = params_.get();
+    t.grad = grads_.get();
+    t.size = n_params_;
+    if (optimizer_ == "adam") {
+      t.slot0 = slots_.get();
+      t.slot1 = slots_.get() + n_params_;
+      k::adam_update(&t, 1, adam_, step_, sums_.get() + 2, s);
+    } else {
+      t.slot0 = n_slots_ ? slots_.get() : nullptr;
+      k::sgd_update(&t, 1, sgd_, sums_.get() + 2, s);
+    }
+    ++step_;
+  }
   StepResult r;
-  r.samples = static_cast<uint64_t>(stats[2]);
-  r.correct = static_cast<uint64_t>(std::llround(stats[1]));
-  r.loss = stats[0] / stats[2];
+  if (deferred) {
+    k::accumulate(pending_.get(), sums_.get(), 3, s);
+    return r;
+  }
+  double sums[3];
+  dev_->download(sums, sums_.get(), sizeof(sums));
+  r.samples = static_cast<uint64_t>(sums[2]);
+  r.correct = static_cast<uint64_t>(std::llround(sums[1]));
+  r.loss = sums[0] / sums[2];
   return r;
 }
 
 StepResult CudaEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
-  StepResult r = compute(x, y, batch, true, true);
-  const float scale = static_cast<float>(1.0 / static_cast<double>(r.samples));
-  // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md).
-  k::OptimTensor t;
-  t.param = params_.get();
-  t.grad = grads_.get();
-  t.size = n_params_;
-  if (optimizer_ == "adam") {
-    t.slot0 = slots_.get();
-    t.slot1 = slots_.get() + n_params_;
-    k::adam_update(&t, 1, adam_, step_, scale, dev_->stream());
-  } else {
-    t.slot0 = n_slots_ ? slots_.get() : nullptr;
-    k::sgd_update(&t, 1, sgd_, scale, dev_->stream());
-  }
-  ++step_;
-  return r;
+  stage(x, y, batch, "train_step");
+  return run(batch, true, false);
 }
 
 StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batch) {
-  return compute(x, y, batch, false, false);
+  stage(x, y, batch, "eval_step");
+  return run(batch, false, false);
+}
+
+uint64_t CudaEngine::bind_data(const float* x, const int32_t* y, uint64_t n) {
+  if (!x || !y) invalid("bind_data: x and y are required");
+  if (n == 0) invalid("bind_data: no samples");
+  const size_t sample = numel(input_shape_);
+  if (n > SIZE_MAX / sizeof(float) / sample) invalid("bind_data: " + std::to_string(n) + " samples overflow memory");
+  for (uint64_t i = 0; i < n; ++i)
+    if (y[i] < 0 || static_cast<uint32_t>(y[i]) >= classes_)
+      invalid("bind_data: label " + std::to_string(y[i]) + " of sample " + std::to_string(i) + " is outside [0, " +
+              std::to_string(classes_) + ")");
+  const size_t bytes = n * sample * sizeof(float) + n * sizeof(int32_t);
+  BoundSet b;
+  b.n = n;
+  try {
+    b.x = Buffer<float>(*dev_, n * sample);
+    b.y = Buffer<int32_t>(*dev_, n);
+  } catch (const Error& e) {
+    // Too big for this device: the caller passes samples per step instead (abi.h).
+    throw Error(std::string(Device::build_name()) + ": a bound set of " + std::to_string(n) + " samples (" +
+                    std::to_string(bytes >> 20) + " MiB) does not fit: " + e.what(),
+                SF_ERR_UNSUPPORTED);
+  }
+  dev_->upload(b.x.get(), x, n * sample * sizeof(float));
+  dev_->upload(b.y.get(), y, n * sizeof(int32_t));
+  const uint64_t id = next_data_++;
+  data_.emplace(id, std::move(b));
+  return id;
+}
+
+void CudaEngine::release_data(uint64_t data) {
+  const auto it = data_.find(data);
+  if (it == data_.end()) throw unknown_data(data);
+  dev_->synchronize();  // no queued gather still reads it
+  data_.erase(it);
+}
+
+StepResult CudaEngine::train_step_indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool deferred) {
+  stage(data, idx, batch, "train_step_indexed");
+  return run(batch, true, deferred);
+}
+
+StepResult CudaEngine::eval_step_indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool deferred) {
+  stage(data, idx, batch, "eval_step_indexed");
+  return run(batch, false, deferred);
+}
+
+StepResult CudaEngine::take_results() {
+  double p[3];
+  dev_->download(p, pending_.get(), sizeof(p));  // waits for every deferred step
+  dev_->zero(pending_.get(), sizeof(p));
+  StepResult r;
+  r.samples = static_cast<uint64_t>(p[2]);
+  r.correct = static_cast<uint64_t>(std::llround(p[1]));
+  r.loss = p[2] > 0 ? p[0] / p[2] : 0.0;
+  return r;
 }
 
 void CudaEngine::predict(const float* x, uint32_t batch, float* logits) {

@@ -18,6 +18,7 @@
 #include <skyforge/engine_state.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,15 +47,32 @@ class CudaEngine : public Engine {
   void set_params(const float* in, uint64_t count) override;
   std::string state_dict() const override;  // skyforge/engine_state.hpp: the backend-neutral layout
   void load_state(std::string_view bytes) override;
+  // Bound data (abi.h, ABI 1.8): the set in device memory, each batch gathered there, results
+  // summed on the device until take_results (docs/compute-backends.md, "Bound data").
+  uint64_t bind_data(const float* x, const int32_t* y, uint64_t n) override;
+  void release_data(uint64_t data) override;
+  StepResult train_step_indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool deferred) override;
+  StepResult eval_step_indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool deferred) override;
+  StepResult take_results() override;
 
   uint64_t step() const { return step_; }
   const char* build() const { return Device::build_name(); }
 
  private:
+  struct BoundSet {
+    Buffer<float> x;
+    Buffer<int32_t> y;
+    uint64_t n = 0;
+  };
   void ensure_capacity(uint32_t batch);
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
+  // The batch into x_ and labels_: copied from the host, or gathered from a bound set.
+  void stage(const float* x, const int32_t* y, uint32_t batch, const char* what);
+  void stage(uint64_t data, const uint64_t* idx, uint32_t batch, const char* what);
   const float* forward(const float* x, uint32_t batch, bool training);
-  StepResult compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward);
+  // The staged batch's step: forward, loss, and with `train` the backward, the gradient
+  // allreduce and the update. Deferred: its sums go to pending_ and nothing waits for it.
+  StepResult run(uint32_t batch, bool train, bool deferred);
 
   Communicator comm_;
   EngineOptions eopt_;
@@ -74,7 +92,12 @@ class CudaEngine : public Engine {
   uint32_t capacity_ = 0;
   Buffer<float> x_, gbuf_[2], loss_, hit_;
   Buffer<int32_t> labels_;
-  Buffer<double> ws_, sums_;
+  Buffer<uint64_t> idx_;
+  Buffer<double> ws_;
+  Buffer<double> sums_;     // this step's loss sum, correct count and samples (global after the allreduce)
+  Buffer<double> pending_;  // the deferred steps' sums since the last take_results
+  std::map<uint64_t, BoundSet> data_;
+  uint64_t next_data_ = 1;
   std::string arch_;  // schema::architecture_text: what a loaded state must match
   EngineState shape_of_state() const;  // this engine's state, sized, with no values
 };

@@ -38,8 +38,11 @@ TEST(BackendCheck, CpuPassesEveryCheckAndEveryLayerOfTheSchemaIsChecked) {
   for (const char* c : {"PASS  data parallel: replicas bit-identical", "PASS  state: mlp: resumes bit for bit",
                         "PASS  bad input: refused"})
     EXPECT_NE(o.out.find(c), std::string::npos) << c << "\n" << o.out;
+  // The cpu engine keeps no bound data (abi.h, ABI 1.8): keras copies each batch; that check
+  // does not apply, and says so.
+  EXPECT_NE(o.out.find("SKIP  bound data: the backend keeps no bound data"), std::string::npos) << o.out;
   EXPECT_EQ(count(o.out, "FAIL"), 0) << o.out;
-  EXPECT_NE(o.out.find(" passed, 0 skipped, 0 failed\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find(" passed, 1 skipped, 0 failed\n"), std::string::npos) << o.out;
 }
 
 TEST(BackendCheck, TheCudaEnginesHostBuildPassesAndAgreesWithCpu) {
@@ -48,6 +51,10 @@ TEST(BackendCheck, TheCudaEnginesHostBuildPassesAndAgreesWithCpu) {
   EXPECT_TRUE(std::regex_search(o.out, std::regex("PASS  agrees with cpu: after 10 steps, mlp: same initial weights, "
                                                   "loss \\S+, weights \\S+; convnet: same initial weights, loss \\S+, "
                                                   "weights \\S+\n")))
+      << o.out;
+  EXPECT_NE(o.out.find("PASS  bound data: mlp: bit for bit the plain steps (4 steps, deferred and not); refused an "
+                       "index past the set"),
+            std::string::npos)
       << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex("PASS  checkpoint with cpu: mlp: resumes to cpu \\S+, from cpu \\S+; "
                                                   "convnet: resumes to cpu \\S+, from cpu \\S+\n")))

@@ -503,3 +503,149 @@ TEST(CudaEngine, VaryingBatchSizesTrainLikeCpu) {
   }
   EXPECT_LE(max_abs_diff(params_of(*c), params_of(*g)), kConvParamTol);
 }
+
+// ---- bound data (abi.h ABI 1.8; docs/compute-backends.md, "Bound data") ----------------------
+namespace {
+
+// A data set of n samples and the batches of one shuffled epoch over it.
+struct Epoch {
+  Batch all;
+  std::vector<std::vector<uint64_t>> steps;
+};
+Epoch make_epoch(uint64_t seed, uint32_t n, size_t f, uint32_t batch) {
+  Epoch e;
+  e.all = make_batch(seed, n, f);
+  std::vector<uint64_t> perm(n);
+  for (uint32_t i = 0; i < n; ++i) perm[i] = (i * 7919u + 13u) % n;  // n prime to 7919: a permutation
+  for (uint32_t at = 0; at < n; at += batch)
+    e.steps.emplace_back(perm.begin() + at, perm.begin() + std::min(n, at + batch));
+  return e;
+}
+Batch gathered(const Batch& all, const std::vector<uint64_t>& idx, size_t f) {
+  Batch b;
+  for (uint64_t i : idx) {
+    b.x.insert(b.x.end(), all.x.begin() + static_cast<ptrdiff_t>(i * f), all.x.begin() + static_cast<ptrdiff_t>((i + 1) * f));
+    b.y.push_back(all.y[i]);
+  }
+  return b;
+}
+
+}  // namespace
+
+// A bound set's steps are the plain steps on the same samples, bit for bit (the batch gathered
+// on the device is the batch the host would have copied), whether their results are returned
+// or deferred; the deferred sums are the sums of the results; eval on bound data likewise.
+TEST(CudaEngine, BoundDataStepsEqualPlainStepsBitForBit) {
+  for (const ModelSpec& m : {convnet(21), bn_model(22)}) {
+    const size_t f = features(m);
+    const Epoch ep = make_epoch(40, 101, f, 16);  // 7 steps, the last of 5 samples
+    auto plain = cu::make_engine(m, Communicator{});
+    auto bound = cu::make_engine(m, Communicator{});
+    const uint64_t id = bound->bind_data(ep.all.x.data(), ep.all.y.data(), 101);
+    double loss_sum = 0;
+    uint64_t correct = 0, samples = 0;
+    for (size_t s = 0; s < ep.steps.size(); ++s) {
+      const auto& idx = ep.steps[s];
+      const Batch b = gathered(ep.all, idx, f);
+      const auto rp = plain->train_step(b.x.data(), b.y.data(), static_cast<uint32_t>(idx.size()));
+      if (s == 3) {  // one step asks for its result: it is returned, not added to the pending sums
+        const auto rb = bound->train_step_indexed(id, idx.data(), static_cast<uint32_t>(idx.size()), false);
+        EXPECT_EQ(rb.loss, rp.loss);
+        EXPECT_EQ(rb.correct, rp.correct);
+        continue;
+      }
+      bound->train_step_indexed(id, idx.data(), static_cast<uint32_t>(idx.size()), true);
+      loss_sum += rp.loss * static_cast<double>(rp.samples);
+      correct += rp.correct;
+      samples += rp.samples;
+    }
+    const auto sums = bound->take_results();
+    EXPECT_EQ(sums.samples, samples);
+    EXPECT_EQ(sums.correct, correct);
+    EXPECT_NEAR(sums.loss, loss_sum / static_cast<double>(samples), 1e-12 * sums.loss);
+    const auto empty = bound->take_results();  // taking empties them
+    EXPECT_EQ(empty.samples, 0u);
+    EXPECT_EQ(empty.loss, 0.0);
+    const std::vector<float> pp = params_of(*plain), pb = params_of(*bound);
+    EXPECT_EQ(0, std::memcmp(pp.data(), pb.data(), pp.size() * sizeof(float))) << "params differ";
+    EXPECT_EQ(plain->state_dict(), bound->state_dict());  // slots, moving statistics, step too
+
+    const auto& idx = ep.steps[1];
+    const Batch b = gathered(ep.all, idx, f);
+    const auto ep_plain = plain->eval_step(b.x.data(), b.y.data(), static_cast<uint32_t>(idx.size()));
+    const auto ep_bound = bound->eval_step_indexed(id, idx.data(), static_cast<uint32_t>(idx.size()), false);
+    EXPECT_EQ(ep_plain.loss, ep_bound.loss);
+    EXPECT_EQ(ep_plain.correct, ep_bound.correct);
+    bound->eval_step_indexed(id, idx.data(), static_cast<uint32_t>(idx.size()), true);
+    EXPECT_EQ(bound->take_results().loss, ep_plain.loss);
+    bound->release_data(id);
+  }
+}
+
+// Data parallel on bound data: each rank binds its own shard and defers every step; the
+// replicas stay bit-identical and equal the plain 2-rank run, and each rank's sums cover the
+// global batches.
+TEST(CudaEngine, BoundDataOnTwoNodesFollowsPlainSteps) {
+  const ModelSpec m = with_sgd(convnet(23));
+  const size_t f = features(m);
+  std::vector<std::vector<float>> plain(2), bound(2);
+  std::vector<skyforge::StepResult> sums(2);
+  for (bool use_bound : {false, true}) {
+    ThreadGroup group(2);
+    group.run([&](uint32_t rank) {
+      const Epoch ep = make_epoch(50 + rank, 61, f, 12);
+      auto e = cu::make_engine(m, Communicator(group.comm(rank)));
+      const uint64_t id = use_bound ? e->bind_data(ep.all.x.data(), ep.all.y.data(), 61) : 0;
+      for (const auto& idx : ep.steps) {
+        if (use_bound) {
+          e->train_step_indexed(id, idx.data(), static_cast<uint32_t>(idx.size()), true);
+        } else {
+          const Batch b = gathered(ep.all, idx, f);
+          e->train_step(b.x.data(), b.y.data(), static_cast<uint32_t>(idx.size()));
+        }
+      }
+      if (use_bound) sums[rank] = e->take_results();
+      (use_bound ? bound : plain)[rank] = params_of(*e);
+    });
+  }
+  EXPECT_EQ(bound[0], bound[1]) << "replicas differ";
+  EXPECT_EQ(bound[0], plain[0]);
+  EXPECT_EQ(sums[0].samples, 122u);  // both ranks' 61 samples
+  EXPECT_EQ(sums[0].samples, sums[1].samples);
+  EXPECT_EQ(sums[0].correct, sums[1].correct);
+  EXPECT_EQ(sums[0].loss, sums[1].loss);
+}
+
+TEST(CudaEngine, BoundDataRefusesBadInput) {
+  auto e = cu::make_engine(mlp(24), Communicator{});
+  Batch all = make_batch(60, 10, 784);
+  auto error_of = [](const std::function<void()>& f) -> std::pair<sf_status, std::string> {
+    try {
+      f();
+    } catch (const Error& x) {
+      return {x.status(), x.what()};
+    }
+    return {SF_OK, ""};
+  };
+  all.y[7] = 12;
+  auto [s1, m1] = error_of([&] { e->bind_data(all.x.data(), all.y.data(), 10); });
+  EXPECT_EQ(s1, SF_ERR_INVALID);
+  EXPECT_NE(m1.find("bind_data: label 12 of sample 7 is outside [0, 10)"), std::string::npos) << m1;
+  all.y[7] = 1;
+  EXPECT_EQ(error_of([&] { e->bind_data(all.x.data(), all.y.data(), 0); }).first, SF_ERR_INVALID);
+  const uint64_t id = e->bind_data(all.x.data(), all.y.data(), 10);
+  const std::vector<uint64_t> idx = {0, 9, 10};
+  auto [s2, m2] = error_of([&] { e->train_step_indexed(id, idx.data(), 3, true); });
+  EXPECT_EQ(s2, SF_ERR_INVALID);
+  EXPECT_NE(m2.find("index 10 at position 2 is outside bound set " + std::to_string(id) + " of 10 samples"),
+            std::string::npos)
+      << m2;
+  EXPECT_EQ(error_of([&] { e->train_step_indexed(id, idx.data(), 0, true); }).first, SF_ERR_INVALID);
+  EXPECT_EQ(e->take_results().samples, 0u) << "a refused step left sums behind";
+  EXPECT_EQ(params_of(*e), params_of(*cu::make_engine(mlp(24), Communicator{}))) << "a refused step trained";
+  e->release_data(id);
+  auto [s3, m3] = error_of([&] { e->eval_step_indexed(id, idx.data(), 2, false); });
+  EXPECT_EQ(s3, SF_ERR_INVALID);
+  EXPECT_NE(m3.find("no bound data set " + std::to_string(id)), std::string::npos) << m3;
+  EXPECT_EQ(error_of([&] { e->release_data(id); }).first, SF_ERR_INVALID);
+}

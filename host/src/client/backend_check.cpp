@@ -103,6 +103,34 @@ class Engine {
     check(h_->hooks().state_dict(h_->self(), h_->engine(), skyforge::detail::string_sink(s)), "state_dict");
     return s;
   }
+  // Bound data (ABI 1.8): false when the backend has no such hooks or keeps no data here.
+  bool bind(const Vec& x, const std::vector<int32_t>& y) {
+    const sf_compute_hooks& h = h_->hooks();
+    if (!h.bind_data) return false;
+    const sf_status st = h.bind_data(h_->self(), h_->engine(), x.data(), y.data(), y.size(), &data_);
+    if (st == SF_ERR_UNSUPPORTED) return false;
+    check(st, "bind_data");
+    return true;
+  }
+  sf_status try_indexed(bool train, uint64_t data, const std::vector<uint64_t>& idx, sf_step_result* r,
+                        std::string* why = nullptr) {
+    if (r) *r = sf_step_result{}, r->struct_size = sizeof *r;
+    auto fn = train ? h_->hooks().train_step_indexed : h_->hooks().eval_step_indexed;
+    const sf_status st = fn(h_->self(), h_->engine(), data, idx.data(), static_cast<uint32_t>(idx.size()), r);
+    if (st != SF_OK && why) *why = message();
+    return st;
+  }
+  void indexed(bool train, const std::vector<uint64_t>& idx, sf_step_result* r) {
+    check(try_indexed(train, data_, idx, r), train ? "train_step_indexed" : "eval_step_indexed");
+  }
+  sf_step_result take() {
+    sf_step_result r{};
+    r.struct_size = sizeof r;
+    check(h_->hooks().take_results(h_->self(), h_->engine(), &r), "take_results");
+    return r;
+  }
+  sf_status release(uint64_t data) { return h_->hooks().release_data(h_->self(), h_->engine(), data); }
+  uint64_t data() const { return data_; }
   sf_status try_load(const std::string& s, std::string* why) {
     const sf_status st = h_->hooks().load_state(h_->self(), h_->engine(), s.data(), s.size());
     if (st != SF_OK) *why = message();
@@ -121,6 +149,7 @@ class Engine {
   kd::CompiledSpec spec_;
   std::unique_ptr<kd::EngineHandle> h_;
   size_t n_ = 0;
+  uint64_t data_ = 0;  // the bound set
 };
 
 // Deterministic samples: x uniform in [-1, 1), labels cycling through the classes.
@@ -355,6 +384,66 @@ std::string state(keras::Backend b) {
   return on_both_models([&](const char*, const Model& m) { return state_of(b, m, wider); });
 }
 
+// Bound data (abi.h, ABI 1.8), where the backend keeps data: steps on a bound set's samples by
+// index are the plain steps on the same samples bit for bit, whether their results are returned
+// or deferred; take_results sums the deferred ones and then starts from zero; an index past the
+// set and a released set are refused with a message.
+std::string bound_data_of(keras::Backend b, const Model& m) {
+  const Batch all = batch_of(m, 23, 500);
+  Engine plain(b, m, 51), bound(b, m, 51);
+  if (!bound.bind(all.x, all.y)) throw Skip("this model's set was not bound (SF_ERR_UNSUPPORTED)");
+  const std::vector<std::vector<uint64_t>> steps = {{22, 0, 5, 5, 17, 3}, {1, 2, 4, 6, 8, 10}, {21, 20, 19}, {7, 9, 11, 13}};
+  double loss_sum = 0;
+  uint64_t correct = 0, samples = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    Batch d;
+    d.n = static_cast<uint32_t>(steps[s].size());
+    for (uint64_t i : steps[s]) {
+      const Batch one = slice(all, static_cast<uint32_t>(i), 1);
+      d.x.insert(d.x.end(), one.x.begin(), one.x.end());
+      d.y.push_back(one.y[0]);
+    }
+    const sf_step_result rp = plain.step(true, d.x, d.y, d.n);
+    if (s == 1) {
+      sf_step_result rb;
+      bound.indexed(true, steps[s], &rb);
+      if (rb.loss != rp.loss || rb.correct != rp.correct || rb.samples != rp.samples)
+        throw Failure("train_step_indexed's result differs from train_step's on the same samples");
+      continue;
+    }
+    bound.indexed(true, steps[s], nullptr);
+    loss_sum += rp.loss * static_cast<double>(rp.samples);
+    correct += rp.correct;
+    samples += rp.samples;
+  }
+  const sf_step_result sums = bound.take();
+  const double want = loss_sum / static_cast<double>(samples);
+  if (sums.samples != samples || sums.correct != correct || std::fabs(sums.loss - want) > 1e-9 * std::fabs(want))
+    throw Failure("take_results gave loss " + num(sums.loss) + ", " + std::to_string(sums.correct) + " correct of " +
+                  std::to_string(sums.samples) + "; the deferred steps' results sum to " + num(want) + ", " +
+                  std::to_string(correct) + " of " + std::to_string(samples));
+  if (bound.take().samples != 0) throw Failure("take_results did not start again from zero");
+  if (bound.params() != plain.params()) throw Failure("steps on bound data trained differently from plain steps");
+  sf_step_result r;
+  std::string why;
+  if (bound.try_indexed(false, bound.data(), {0, 23}, &r, &why) == SF_OK) throw Failure("index 23 of 23 samples was accepted");
+  if (why.empty()) throw Failure("an index past the set was refused without a message");
+  if (bound.release(bound.data()) != SF_OK) throw Failure("release_data failed");
+  std::string why_gone;
+  if (bound.try_indexed(true, bound.data(), {0}, &r, &why_gone) == SF_OK) throw Failure("a released set was used");
+  return "bit for bit the plain steps (" + std::to_string(steps.size()) +
+         " steps, deferred and not); refused an index past the set (\"" + why + "\") and a released set";
+}
+
+std::string bound_data(keras::Backend b) {
+  const Model m = mlp();
+  Engine probe(b, m, 1);
+  if (!probe.bind(batch_of(m, 2, 1).x, batch_of(m, 2, 1).y))
+    throw Skip("the backend keeps no bound data (no bind_data hook, or it answers SF_ERR_UNSUPPORTED): keras copies "
+               "each batch to train_step");
+  return on_both_models([&](const char*, const Model& each) { return bound_data_of(b, each); });
+}
+
 // Bad input is refused with a message and the engine still works afterwards.
 std::string bad_input(keras::Backend b) {
   const Model m = mlp();
@@ -519,6 +608,7 @@ int run_backend_check(const BackendCheckOptions& o, std::ostream& out, std::ostr
   run_check(out, t, "data parallel", [&] { return data_parallel(b); });
   run_check(out, t, "state", [&] { return state(b); });
   run_check(out, t, "bad input", [&] { return bad_input(b); });
+  run_check(out, t, "bound data", [&] { return bound_data(b); });
   if (reference) {
     run_check(out, t, "agrees with " + o.against, [&] { return agreement(b, reference->backend, o.against); });
     run_check(out, t, "checkpoint with " + o.against, [&] { return checkpoint(b, reference->backend, o.against); });

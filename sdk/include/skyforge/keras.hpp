@@ -57,6 +57,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <map>
 #include <span>
@@ -402,6 +403,50 @@ class EngineHandle {
   void* e_ = nullptr;
 };
 
+// A data set bound to the engine (abi.h, sf_compute_hooks::bind_data, ABI 1.8) for one fit or
+// evaluate: steps then name samples by index and the engine gathers them where it runs. Not
+// bound (ok() false) when the backend has no such hooks or answers SF_ERR_UNSUPPORTED (it keeps
+// no data, or the set does not fit): the caller copies each batch as before. Released at the end.
+class BoundData {
+ public:
+  BoundData(const EngineHandle& e, std::span<const float> x, std::span<const int32_t> y) : e_(e) {
+    const sf_compute_hooks& h = e.hooks();
+    if (h.struct_size < offsetof(sf_compute_hooks, take_results) + sizeof(h.take_results) || !h.bind_data ||
+        !h.release_data || !h.train_step_indexed || !h.eval_step_indexed || !h.take_results || y.empty())
+      return;
+    const sf_status st = h.bind_data(e.self(), e.engine(), x.data(), y.data(), y.size(), &id_);
+    if (st == SF_ERR_UNSUPPORTED) return;
+    e.check(st, "bind_data");
+    ok_ = true;
+  }
+  BoundData(const BoundData&) = delete;
+  BoundData& operator=(const BoundData&) = delete;
+  ~BoundData() {
+    if (ok_) (void)e_.hooks().release_data(e_.self(), e_.engine(), id_);
+  }
+  bool ok() const { return ok_; }
+  // One step on samples idx[0 .. n); out null: deferred (take() hands its sums over).
+  void train(const uint64_t* idx, uint64_t n, sf_step_result* out) const {
+    e_.check(e_.hooks().train_step_indexed(e_.self(), e_.engine(), id_, idx, static_cast<uint32_t>(n), out),
+             "train_step_indexed");
+  }
+  void eval(const uint64_t* idx, uint64_t n, sf_step_result* out) const {
+    e_.check(e_.hooks().eval_step_indexed(e_.self(), e_.engine(), id_, idx, static_cast<uint32_t>(n), out),
+             "eval_step_indexed");
+  }
+  sf_step_result take() const {
+    sf_step_result r{};
+    r.struct_size = sizeof r;
+    e_.check(e_.hooks().take_results(e_.self(), e_.engine(), &r), "take_results");
+    return r;
+  }
+
+ private:
+  const EngineHandle& e_;
+  uint64_t id_ = 0;
+  bool ok_ = false;
+};
+
 // The C view of a model spec; owns everything the pointers point at.
 struct CompiledSpec {
   std::vector<Layer> layers;
@@ -692,6 +737,11 @@ class Sequential {
 
     std::vector<float> xb;
     std::vector<int32_t> yb;
+    // Bound data: one copy of x for the whole fit; a step's result is read back only when the
+    // progress bar, a batch-level TensorBoard point, a checkpoint or the epoch's end shows it.
+    const detail::BoundData bound(e, x, y);
+    std::optional<detail::BoundData> bound_validation;  // bound at the first epoch's end
+    std::vector<uint64_t> ids;
     using Clock = std::chrono::steady_clock;
     // Where this node is, told to the host (a status, at most every 50 ms): the host quotes it
     // when the node is lost or lags in a collective ("last seen at epoch 3/6, step 412/900;
@@ -747,18 +797,34 @@ class Sequential {
           begin = gb + detail::share_begin(g, W, R);
           count = detail::share(g, W, R);
         }
-        gather(x, y, perm.data() + begin, count, sample, xb, yb);
         sf_step_result r{};
         r.struct_size = sizeof r;
-        e.check(e.hooks().train_step(e.self(), e.engine(), xb.data(), yb.data(), static_cast<uint32_t>(count), &r),
-                "train_step");
-        loss_sum += r.loss * static_cast<double>(r.samples);
-        correct += r.correct;
-        seen += r.samples;
+        auto add = [&](const sf_step_result& q) {
+          loss_sum += q.loss * static_cast<double>(q.samples);
+          correct += q.correct;
+          seen += q.samples;
+        };
+        const bool tb_point = R == 0 && tb_train && tb_batch_freq && (global_step + 1) % tb_batch_freq == 0;
+        bool shown = true;  // the totals are this step's
+        if (bound.ok()) {
+          ids.assign(perm.begin() + static_cast<ptrdiff_t>(begin), perm.begin() + static_cast<ptrdiff_t>(begin + count));
+          bound.train(ids.data(), count, tb_point ? &r : nullptr);  // its own result only for TensorBoard
+          if (tb_point) add(r);
+          const bool show = s + 1 == steps ||
+                            (cb.checkpoint_every_steps && (global_step + 1) % cb.checkpoint_every_steps == 0) ||
+                            (R == 0 && bar.due(s + 1, std::chrono::duration<double>(Clock::now() - t0).count()));
+          if (show) add(bound.take());
+          shown = show;
+        } else {
+          gather(x, y, perm.data() + begin, count, sample, xb, yb);
+          e.check(e.hooks().train_step(e.self(), e.engine(), xb.data(), yb.data(), static_cast<uint32_t>(count), &r),
+                  "train_step");
+          add(r);
+        }
         ++global_step;
         if (R == 0) {
-          bar.update(state(s + 1));
-          if (tb_train && tb_batch_freq && global_step % tb_batch_freq == 0) {
+          if (shown) bar.update(state(s + 1));
+          if (tb_point) {
             try {
               std::vector<std::pair<std::string, float>> v{{"batch_loss", static_cast<float>(r.loss)}};
               if (r.samples) v.emplace_back("batch_accuracy", static_cast<float>(r.correct) / static_cast<float>(r.samples));
@@ -786,7 +852,7 @@ class Sequential {
       if (!o.validation_data.empty()) {
         const EvalResult v = evaluate_impl(o.validation_data.x, o.validation_data.y,
                                            o.validation_batch_size ? o.validation_batch_size : o.batch_size,
-                                           o.validation_data.data);
+                                           o.validation_data.data, &bound_validation);
         logs["val_loss"] = v.loss;
         final_state.metrics.emplace_back("val_loss", v.loss);
         for (const auto& name : accuracy_names_) {
@@ -997,7 +1063,9 @@ class Sequential {
     }
   }
 
-  EvalResult evaluate_impl(std::span<const float> x, std::span<const int32_t> y, uint64_t B, Data data) {
+  // keep: where fit() keeps its validation set's binding from one epoch to the next.
+  EvalResult evaluate_impl(std::span<const float> x, std::span<const int32_t> y, uint64_t B, Data data,
+                           std::optional<detail::BoundData>* keep = nullptr) {
     const detail::EngineHandle& e = require_engine();
     const uint32_t W = comm_.size(), R = comm_.rank();
     const size_t sample = sample_size();
@@ -1034,18 +1102,35 @@ class Sequential {
     std::vector<int32_t> yb;
     double loss_sum = 0;
     uint64_t correct = 0, seen = 0, at = 0;
+    auto add = [&](const sf_step_result& r) {
+      loss_sum += r.loss * static_cast<double>(r.samples);
+      correct += r.correct;
+      seen += r.samples;
+    };
+    // Bound data: this rank's part copied once, every step deferred, one read back at the end.
+    std::optional<detail::BoundData> local;
+    std::optional<detail::BoundData>& slot = keep ? *keep : local;
+    if (!slot) slot.emplace(e, x.subspan(begin * sample, n * sample), y.subspan(begin, n));
+    const detail::BoundData& bound = *slot;
+    std::vector<uint64_t> ids;
     for (uint64_t s = 0; s < steps; ++s) {
       const uint64_t count = n / steps + (s < n % steps ? 1 : 0);
+      if (bound.ok()) {
+        ids.resize(count);
+        std::iota(ids.begin(), ids.end(), at);
+        bound.eval(ids.data(), count, nullptr);
+        at += count;
+        continue;
+      }
       gather(x, y, idx.data() + at, count, sample, xb, yb);
       at += count;
       sf_step_result r{};
       r.struct_size = sizeof r;
       e.check(e.hooks().eval_step(e.self(), e.engine(), xb.data(), yb.data(), static_cast<uint32_t>(count), &r),
               "eval_step");
-      loss_sum += r.loss * static_cast<double>(r.samples);
-      correct += r.correct;
-      seen += r.samples;
+      add(r);
     }
+    if (bound.ok()) add(bound.take());
     EvalResult out;
     out.samples = seen;
     out.loss = seen ? loss_sum / static_cast<double>(seen) : std::nan("");

@@ -134,18 +134,21 @@ class ProgressBar {
       : target_(target), out_(out), tty_(tty), line_percent_(std::clamp(line_percent, 1, 100)),
         min_interval_s_(min_interval_s) {}
 
+  // Whether update() with `current` steps done at `elapsed_s` would print: fit() reads the
+  // engine's deferred results back only then (docs/compute-backends.md, "Bound data").
+  bool due(uint64_t current, double elapsed_s) const {
+    if (!out_ || current >= target_) return false;  // the last step is finish()'s
+    if (tty_) return !printed_ || elapsed_s - last_print_s_ >= min_interval_s_;
+    return bucket_of(current) > last_bucket_;
+  }
+
   // Returns true when it printed.
   bool update(const ProgressState& s) {
-    if (!out_ || s.current >= target_) return false;  // the last step is finish()'s
+    if (!due(s.current, s.elapsed_s)) return false;
     if (tty_) {
-      if (printed_ && s.elapsed_s - last_print_s_ < min_interval_s_) return false;
       write_tty(format_progress(s));
     } else {
-      // Line k is due once current/target reaches k * line_percent %.
-      const uint64_t pct = target_ ? (s.current * 100) / target_ : 100;
-      const uint64_t bucket = pct / static_cast<uint64_t>(line_percent_);
-      if (bucket <= last_bucket_) return false;
-      last_bucket_ = bucket;
+      last_bucket_ = bucket_of(s.current);
       std::fprintf(out_, "%s\n", format_progress(s).c_str());
       std::fflush(out_);
     }
@@ -167,6 +170,11 @@ class ProgressBar {
   }
 
  private:
+  // Line k is due once current/target reaches k * line_percent %.
+  uint64_t bucket_of(uint64_t current) const {
+    const uint64_t pct = target_ ? (current * 100) / target_ : 100;
+    return pct / static_cast<uint64_t>(line_percent_);
+  }
   void write_tty(const std::string& line) {
     std::string s = "\r" + line;
     if (line.size() < last_len_) s.append(last_len_ - line.size(), ' ');  // clear a longer previous line
