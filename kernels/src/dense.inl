@@ -47,13 +47,26 @@ void reduce_sum_squares(const float* x, size_t n, double* out, double* ws, Strea
   impl::column_reduce<1>(s, n, 1, SumSquaresTerm{x, 1}, StoreDouble{out}, ws, "reduce_sum_squares");
 }
 
-void dropout(const float* in, float* out, size_t n, float rate, const DropoutKey& key, Stream s) {
+namespace {
+void dropout_with(const float* in, float* out, size_t n, float rate, const DropoutKey& key, const uint64_t* step,
+                  Stream s) {
   constexpr const char* what = "dropout";
   impl::require(rate >= 0.f && rate < 1.f, what, "rate must be in [0, 1)");
   impl::require(key.layer < kDropoutMaxLayer && key.rank < kDropoutMaxRank, what, "layer and rank must be below 65536");
   impl::require(n <= kDropoutMaxElements, what, "at most 2^34 elements per layer and step");
   if (n == 0) return;
-  for_n(s, (n + 3) / 4, DropoutApply{in, out, n, key, dropout_cut(rate), 1.f / (1.f - rate)}, what);
+  for_n(s, (n + 3) / 4, DropoutApply{in, out, n, key, dropout_cut(rate), 1.f / (1.f - rate), step}, what);
+}
+}  // namespace
+
+void dropout(const float* in, float* out, size_t n, float rate, const DropoutKey& key, Stream s) {
+  dropout_with(in, out, n, rate, key, nullptr, s);
+}
+
+void dropout(const float* in, float* out, size_t n, float rate, const DropoutKey& key, const StepState* state,
+             Stream s) {
+  impl::require(state != nullptr, "dropout", "state is null");
+  dropout_with(in, out, n, rate, key, &state->iteration, s);
 }
 
 }  // namespace skyforge::kernels

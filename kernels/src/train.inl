@@ -50,10 +50,10 @@ float adam_alpha(const AdamConfig& c, uint64_t iteration) {
 
 namespace {
 
-void adam(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
-          const double* samples, Stream s) {
-  const AdamRule rule{static_cast<float>(1.0 - c.beta_1), static_cast<float>(1.0 - c.beta_2), adam_alpha(c, iteration),
-                      static_cast<float>(c.epsilon), grad_scale, samples};
+void adam(const OptimTensor* tensors, size_t count, const AdamConfig& c, float alpha, float grad_scale,
+          const double* samples, const StepState* state, Stream s) {
+  const AdamRule rule{static_cast<float>(1.0 - c.beta_1), static_cast<float>(1.0 - c.beta_2), alpha,
+                      static_cast<float>(c.epsilon), grad_scale, samples, state};
   multi_tensor(tensors, count, rule, true, true, s, "adam_update");
 }
 
@@ -68,13 +68,19 @@ void sgd(const OptimTensor* tensors, size_t count, const SgdConfig& c, float gra
 
 void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
                  Stream s) {
-  adam(tensors, count, c, iteration, grad_scale, nullptr, s);
+  adam(tensors, count, c, adam_alpha(c, iteration), grad_scale, nullptr, nullptr, s);
 }
 
-void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration,
+void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, StepState* state,
                  const double* samples, Stream s) {
-  impl::require(samples != nullptr, "adam_update", "samples is null");
-  adam(tensors, count, c, iteration, 1.f, samples, s);
+  impl::require(samples != nullptr && state != nullptr, "adam_update", "samples and state are required");
+  for_n(s, 1, AdamAlpha{state, c.learning_rate, c.beta_1, c.beta_2}, "adam_update");
+  adam(tensors, count, c, 0.f, 1.f, samples, state, s);
+}
+
+void advance_step(StepState* state, Stream s) {
+  impl::require(state != nullptr, "advance_step", "state is null");
+  for_n(s, 1, AdvanceStep{state}, "advance_step");
 }
 
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s) {

@@ -50,29 +50,49 @@ TEST(BoundData, FillAndAccumulateKeepRunningSums) {
   EXPECT_THROW(sk::accumulate(acc, nullptr, 3), std::invalid_argument);
 }
 
-// The scale read from a device count equals the host's float(1 / samples) bit for bit, for
-// Adam and for SGD with momentum.
-TEST(BoundData, OptimizerScaleFromADeviceCountEqualsTheHostScale) {
+// The scale read from a device count and Adam's iteration read from a device StepState equal
+// the host's float(1 / samples) and iteration bit for bit, for Adam and for SGD with momentum;
+// advance_step counts the updates.
+TEST(BoundData, OptimizerStateOnTheDeviceEqualsTheHostArguments) {
   const size_t n = 4099;
   const double samples = 192;  // a global batch: 3 ranks x 64
   const float scale = static_cast<float>(1.0 / samples);
   for (int opt = 0; opt < 2; ++opt) {
     std::vector<float> pa = kref::randn(n, 1), pb = pa, ma(n, 0.f), mb(n, 0.f), va(n, 0.f), vb(n, 0.f);
-    for (uint64_t step = 0; step < 4; ++step) {
+    sk::StepState state{};
+    const sk::AdamConfig adam{0.01, 0.8, 0.95, 1e-7};
+    for (uint64_t step = 0; step < 6; ++step) {
       const std::vector<float> g = kref::randn(n, 10 + static_cast<uint32_t>(step), 30.f);
       sk::OptimTensor a{pa.data(), g.data(), ma.data(), va.data(), n}, b{pb.data(), g.data(), mb.data(), vb.data(), n};
       if (opt == 0) {
-        sk::adam_update(&a, 1, sk::AdamConfig{}, step, scale);
-        sk::adam_update(&b, 1, sk::AdamConfig{}, step, &samples);
+        sk::adam_update(&a, 1, adam, step, scale);
+        sk::adam_update(&b, 1, adam, &state, &samples);
+        EXPECT_EQ(state.alpha, sk::adam_alpha(adam, step));
       } else {
         const sk::SgdConfig c{0.05, 0.9, true};
         sk::sgd_update(&a, 1, c, scale);
         sk::sgd_update(&b, 1, c, &samples);
       }
+      sk::advance_step(&state);
     }
+    EXPECT_EQ(state.iteration, 6u);
     EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), n * sizeof(float))) << (opt ? "sgd" : "adam");
     EXPECT_EQ(0, std::memcmp(ma.data(), mb.data(), n * sizeof(float))) << (opt ? "sgd" : "adam");
   }
   sk::OptimTensor t{};
-  EXPECT_THROW(sk::adam_update(&t, 1, sk::AdamConfig{}, 0, static_cast<const double*>(nullptr)), std::invalid_argument);
+  sk::StepState st{};
+  EXPECT_THROW(sk::adam_update(&t, 1, sk::AdamConfig{}, &st, nullptr), std::invalid_argument);
+}
+
+// Dropout keyed by a device StepState draws the mask of the key with that step.
+TEST(BoundData, DropoutStepFromTheDeviceEqualsTheKeysStep) {
+  const size_t n = 1003;
+  const std::vector<float> x = kref::randn(n, 3);
+  for (uint64_t step : {0ull, 7ull, (1ull << 32) + 5}) {
+    std::vector<float> a(n), b(n);
+    sk::dropout(x.data(), a.data(), n, 0.4f, sk::DropoutKey{11, step, 2, 1});
+    const sk::StepState st{step, 0.f};
+    sk::dropout(x.data(), b.data(), n, 0.4f, sk::DropoutKey{11, 999, 2, 1}, &st);  // the key's own step is ignored
+    EXPECT_EQ(a, b) << step;
+  }
 }

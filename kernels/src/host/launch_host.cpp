@@ -13,11 +13,14 @@ static_assert(THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_OMP,
 namespace skyforge::kernels {
 namespace {
 
-// Synchronous: thrust::device is the OpenMP system here; the stream has no meaning on the host.
+// Synchronous: thrust::device is the OpenMP system here. A stream whose handle is a
+// HostRecording (a capture in progress) gets the call recorded instead, f copied by value.
 template <class F>
-void for_n(Stream, size_t n, const F& f, const char*) {
+void for_n(Stream s, size_t n, const F& f, const char*) {
   if (n == 0) return;
-  thrust::for_each_n(thrust::device, thrust::counting_iterator<size_t>(0), n, f);
+  auto run = [n, f] { thrust::for_each_n(thrust::device, thrust::counting_iterator<size_t>(0), n, f); };
+  if (s.handle) static_cast<HostRecording*>(s.handle)->calls.emplace_back(run);
+  else run();
 }
 
 }  // namespace

@@ -14,16 +14,30 @@
 #include "hd.hpp"
 #include "philox.hpp"
 #include "reduce.hpp"
+#include "step.hpp"
 #include "window.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 namespace skyforge::kernels {
 
-// A cudaStream_t in the CUDA build (null: the legacy default stream); unused by the host build.
+// A cudaStream_t in the CUDA build (null: the legacy default stream). In the host build a null
+// handle runs each call at once; a handle pointing at a HostRecording records the call instead
+// (the host build's stream capture, docs/kernels.md "Graphs").
 struct Stream {
   void* handle = nullptr;
+};
+
+// The host build's stand-in for a captured CUDA graph: each launch recorded with its arguments
+// by value (as a graph's kernel nodes hold theirs), run again in order by replay().
+struct HostRecording {
+  std::vector<std::function<void()>> calls;
+  void replay() const {
+    for (const auto& c : calls) c();
+  }
 };
 
 // "host" or "cuda": which build this library is.
@@ -84,16 +98,24 @@ void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, 
                  Stream s = {});
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s = {});
 // The same with grad_scale = float(1 / *samples), *samples read on the device when the update
-// runs: a step's global sample count that the host has not waited for (docs/kernels.md).
-void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration,
+// runs: a step's global sample count that the host has not waited for; Adam's iteration is
+// state->iteration, read there too (its alpha written to state->alpha first). Nothing the
+// host knows of the step is an argument, so a captured step replays as the step it is
+// (step.hpp, docs/kernels.md "Graphs").
+void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, StepState* state,
                  const double* samples, Stream s = {});
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const double* samples, Stream s = {});
+// ++state->iteration: after a step's update.
+void advance_step(StepState* state, Stream s = {});
 
 // ---- dropout -------------------------------------------------------------------------------------
 // Inverted dropout (philox.hpp): out[i] = in[i] * (kept ? 1 / (1 - rate) : 0), the mask a pure
 // function of (key, i). The forward passes x, the backward dy with the same key: no mask is
 // stored. rate in [0, 1); key.layer, key.rank < 2^16; n <= 2^34. in may equal out.
 void dropout(const float* in, float* out, size_t n, float rate, const DropoutKey& key, Stream s = {});
+// The same with key.step = state->iteration, read when the kernel runs.
+void dropout(const float* in, float* out, size_t n, float rate, const DropoutKey& key, const StepState* state,
+             Stream s = {});
 
 // ---- batch normalization (batchnorm.hpp) -----------------------------------------------------------
 // Training forward over [rows, C]: the batch's mean, biased variance and 1/sqrt(var + eps) into

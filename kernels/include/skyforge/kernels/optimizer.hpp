@@ -4,6 +4,7 @@
 #pragma once
 
 #include "hd.hpp"
+#include "step.hpp"
 
 #include <cmath>
 
@@ -41,15 +42,18 @@ SF_HD inline float grad_scale_of(float scale, const double* samples) {
   return samples ? static_cast<float>(1.0 / *samples) : scale;
 }
 
+// With `state` (device memory) alpha is state->alpha, read when the update runs.
 struct AdamRule {
   float b1c, b2c, alpha, eps, scale;  // b1c = 1 - beta_1, b2c = 1 - beta_2
   const double* samples = nullptr;
+  const StepState* state = nullptr;
   SF_HD void operator()(float& p, float g, float* s0, float* s1) const {
     const float gi = g * grad_scale_of(scale, samples);
+    const float a = state ? state->alpha : alpha;
     float m = *s0, v = *s1;
     m += (gi - m) * b1c;
     v += (gi * gi - v) * b2c;
-    p -= alpha * m / (::sqrtf(v) + eps);
+    p -= a * m / (::sqrtf(v) + eps);
     *s0 = m;
     *s1 = v;
   }

@@ -83,8 +83,11 @@ struct DropoutApply {
   DropoutKey key;
   uint32_t cut;
   float scale;
+  const uint64_t* step = nullptr;  // not null: the key's step, read when the kernel runs (step.hpp)
   SF_HD void operator()(size_t j) const {
-    const Philox4x32 r = dropout_block(key, j);
+    DropoutKey k = key;
+    if (step) k.step = *step;
+    const Philox4x32 r = dropout_block(k, j);
     for (size_t q = 0; q < 4 && 4 * j + q < n; ++q) {
       const size_t i = 4 * j + q;
       out[i] = in[i] * ((r.v[q] >> 8) >= cut ? scale : 0.f);
