@@ -16,6 +16,7 @@ class CudaBackend : public skyforge::ComputeBackend {
       throw skyforge::Error("option 'bucket_cap_mb': expected 1 to 4096 (MiB), got " + std::to_string(mb),
                             SF_ERR_INVALID);
     opts_.bucket_bytes = static_cast<size_t>(mb) << 20;
+    opts_.graphs = options().get_bool("cuda_graphs", true);
   }
   void probe() override { skyforge::cuda::Device::probe(); }
   std::unique_ptr<skyforge::Engine> create_engine(const skyforge::ModelSpec& spec,

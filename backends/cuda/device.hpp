@@ -50,6 +50,13 @@ class Device {
   void gemm(bool trans_a, bool trans_b, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
             const float* B, size_t ldb, float beta, float* C, size_t ldc);
 
+  // Row-major C[M, N] = act(A[M, K] B[K, N] + bias) (bias: N floats, or null): a layer's
+  // forward GEMM with its epilogue. The CUDA build fuses the bias and a ReLU into the GEMM
+  // (cuBLASLt's epilogues), so the output is written once; the host build, softmax, and shapes
+  // cuBLASLt has no algorithm for run gemm() then kernels::bias_activation_forward.
+  void gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const float* B, const float* bias,
+                     kernels::Activation act, float* C);
+
   // In-place sum of n floats of device memory over every rank, ordered after everything the
   // stream has been given so far. The CUDA build runs it on a stream of its own, so kernels
   // enqueued after it (the rest of the backward pass) overlap it, as PyTorch DDP's buckets do;
@@ -59,6 +66,24 @@ class Device {
   void join_collectives();
   // Device bytes from root to every rank (in stream order).
   void broadcast(void* p, size_t bytes, uint32_t root);
+
+  // CUDA Graphs (docs/compute-backends.md, "Graphs"). Between begin_capture() and
+  // end_capture() what the stream is given (kernels, GEMMs, copies, collectives) is recorded,
+  // not run; a call that would wait for the device or read host memory later (upload,
+  // upload_async, download, synchronize) throws instead. replay() runs the recording on the
+  // stream, with every argument as it was when recorded: what changes from one replay to the
+  // next must live in device memory. The CUDA build makes a cudaGraphExec_t; the host build
+  // records each call as a closure (kernels::HostRecording), so tests here replay exactly what
+  // was captured.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+  };
+  void begin_capture();
+  std::unique_ptr<Graph> end_capture();
+  void abort_capture() noexcept;  // after a failure inside a capture: nothing is kept
+  void replay(const Graph& g);
+  bool capturing() const;
 
   kernels::Stream stream() const { return stream_; }
   // Waits for the stream. With NCCL, a collective that is still not done after the collective

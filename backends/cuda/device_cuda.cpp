@@ -3,6 +3,7 @@
 // headers (no device code here: the kernels are kernels/'s). docs/compute-backends.md.
 #include "device.hpp"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <cstdint>
 #include <vector>
 
 #include <unistd.h>
@@ -21,7 +23,11 @@ namespace skyforge::cuda {
 namespace {
 
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e), SF_ERR);
+  if (e == cudaSuccess) return;
+  // Clear it: the runtime's last error would otherwise fail the next kernel launch's check
+  // (for_n reads cudaGetLastError), e.g. after a bound set that did not fit.
+  cudaGetLastError();
+  throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorString(e), SF_ERR);
 }
 void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -39,6 +45,7 @@ struct Device::Impl {
   cudaEvent_t ready = nullptr;         // recorded on `stream` before an allreduce
   cudaEvent_t summed = nullptr;        // recorded on `collectives` at join_collectives
   cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;  // the GEMMs with a fused epilogue
   ncclComm_t nccl = nullptr;
   // upload_async's pinned staging buffers, used in turn; `done` is recorded after each copy.
   struct Staging {
@@ -48,6 +55,17 @@ struct Device::Impl {
   };
   std::array<Staging, 4> staging{};
   size_t next_staging = 0;
+  void* blas_workspace = nullptr;  // cuBLAS's, set once: a captured GEMM may not allocate
+  size_t blas_workspace_bytes = 0;  // shared with cuBLASLt (one stream: never at once)
+  bool capturing = false;
+  // Graphs holding captured NCCL launches: ncclCommAbort waits until none is left, so an abort
+  // destroys their executables first (a later replay of one fails).
+  std::vector<cudaGraphExec_t*> live_graphs;
+  void no_capture(const char* what) const {
+    if (capturing)
+      throw Error(std::string("cuda: ") + what + " while a step is being captured (it would wait for the device)",
+                  SF_ERR);
+  }
   bool failed = false;   // a collective failed or timed out: the communicator is aborted
   std::string failure;   // why, for every later call
   std::chrono::milliseconds timeout{300000};
@@ -73,7 +91,9 @@ struct Device::Impl {
       if (b.done) cudaEventDestroy(b.done);
       if (b.host) cudaFreeHost(b.host);
     }
+    if (lt) cublasLtDestroy(lt);
     if (blas) cublasDestroy(blas);
+    if (blas_workspace) cudaFree(blas_workspace);
     if (summed) cudaEventDestroy(summed);
     if (ready) cudaEventDestroy(ready);
     if (collectives) cudaStreamDestroy(collectives);
@@ -86,6 +106,14 @@ struct Device::Impl {
   // lost peer ends in ncclCommAbort and an error, never in a hang, and the device refuses every
   // collective afterwards.
   [[noreturn]] void abort_nccl(const std::string& why) {
+    if (capturing) {  // the partial graph holds NCCL launches too
+      cudaGraph_t partial = nullptr;
+      if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial) cudaGraphDestroy(partial);
+      capturing = false;
+      cudaGetLastError();
+    }
+    for (cudaGraphExec_t* exec : live_graphs)
+      if (*exec) cudaGraphExecDestroy(*exec), *exec = nullptr;
     if (nccl) ncclCommAbort(nccl);
     nccl = nullptr;
     failed = true;
@@ -215,6 +243,13 @@ Device::Device(const Communicator& comm, const Host& host, double collective_tim
   stream_.handle = impl_->stream;
   check(cublasCreate(&impl_->blas), "cublasCreate");
   check(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
+  // A workspace of its own for cuBLAS (32 MiB, what NVIDIA advises for Hopper), so that no GEMM
+  // allocates while a step is captured as a graph.
+  constexpr size_t kBlasWorkspace = size_t{32} << 20;
+  check(cudaMalloc(&impl_->blas_workspace, kBlasWorkspace), "cudaMalloc (cuBLAS workspace)");
+  check(cublasSetWorkspace(impl_->blas, impl_->blas_workspace, kBlasWorkspace), "cublasSetWorkspace");
+  impl_->blas_workspace_bytes = kBlasWorkspace;
+  check(cublasLtCreate(&impl_->lt), "cublasLtCreate");
   if (comm.size() <= 1) return;
 
   // NCCL cannot put two ranks on one GPU: every rank learns where every other one is, and all
@@ -261,16 +296,19 @@ void* Device::alloc(size_t bytes) {
 }
 void Device::free(void* p) noexcept { cudaFree(p); }
 void Device::upload(void* dst, const void* src, size_t bytes) {
+  impl_->no_capture("upload");
   if (!bytes) return;
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
   synchronize();
 }
 void Device::upload_async(void* dst, const void* src, size_t bytes) {
+  impl_->no_capture("upload_async");
   if (!bytes) return;
   Impl::Staging& b = impl_->staging[impl_->next_staging++ % impl_->staging.size()];
   if (b.done) impl_->wait_until([&] { return cudaEventQuery(b.done); }, "upload_async");  // its last copy
   else check(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming), "cudaEventCreate");
   if (b.capacity < bytes) {
+    if (b.host) synchronize();  // cudaFreeHost waits for the device: wait first, watched
     if (b.host) check(cudaFreeHost(b.host), "cudaFreeHost");
     b.host = nullptr;
     b.capacity = 0;
@@ -282,6 +320,7 @@ void Device::upload_async(void* dst, const void* src, size_t bytes) {
   check(cudaEventRecord(b.done, impl_->stream), "cudaEventRecord");
 }
 void Device::download(void* dst, const void* src, size_t bytes) {
+  impl_->no_capture("download");
   if (!bytes) return;
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
   synchronize();
@@ -303,6 +342,80 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
         "cublasSgemm");
 }
 
+namespace {
+// cuBLASLt descriptors, destroyed with the call.
+struct LtMatmul {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtMatmul() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+}  // namespace
+
+// Column-major, as gemm(): C^T[N, M] = B^T[N, K] A^T[K, M], the bias one value per row of C^T
+// (a unit), which is what cuBLASLt's BIAS epilogues add (a vector of the output's rows).
+void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const float* B, const float* bias,
+                           kernels::Activation act, float* C) {
+  auto fallback = [&] {
+    gemm(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
+    kernels::bias_activation_forward(C, bias, M, N, act, stream_);
+  };
+  if (act == kernels::Activation::softmax || (!bias && act == kernels::Activation::linear)) return fallback();
+  if (bias && reinterpret_cast<uintptr_t>(bias) % 16 != 0) return fallback();  // the BIAS epilogues need 16 bytes
+  const cublasLtEpilogue_t epilogue = act == kernels::Activation::relu
+                                          ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
+                                          : CUBLASLT_EPILOGUE_BIAS;
+  LtMatmul d;
+  const cublasOperation_t no = CUBLAS_OP_N;
+  check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof no), "cublasLt TRANSA");
+  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof no), "cublasLt TRANSB");
+  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+        "cublasLt EPILOGUE");
+  if (bias)
+    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+          "cublasLt BIAS_POINTER");
+  check(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_32F, N, K, N), "cublasLtMatrixLayoutCreate");
+  check(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_32F, K, M, K), "cublasLtMatrixLayoutCreate");
+  check(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, N, M, N), "cublasLtMatrixLayoutCreate");
+  check(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
+  const size_t ws = impl_->blas_workspace_bytes;
+  check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+        "cublasLt MAX_WORKSPACE_BYTES");
+  // The heuristic assumes 256-byte aligned operands unless told: a layer's weights are a slice
+  // of the flat parameter buffer, aligned to 4 bytes only.
+  auto alignment = [](const void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    return static_cast<uint32_t>(std::min<uintptr_t>(a & (~a + 1), 256));
+  };
+  const uint32_t align_a = alignment(B), align_b = alignment(A), align_c = alignment(C);
+  check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                             sizeof align_a),
+        "cublasLt MIN_ALIGNMENT_A_BYTES");
+  check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                             sizeof align_b),
+        "cublasLt MIN_ALIGNMENT_B_BYTES");
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    check(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &align_c, sizeof align_c), "cublasLt MIN_ALIGNMENT_C/D");
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(impl_->lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found) !=
+          CUBLAS_STATUS_SUCCESS ||
+      found == 0)
+    return fallback();  // no fused algorithm for this shape
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t st = cublasLtMatmul(impl_->lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
+                                           &heuristic.algo, impl_->blas_workspace, ws, impl_->stream);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return fallback();
+  check(st, "cublasLtMatmul");
+}
+
 void Device::allreduce_sum(float* p, size_t n) { impl_->allreduce(p, n, ncclFloat32); }
 void Device::allreduce_sum(double* p, size_t n) { impl_->allreduce(p, n, ncclFloat64); }
 void Device::join_collectives() {
@@ -317,7 +430,60 @@ void Device::broadcast(void* p, size_t bytes, uint32_t root) {
   impl_->check_nccl(ncclBroadcast(p, p, bytes, ncclUint8, static_cast<int>(root), impl_->nccl, impl_->stream),
                     "ncclBroadcast");
 }
+namespace {
+struct CudaGraph : Device::Graph {
+  std::vector<cudaGraphExec_t*>* registry;
+  cudaGraphExec_t exec = nullptr;
+  explicit CudaGraph(std::vector<cudaGraphExec_t*>& r) : registry(&r) { registry->push_back(&exec); }
+  ~CudaGraph() override {
+    std::erase(*registry, &exec);
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+};
+}  // namespace
+
+// Stream capture in this thread's mode: the collectives stream joins the capture through the
+// events allreduce_sum and join_collectives record (fork and join), and NCCL's kernels are
+// captured with the rest (NCCL supports CUDA graphs from 2.9).
+void Device::begin_capture() {
+  impl_->usable();
+  if (impl_->capturing) throw Error("cuda: begin_capture inside a capture", SF_ERR);
+  check(cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  impl_->capturing = true;
+}
+std::unique_ptr<Device::Graph> Device::end_capture() {
+  if (!impl_->capturing) throw Error("cuda: end_capture without begin_capture", SF_ERR);
+  impl_->capturing = false;
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamEndCapture(impl_->stream, &graph), "cudaStreamEndCapture");
+  auto g = std::make_unique<CudaGraph>(impl_->live_graphs);
+  const cudaError_t e = cudaGraphInstantiate(&g->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check(e, "cudaGraphInstantiate");
+  return g;
+}
+void Device::abort_capture() noexcept {
+  if (!impl_->capturing) return;
+  impl_->capturing = false;
+  // A failure between an allreduce's fork of the collectives stream and join_collectives would
+  // leave the capture unjoined (cudaErrorStreamCaptureUnjoined): join it first.
+  if (impl_->collectives && cudaEventRecord(impl_->summed, impl_->collectives) == cudaSuccess)
+    cudaStreamWaitEvent(impl_->stream, impl_->summed, 0);
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(impl_->stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a failed capture leaves its error behind
+}
+void Device::replay(const Graph& g) {
+  impl_->usable();
+  impl_->no_capture("replay");
+  const cudaGraphExec_t exec = static_cast<const CudaGraph&>(g).exec;
+  if (!exec) throw Error("cuda: replay of a graph destroyed with its NCCL communicator", SF_ERR);
+  check(cudaGraphLaunch(exec, impl_->stream), "cudaGraphLaunch");
+}
+bool Device::capturing() const { return impl_->capturing; }
+
 void Device::synchronize() {
+  impl_->no_capture("synchronize");
   if (!impl_->nccl && !impl_->failed) {
     check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
     return;

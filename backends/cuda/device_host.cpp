@@ -11,9 +11,29 @@ namespace skyforge::cuda {
 
 struct Device::Impl {
   Communicator comm;
+  std::unique_ptr<kernels::HostRecording> recording;  // a capture in progress
+  // Runs f now, or records it during a capture (its arguments captured by value).
+  template <class F>
+  void run(F f) {
+    if (recording) recording->calls.emplace_back(std::move(f));
+    else f();
+  }
+  void no_capture(const char* what) const {
+    if (recording)
+      throw Error(std::string("cuda(host): ") + what + " while a step is being captured (it would wait for the device)",
+                  SF_ERR);
+  }
 };
 
-Device::Device(const Communicator& comm, const Host&, double) : impl_(std::make_unique<Impl>(Impl{comm})) {}
+namespace {
+struct HostGraph : Device::Graph {
+  kernels::HostRecording recording;
+};
+}  // namespace
+
+Device::Device(const Communicator& comm, const Host&, double) : impl_(std::make_unique<Impl>()) {
+  impl_->comm = comm;
+}
 Device::~Device() = default;
 
 const char* Device::build_name() { return "host"; }
@@ -26,30 +46,71 @@ void* Device::alloc(size_t bytes) {
 }
 void Device::free(void* p) noexcept { std::free(p); }
 void Device::upload(void* dst, const void* src, size_t bytes) {
+  impl_->no_capture("upload");
   if (bytes) std::memcpy(dst, src, bytes);
 }
-void Device::upload_async(void* dst, const void* src, size_t bytes) { upload(dst, src, bytes); }
+void Device::upload_async(void* dst, const void* src, size_t bytes) {
+  impl_->no_capture("upload_async");
+  upload(dst, src, bytes);
+}
 void Device::download(void* dst, const void* src, size_t bytes) {
+  impl_->no_capture("download");
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void Device::copy(void* dst, const void* src, size_t bytes) {
-  if (bytes && dst != src) std::memmove(dst, src, bytes);
+  if (bytes && dst != src) impl_->run([=] { std::memmove(dst, src, bytes); });
 }
 void Device::zero(void* p, size_t bytes) {
-  if (bytes) std::memset(p, 0, bytes);
+  if (bytes) impl_->run([=] { std::memset(p, 0, bytes); });
 }
 
 void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
                   const float* B, size_t ldb, float beta, float* C, size_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
-              static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
-              C, static_cast<int>(ldc));
+  impl_->run([=] {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+                static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
+                beta, C, static_cast<int>(ldc));
+  });
 }
 
-void Device::allreduce_sum(float* p, size_t n) { impl_->comm.allreduce(p, n, SF_REDUCE_SUM); }
-void Device::allreduce_sum(double* p, size_t n) { impl_->comm.allreduce(p, n, SF_REDUCE_SUM); }
+void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const float* B, const float* bias,
+                           kernels::Activation act, float* C) {
+  gemm(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
+  kernels::bias_activation_forward(C, bias, M, N, act, stream_);
+}
+
+void Device::allreduce_sum(float* p, size_t n) {
+  impl_->run([c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
+}
+void Device::allreduce_sum(double* p, size_t n) {
+  impl_->run([c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
+}
 void Device::join_collectives() {}  // the pool's allreduce returns when done
-void Device::broadcast(void* p, size_t bytes, uint32_t root) { impl_->comm.broadcast(p, bytes, root); }
-void Device::synchronize() {}
+void Device::broadcast(void* p, size_t bytes, uint32_t root) {
+  impl_->run([c = impl_->comm, p, bytes, root] { c.broadcast(p, bytes, root); });
+}
+void Device::synchronize() { impl_->no_capture("synchronize"); }
+
+void Device::begin_capture() {
+  if (impl_->recording) throw Error("cuda(host): begin_capture inside a capture", SF_ERR);
+  impl_->recording = std::make_unique<kernels::HostRecording>();
+  stream_.handle = impl_->recording.get();  // the kernels record instead of running
+}
+std::unique_ptr<Device::Graph> Device::end_capture() {
+  if (!impl_->recording) throw Error("cuda(host): end_capture without begin_capture", SF_ERR);
+  auto g = std::make_unique<HostGraph>();
+  g->recording = std::move(*impl_->recording);
+  abort_capture();
+  return g;
+}
+void Device::abort_capture() noexcept {
+  impl_->recording.reset();
+  stream_.handle = nullptr;
+}
+void Device::replay(const Graph& g) {
+  impl_->no_capture("replay");
+  static_cast<const HostGraph&>(g).recording.replay();
+}
+bool Device::capturing() const { return impl_->recording != nullptr; }
 
 }  // namespace skyforge::cuda

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -239,6 +240,9 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   sums_ = Buffer<double>(*dev_, 3);
   pending_ = Buffer<double>(*dev_, 3);
   dev_->zero(pending_.get(), 3 * sizeof(double));
+  state_ = Buffer<k::StepState>(*dev_, 1);
+  const k::StepState start{};
+  dev_->upload(state_.get(), &start, sizeof start);
   // Data-parallel: every replica starts from rank 0's weights, whatever its seed.
   dev_->broadcast(params_.get(), n_params_ * sizeof(float), 0);
   dev_->synchronize();
@@ -247,8 +251,17 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
 // Every buffer is declared after dev_, so it goes back to the device before the device itself.
 CudaEngine::~CudaEngine() = default;
 
+void CudaEngine::drop_graphs() {
+  graphs_.clear();
+  ++generation_;
+}
+
 void CudaEngine::ensure_capacity(uint32_t batch) {
   if (batch <= capacity_) return;
+  // Steps may still run on the device (deferred, replayed): freeing their buffers would wait
+  // for them without the collective timeout's watch, so wait here, watched.
+  if (capacity_) dev_->synchronize();
+  drop_graphs();  // they hold the buffers' old addresses
   for (const auto& l : layers_)
     if (static_cast<double>(batch) * static_cast<double>(std::max(numel(l->out), numel(l->in))) >= 2147483647.0)
       invalid("batch " + std::to_string(batch) + " is too large for layer " + std::to_string(l->index) + " (" +
@@ -308,8 +321,7 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
     switch (l.kind) {
       case Kind::dense: {
         const size_t M = l.rows(batch);
-        dev_->gemm(false, false, M, l.units, l.fin, 1.f, in, l.fin, p, l.units, 0.f, y, l.units);
-        k::bias_activation_forward(y, l.use_bias ? p + l.fin * l.units : nullptr, M, l.units, l.act, s);
+        dev_->gemm_bias_act(M, l.units, l.fin, in, p, l.use_bias ? p + l.fin * l.units : nullptr, l.act, y);
         break;
       }
       case Kind::conv2d: {
@@ -317,8 +329,7 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         g.batch = batch;
         const size_t M = g.positions(), kkc = g.col_width();
         k::im2col(in, l.col.get(), g, s);
-        dev_->gemm(false, false, M, l.units, kkc, 1.f, l.col.get(), kkc, p, l.units, 0.f, y, l.units);
-        k::bias_activation_forward(y, l.use_bias ? p + kkc * l.units : nullptr, M, l.units, l.act, s);
+        dev_->gemm_bias_act(M, l.units, kkc, l.col.get(), p, l.use_bias ? p + kkc * l.units : nullptr, l.act, y);
         break;
       }
       case Kind::max_pool: {
@@ -338,7 +349,8 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         l.dropped = training && l.rate > 0.f;
         if (l.dropped) {
           // The mask is a function of (seed, step, layer, rank): docs/kernels.md, "Dropout".
-          k::dropout(in, y, n, l.rate, k::DropoutKey{seed_, step_, static_cast<uint32_t>(l.index), comm_.rank()}, s);
+          k::dropout(in, y, n, l.rate, k::DropoutKey{seed_, 0, static_cast<uint32_t>(l.index), comm_.rank()},
+                     state_.get(), s);
         } else {
           dev_->copy(y, in, n * sizeof(float));
         }
@@ -374,29 +386,12 @@ void CudaEngine::stage(const float* x, const int32_t* y, uint32_t batch, const c
   dev_->upload(labels_.get(), y, size_t{batch} * sizeof(int32_t));
 }
 
-void CudaEngine::stage(uint64_t data, const uint64_t* idx, uint32_t batch, const char* what) {
-  const auto it = data_.find(data);
-  if (it == data_.end()) throw unknown_data(data);
-  if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
-  if (!idx) invalid(std::string(what) + ": idx is NULL");
-  const uint64_t n = it->second.n;
-  for (uint32_t i = 0; i < batch; ++i)
-    if (idx[i] >= n)
-      invalid(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " + std::to_string(i) +
-              " is outside bound set " + std::to_string(data) + " of " + std::to_string(n) + " samples");
-  ensure_capacity(batch);
-  // The indices go up without a wait; the batch is gathered on the device.
-  dev_->upload_async(idx_.get(), idx, size_t{batch} * sizeof(uint64_t));
-  k::gather_rows(it->second.x.get(), it->second.y.get(), idx_.get(), batch, numel(input_shape_), x_.get(),
-                 labels_.get(), dev_->stream());
-}
-
 // Forward, loss and accuracy sums, and with `train` the backward with the bucketed gradient
 // allreduce (grads_: the global gradient SUM, as in the cpu backend, docs/compute-backends.md)
 // and the optimizer update. The step's sums are made global on the device (one small allreduce
 // of three doubles beside the gradients'), and the update reads the global sample count there,
 // so nothing here needs the host to wait: a deferred step only adds its sums to pending_.
-StepResult CudaEngine::run(uint32_t batch, bool train, bool deferred) {
+void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   const k::Stream s = dev_->stream();
   const bool dp = comm_.size() > 1;
   const float* logits = forward(x_.get(), batch, train);
@@ -460,8 +455,8 @@ StepResult CudaEngine::run(uint32_t batch, bool train, bool deferred) {
         case Kind::dropout:
           if (dx) {
             if (l.dropped)
-              k::dropout(dy, dx, n, l.rate, k::DropoutKey{seed_, step_, static_cast<uint32_t>(l.index), comm_.rank()},
-                         s);
+              k::dropout(dy, dx, n, l.rate, k::DropoutKey{seed_, 0, static_cast<uint32_t>(l.index), comm_.rank()},
+                         state_.get(), s);
             else
               dev_->copy(dx, dy, n * sizeof(float));
           }
@@ -496,18 +491,18 @@ StepResult CudaEngine::run(uint32_t batch, bool train, bool deferred) {
     if (optimizer_ == "adam") {
       t.slot0 = slots_.get();
       t.slot1 = slots_.get() + n_params_;
-      k::adam_update(&t, 1, adam_, step_, sums_.get() + 2, s);
+      k::adam_update(&t, 1, adam_, state_.get(), sums_.get() + 2, s);
     } else {
       t.slot0 = n_slots_ ? slots_.get() : nullptr;
       k::sgd_update(&t, 1, sgd_, sums_.get() + 2, s);
     }
-    ++step_;
+    k::advance_step(state_.get(), s);
   }
+  if (deferred) k::accumulate(pending_.get(), sums_.get(), 3, s);
+}
+
+StepResult CudaEngine::read_sums() {
   StepResult r;
-  if (deferred) {
-    k::accumulate(pending_.get(), sums_.get(), 3, s);
-    return r;
-  }
   double sums[3];
   dev_->download(sums, sums_.get(), sizeof(sums));
   r.samples = static_cast<uint64_t>(sums[2]);
@@ -518,12 +513,86 @@ StepResult CudaEngine::run(uint32_t batch, bool train, bool deferred) {
 
 StepResult CudaEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
   stage(x, y, batch, "train_step");
-  return run(batch, true, false);
+  enqueue(batch, true, false);
+  ++step_;
+  return read_sums();
 }
 
 StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batch) {
   stage(x, y, batch, "eval_step");
-  return run(batch, false, false);
+  enqueue(batch, false, false);
+  return read_sums();
+}
+
+// A bound-data step. Its shape's first occurrence runs eager (the warm-up: cuBLAS picks its
+// kernels, buffers settle), the second is captured as a graph and replayed, every later one
+// replays it: one launch for gather, forward, backward, allreduces and update. The step
+// counter, the sample count and the pending sums live on the device, so a replay is the step
+// it runs as (docs/compute-backends.md, "Graphs").
+StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool train, bool deferred,
+                               const char* what) {
+  const auto it = data_.find(data);
+  if (it == data_.end()) throw unknown_data(data);
+  if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
+  if (!idx) invalid(std::string(what) + ": idx is NULL");
+  const uint64_t n = it->second.n;
+  for (uint32_t i = 0; i < batch; ++i)
+    if (idx[i] >= n)
+      invalid(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " + std::to_string(i) +
+              " is outside bound set " + std::to_string(data) + " of " + std::to_string(n) + " samples");
+  ensure_capacity(batch);
+  // The indices go up without a wait, outside any graph (a graph would read the staging
+  // buffer it was captured with); the batch is gathered on the device.
+  dev_->upload_async(idx_.get(), idx, size_t{batch} * sizeof(uint64_t));
+  const BoundSet& set = it->second;
+  auto step = [&] {
+    k::gather_rows(set.x.get(), set.y.get(), idx_.get(), batch, numel(input_shape_), x_.get(), labels_.get(),
+                   dev_->stream());
+    enqueue(batch, train, deferred);
+  };
+  StepGraph* g = nullptr;
+  if (eopt_.graphs) {
+    GraphKey mine;
+    mine.data = data;
+    mine.generation = generation_;
+    mine.batch = batch;
+    mine.train = train;
+    mine.deferred = deferred;
+    std::string key(reinterpret_cast<const char*>(&mine), sizeof mine);
+    if (comm_.size() > 1) {
+      // Whether an NCCL launch is captured, and from which capture, must be the same on every
+      // rank: the graph is chosen by every rank's key (their batches differ at an epoch's end,
+      // one rank's buffers may have grown), so every rank makes the same choice at each step.
+      key = comm_.allgather(key);
+      std::string gens;
+      for (size_t r = 0; r < comm_.size(); ++r)
+        gens.append(key, r * sizeof mine + offsetof(GraphKey, generation), sizeof mine.generation);
+      if (gens != generations_) graphs_.clear();  // a rank dropped its graphs: every rank does
+      generations_ = std::move(gens);
+    }
+    g = &graphs_[key];
+  }
+  if (g && g->graph) {
+    dev_->replay(*g->graph);
+    ++stats_.replayed;
+  } else if (!g || ++g->seen < 2) {
+    step();
+    ++stats_.eager;
+  } else {
+    dev_->begin_capture();
+    try {
+      step();
+      g->graph = dev_->end_capture();
+    } catch (...) {
+      dev_->abort_capture();
+      throw;
+    }
+    ++stats_.captured;
+    dev_->replay(*g->graph);
+    ++stats_.replayed;
+  }
+  if (train) ++step_;
+  return deferred ? StepResult{} : read_sums();
 }
 
 uint64_t CudaEngine::bind_data(const float* x, const int32_t* y, uint64_t n) {
@@ -558,17 +627,16 @@ void CudaEngine::release_data(uint64_t data) {
   const auto it = data_.find(data);
   if (it == data_.end()) throw unknown_data(data);
   dev_->synchronize();  // no queued gather still reads it
+  drop_graphs();
   data_.erase(it);
 }
 
 StepResult CudaEngine::train_step_indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool deferred) {
-  stage(data, idx, batch, "train_step_indexed");
-  return run(batch, true, deferred);
+  return indexed(data, idx, batch, true, deferred, "train_step_indexed");
 }
 
 StepResult CudaEngine::eval_step_indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool deferred) {
-  stage(data, idx, batch, "eval_step_indexed");
-  return run(batch, false, deferred);
+  return indexed(data, idx, batch, false, deferred, "eval_step_indexed");
 }
 
 StepResult CudaEngine::take_results() {
@@ -641,6 +709,9 @@ void CudaEngine::load_state(std::string_view b) {
   }
   step_ = s.step;
   seed_ = s.seed;  // dropout masks follow the run, not this engine's spec
+  drop_graphs();  // a graph holds the seed in its dropout keys
+  const k::StepState state{s.step, 0.f};
+  dev_->upload(state_.get(), &state, sizeof state);
   dev_->upload(params_.get(), s.params.data(), n_params_ * sizeof(float));
   dev_->upload(slots_.get(), s.slots.data(), n_slots_ * sizeof(float));
   size_t j = 0;

@@ -28,6 +28,17 @@ namespace skyforge::cuda {
 struct EngineOptions {
   size_t bucket_bytes = 4u << 20;     // gradient allreduce bucket size
   double collective_timeout_s = 300;  // CUDA build: a collective not done by then aborts NCCL
+  // A bound-data step of a shape seen before runs as a graph captured at its second
+  // occurrence (docs/compute-backends.md, "Graphs"); false: every step eager.
+  bool graphs = true;
+};
+
+// How the engine's bound-data steps ran (tests and the bench read it).
+struct GraphStats {
+  uint64_t eager = 0;     // steps run call by call (first of a shape, or graphs off)
+  uint64_t captured = 0;  // graphs captured
+  uint64_t replayed = 0;  // steps run as a graph
+  size_t kept = 0;        // graphs held now
 };
 
 struct Layer;
@@ -56,6 +67,12 @@ class CudaEngine : public Engine {
   StepResult take_results() override;
 
   uint64_t step() const { return step_; }
+  GraphStats graph_stats() const {
+    GraphStats g = stats_;
+    g.kept = 0;
+    for (const auto& [key, entry] : graphs_) g.kept += entry.graph != nullptr;
+    return g;
+  }
   const char* build() const { return Device::build_name(); }
 
  private:
@@ -66,13 +83,34 @@ class CudaEngine : public Engine {
   };
   void ensure_capacity(uint32_t batch);
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
-  // The batch into x_ and labels_: copied from the host, or gathered from a bound set.
+  // A step's shape on this rank, for which a graph is kept: a graph holds the set's and the
+  // buffers' pointers and the batch as values, so each of them is part of the key, and
+  // `generation` moves whenever something a graph holds changes (the buffers grow, a state is
+  // loaded, a set released). Data parallel, the key is every rank's, gathered each step
+  // (docs/compute-backends.md, "Graphs": capture is collective in NCCL).
+  struct GraphKey {
+    uint64_t data = 0;
+    uint64_t generation = 0;
+    uint32_t batch = 0;
+    uint8_t train = 0, deferred = 0;
+    uint16_t zero = 0;  // no indeterminate bytes in the gathered key
+  };
+  void drop_graphs();  // what they hold changed: none may be replayed again
+  struct StepGraph {
+    int seen = 0;  // eager runs so far: the second occurrence is captured
+    std::unique_ptr<Device::Graph> graph;
+  };
+  // The batch into x_ and labels_ from the host (a plain step).
   void stage(const float* x, const int32_t* y, uint32_t batch, const char* what);
-  void stage(uint64_t data, const uint64_t* idx, uint32_t batch, const char* what);
+  // A bound-data step: the indices go up, then gather + step run eager, captured or replayed.
+  StepResult indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool train, bool deferred, const char* what);
   const float* forward(const float* x, uint32_t batch, bool training);
-  // The staged batch's step: forward, loss, and with `train` the backward, the gradient
-  // allreduce and the update. Deferred: its sums go to pending_ and nothing waits for it.
-  StepResult run(uint32_t batch, bool train, bool deferred);
+  // Enqueues the staged batch's step: forward, loss, and with `train` the backward, the
+  // gradient allreduce, the update and the device step counter. Deferred: its sums are added
+  // to pending_. Nothing here waits for the device or depends on host state that changes from
+  // step to step, so it can be captured as a graph.
+  void enqueue(uint32_t batch, bool train, bool deferred);
+  StepResult read_sums();  // waits for the step
 
   Communicator comm_;
   EngineOptions eopt_;
@@ -96,8 +134,13 @@ class CudaEngine : public Engine {
   Buffer<double> ws_;
   Buffer<double> sums_;     // this step's loss sum, correct count and samples (global after the allreduce)
   Buffer<double> pending_;  // the deferred steps' sums since the last take_results
+  Buffer<kernels::StepState> state_;  // the step counter and Adam's alpha, on the device
   std::map<uint64_t, BoundSet> data_;
   uint64_t next_data_ = 1;
+  std::map<std::string, StepGraph> graphs_;  // by the gathered keys; after data_ and the buffers: destroyed first
+  uint64_t generation_ = 0;
+  std::string generations_;  // every rank's generation at the last step: a change drops every graph
+  GraphStats stats_;
   std::string arch_;  // schema::architecture_text: what a loaded state must match
   EngineState shape_of_state() const;  // this engine's state, sized, with no values
 };

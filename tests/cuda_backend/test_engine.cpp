@@ -568,7 +568,7 @@ TEST(CudaEngine, BoundDataStepsEqualPlainStepsBitForBit) {
     EXPECT_EQ(empty.loss, 0.0);
     const std::vector<float> pp = params_of(*plain), pb = params_of(*bound);
     EXPECT_EQ(0, std::memcmp(pp.data(), pb.data(), pp.size() * sizeof(float))) << "params differ";
-    EXPECT_EQ(plain->state_dict(), bound->state_dict());  // slots, moving statistics, step too
+    EXPECT_TRUE(plain->state_dict() == bound->state_dict());  // slots, moving statistics, step too
 
     const auto& idx = ep.steps[1];
     const Batch b = gathered(ep.all, idx, f);
@@ -604,7 +604,13 @@ TEST(CudaEngine, BoundDataOnTwoNodesFollowsPlainSteps) {
           e->train_step(b.x.data(), b.y.data(), static_cast<uint32_t>(idx.size()));
         }
       }
-      if (use_bound) sums[rank] = e->take_results();
+      if (use_bound) {
+        sums[rank] = e->take_results();
+        // 5 steps of 12 (eager, captured, 3 replays; allreduces inside the graph) and one of 1.
+        const cu::GraphStats g = dynamic_cast<const cu::CudaEngine&>(*e).graph_stats();
+        EXPECT_EQ(g.replayed, 4u);
+        EXPECT_EQ(g.eager, 2u);
+      }
       (use_bound ? bound : plain)[rank] = params_of(*e);
     });
   }
@@ -648,4 +654,166 @@ TEST(CudaEngine, BoundDataRefusesBadInput) {
   EXPECT_EQ(s3, SF_ERR_INVALID);
   EXPECT_NE(m3.find("no bound data set " + std::to_string(id)), std::string::npos) << m3;
   EXPECT_EQ(error_of([&] { e->release_data(id); }).first, SF_ERR_INVALID);
+}
+
+// ---- graphs (docs/compute-backends.md, "Graphs") ----------------------------------------------
+namespace {
+cu::GraphStats stats_of(const skyforge::Engine& e) { return dynamic_cast<const cu::CudaEngine&>(e).graph_stats(); }
+}  // namespace
+
+// A bound-data step captured once and replayed is the eager step bit for bit, epoch after epoch:
+// the step counter (Adam's bias correction, dropout's key), the sample count and the pending
+// sums are read from device memory when the replay runs, never baked into the graph. The host
+// build's capture records every call with its arguments by value, as a CUDA graph does, so a
+// value that should change per step and is captured instead shows here as a difference.
+TEST(CudaEngine, GraphsReplayTheEagerStepsBitForBit) {
+  for (const ModelSpec& m : {convnet(31), bn_model(32), with_sgd(mlp(33))}) {
+    const size_t f = features(m);
+    const Epoch ep = make_epoch(60, 101, f, 16);  // 6 steps of 16 and one of 5 an epoch
+    cu::EngineOptions eager_only;
+    eager_only.graphs = false;
+    auto a = cu::make_engine(m, Communicator{}, skyforge::Host{}, eager_only);
+    auto b = cu::make_engine(m, Communicator{});
+    const uint64_t da = a->bind_data(ep.all.x.data(), ep.all.y.data(), 101);
+    const uint64_t db = b->bind_data(ep.all.x.data(), ep.all.y.data(), 101);
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      for (const auto& idx : ep.steps) {
+        a->train_step_indexed(da, idx.data(), static_cast<uint32_t>(idx.size()), true);
+        b->train_step_indexed(db, idx.data(), static_cast<uint32_t>(idx.size()), true);
+      }
+      for (size_t s = 0; s < 2; ++s) {  // a deferred eval pass, and one whose result is returned
+        a->eval_step_indexed(da, ep.steps[s].data(), 16, s == 0);
+        const auto rb = b->eval_step_indexed(db, ep.steps[s].data(), 16, s == 0);
+        if (s == 1) {
+          const auto ra = a->eval_step_indexed(da, ep.steps[s].data(), 16, false);
+          EXPECT_EQ(ra.loss, rb.loss);
+        }
+      }
+      const auto ta = a->take_results(), tb = b->take_results();
+      EXPECT_EQ(ta.loss, tb.loss) << "epoch " << epoch;
+      EXPECT_EQ(ta.correct, tb.correct);
+      EXPECT_EQ(ta.samples, tb.samples);
+    }
+    EXPECT_TRUE(a->state_dict() == b->state_dict()) << "graphs trained other bits";
+    // b: 21 train steps of 2 shapes and 6 eval steps of 2 (deferred or not): each of the 4
+    // shapes eager once, then captured, then replayed. a: every step eager (3 evals an epoch).
+    const cu::GraphStats ga = stats_of(*a), gb = stats_of(*b);
+    EXPECT_EQ(ga.captured, 0u);
+    EXPECT_EQ(ga.eager, 21u + 9u);
+    EXPECT_EQ(gb.captured, 4u);
+    EXPECT_EQ(gb.eager, 4u);
+    EXPECT_EQ(gb.replayed, 21u + 6u - 4u);
+    EXPECT_EQ(gb.kept, 4u);
+    b->release_data(db);
+    EXPECT_EQ(stats_of(*b).kept, 0u) << "a released set's graphs are kept";
+  }
+}
+
+// What a graph holds by value is invalidated with it: a larger batch (the buffers move), a
+// loaded state (the seed in dropout's key), another set.
+TEST(CudaEngine, GraphsAreDroppedWhenWhatTheyHoldChanges) {
+  const ModelSpec m = convnet(34);
+  const size_t f = features(m);
+  const Epoch ep = make_epoch(61, 64, f, 8);
+  auto e = cu::make_engine(m, Communicator{});
+  auto ref = cu::make_engine(m, Communicator{}, skyforge::Host{}, cu::EngineOptions{.graphs = false});
+  const uint64_t d = e->bind_data(ep.all.x.data(), ep.all.y.data(), 64);
+  const uint64_t r = ref->bind_data(ep.all.x.data(), ep.all.y.data(), 64);
+  auto both = [&](const std::vector<uint64_t>& idx) {
+    e->train_step_indexed(d, idx.data(), static_cast<uint32_t>(idx.size()), true);
+    ref->train_step_indexed(r, idx.data(), static_cast<uint32_t>(idx.size()), true);
+  };
+  for (int s = 0; s < 3; ++s) both(ep.steps[s]);
+  EXPECT_EQ(stats_of(*e).kept, 1u);
+  std::vector<uint64_t> wide(ep.steps[0]);
+  wide.insert(wide.end(), ep.steps[1].begin(), ep.steps[1].end());  // 16 > the capacity of 8
+  both(wide);
+  EXPECT_EQ(stats_of(*e).kept, 0u) << "the buffers grew; the graph of batch 8 points at the old ones";
+  for (int s = 3; s < 6; ++s) both(ep.steps[s]);
+  EXPECT_EQ(stats_of(*e).kept, 1u);
+  const std::string saved = ref->state_dict();
+  e->load_state(saved);
+  ref->load_state(saved);
+  EXPECT_EQ(stats_of(*e).kept, 0u);
+  for (int s = 0; s < 4; ++s) both(ep.steps[s]);
+  EXPECT_TRUE(e->state_dict() == ref->state_dict());
+  EXPECT_GE(stats_of(*e).captured, 3u);
+}
+
+// Nothing that waits for the device may run inside a capture: the device refuses it by name, and
+// after abort_capture() it runs calls at once again.
+TEST(CudaEngine, ACaptureRefusesWhatWouldWaitForTheDevice) {
+  cu::Device dev(Communicator{}, skyforge::Host{});
+  cu::Buffer<float> buf(dev, 4);
+  const float ones[4] = {1, 1, 1, 1};
+  float out[4] = {};
+  dev.begin_capture();
+  EXPECT_TRUE(dev.capturing());
+  dev.zero(buf.get(), sizeof ones);  // recorded, not run
+  try {
+    dev.download(out, buf.get(), sizeof out);
+    ADD_FAILURE() << "download inside a capture";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("download while a step is being captured"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(dev.upload_async(buf.get(), ones, sizeof ones), Error);
+  dev.abort_capture();
+  EXPECT_FALSE(dev.capturing());
+  dev.upload(buf.get(), ones, sizeof ones);
+  dev.begin_capture();
+  dev.zero(buf.get(), sizeof ones);
+  const auto g = dev.end_capture();
+  dev.download(out, buf.get(), sizeof out);
+  EXPECT_EQ(out[0], 1.f) << "a captured call ran at capture time";
+  dev.replay(*g);
+  dev.download(out, buf.get(), sizeof out);
+  EXPECT_EQ(out[0], 0.f) << "the replay did not run the captured call";
+}
+
+// Capturing an NCCL launch is collective (every rank captures the same step, and replays the
+// graph of that capture), so data parallel the choice is made from every rank's key: ranks whose
+// batches differ at an epoch's end, or one rank whose buffers grew (a larger predict() there
+// alone), still choose alike at every step. Same counts on both ranks, and the same bits as eager.
+TEST(CudaEngine, DataParallelRanksChooseGraphsAlike) {
+  const ModelSpec m = with_sgd(convnet(35));
+  const size_t f = features(m);
+  std::vector<cu::GraphStats> stats(2);
+  std::vector<std::vector<float>> with(2), without(2);
+  for (bool graphs : {true, false}) {
+    ThreadGroup group(2);
+    group.run([&](uint32_t rank) {
+      const Batch all = make_batch(70 + rank, 48, f);
+      cu::EngineOptions o;
+      o.graphs = graphs;
+      auto e = cu::make_engine(m, Communicator(group.comm(rank)), skyforge::Host{}, o);
+      const uint64_t d = e->bind_data(all.x.data(), all.y.data(), 48);
+      // Rank 0: 12, 12, 12, 5 an epoch; rank 1: 12, 12, 12, 12.
+      const std::vector<uint32_t> sizes = rank == 0 ? std::vector<uint32_t>{12, 12, 12, 5} : std::vector<uint32_t>{12, 12, 12, 12};
+      for (int epoch = 0; epoch < 4; ++epoch) {
+        if (epoch == 2 && rank == 0) {  // rank 0 alone grows its buffers
+          std::vector<float> logits(40 * 10);
+          e->predict(all.x.data(), 40, logits.data());
+        }
+        uint64_t at = 0;
+        for (uint32_t b : sizes) {
+          std::vector<uint64_t> idx(b);
+          for (uint32_t i = 0; i < b; ++i) idx[i] = (at + i + epoch * 7) % 48;
+          at += b;
+          e->train_step_indexed(d, idx.data(), b, true);
+        }
+      }
+      (graphs ? with : without)[rank] = params_of(*e);
+      if (graphs) stats[rank] = dynamic_cast<const cu::CudaEngine&>(*e).graph_stats();
+    });
+  }
+  EXPECT_EQ(stats[0].eager, stats[1].eager);
+  EXPECT_EQ(stats[0].captured, stats[1].captured);
+  EXPECT_EQ(stats[0].replayed, stats[1].replayed);
+  // Epochs 1-2: the shapes (12,12) and (5,12) eager, then captured and replayed; rank 0's growth
+  // before epoch 3 drops every graph on both ranks: eager and captured again.
+  EXPECT_EQ(stats[0].captured, 4u);
+  EXPECT_EQ(stats[0].eager, 4u);
+  EXPECT_EQ(stats[0].replayed, 12u);
+  EXPECT_EQ(with[0], with[1]);
+  EXPECT_EQ(with[0], without[0]);
 }

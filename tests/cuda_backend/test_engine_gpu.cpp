@@ -5,8 +5,13 @@
 #include "common.hpp"
 #include "engine.hpp"
 
+#include <skyforge/thread_group.hpp>
+
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 using namespace cuda_test;
 using skyforge::Communicator;
@@ -57,4 +62,88 @@ TEST(Gpu, MlpTrainsLikeCpu) {
   ASSERT_TRUE(h);
   h->load_state(g->state_dict());
   EXPECT_EQ(params_of(*h), params_of(*g));
+}
+
+// On the GPU: bound data with CUDA graphs (captured at a shape's second step, replayed after) is
+// the eager engine bit for bit — the same kernels in the same order, the step counter, sample
+// count and sums read from device memory — over 3 epochs of the convnet with its dropout, and
+// the deferred sums agree.
+TEST(Gpu, ACudaGraphStepEqualsAnEagerStep) {
+  std::string why;
+  const ModelSpec m = convnet(5);
+  auto probe = try_make(m, &why);
+  if (!probe) GTEST_SKIP() << why;
+  cu::EngineOptions eager_only;
+  eager_only.graphs = false;
+  auto a = cu::make_engine(m, Communicator{}, skyforge::Host{}, eager_only);
+  auto b = cu::make_engine(m, Communicator{});
+  const uint32_t n = 200, batch = 32;
+  const Batch all = make_batch(7, n, 784);
+  const uint64_t da = a->bind_data(all.x.data(), all.y.data(), n), db = b->bind_data(all.x.data(), all.y.data(), n);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (uint32_t at = 0; at < n; at += batch) {
+      std::vector<uint64_t> idx;
+      for (uint32_t i = at; i < std::min(n, at + batch); ++i) idx.push_back((i * 37u + epoch) % n);
+      a->train_step_indexed(da, idx.data(), static_cast<uint32_t>(idx.size()), true);
+      b->train_step_indexed(db, idx.data(), static_cast<uint32_t>(idx.size()), true);
+    }
+    const auto ta = a->take_results(), tb = b->take_results();
+    EXPECT_EQ(ta.loss, tb.loss) << "epoch " << epoch;
+    EXPECT_EQ(ta.correct, tb.correct);
+  }
+  const auto pa = params_of(*a), pb = params_of(*b);
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float))) << "the graph trained other bits";
+  const cu::GraphStats g = dynamic_cast<const cu::CudaEngine&>(*b).graph_stats();
+  EXPECT_EQ(g.captured, 2u);  // batch 32 and the last 8
+  EXPECT_EQ(g.replayed, 21u - 2u);
+}
+
+// On 2 GPUs: a peer that stops taking part (rank 1 makes its engine, then never steps) makes
+// rank 0's step fail once the collective timeout has passed, the NCCL communicator aborted
+// (ncclCommAbort), instead of hanging; the engine refuses collectives afterwards.
+TEST(Gpu, ALostPeerAbortsTheCommunicatorInsteadOfHanging) {
+  std::string why;
+  const ModelSpec m = mlp(6);
+  if (!try_make(m, &why)) GTEST_SKIP() << why;
+  skyforge::ThreadGroup group(2);
+  std::atomic<bool> done{false};
+  std::string error, skipped;
+  double seconds = 0;
+  try {
+    group.run([&](uint32_t rank) {
+      cu::EngineOptions o;
+      o.collective_timeout_s = 5;
+      std::unique_ptr<skyforge::Engine> e;
+      try {
+        e = cu::make_engine(m, Communicator(group.comm(rank)), skyforge::Host{}, o);
+      } catch (const Error& x) {
+        if (x.status() == SF_ERR_UNSUPPORTED) skipped = x.what();  // one GPU: two ranks cannot share it
+        throw;
+      }
+      if (rank == 1) {  // the lost peer: alive, silent
+        while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        return;
+      }
+      const Batch b = make_batch(1, 16, 784);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        e->train_step(b.x.data(), b.y.data(), 16);
+      } catch (const Error& x) {
+        error = x.what();
+      }
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      try {
+        e->train_step(b.x.data(), b.y.data(), 16);
+        error += " | a second step ran";
+      } catch (const Error&) {
+      }
+      done = true;
+    });
+  } catch (const std::exception&) {
+  }
+  if (!skipped.empty()) GTEST_SKIP() << skipped;
+  EXPECT_NE(error.find("not done after the collective timeout of 5"), std::string::npos) << error;
+  EXPECT_NE(error.find("the NCCL communicator was aborted"), std::string::npos) << error;
+  EXPECT_EQ(error.find("a second step ran"), std::string::npos) << error;
+  EXPECT_LT(seconds, 60.0) << "the step waited " << seconds << " s for a peer that never came";
 }
