@@ -409,15 +409,33 @@ class EngineHandle {
 // no data, or the set does not fit): the caller copies each batch as before. Released at the end.
 class BoundData {
  public:
-  BoundData(const EngineHandle& e, std::span<const float> x, std::span<const int32_t> y) : e_(e) {
+  // Collective: every rank binds its part, or none does (the two paths' steps must not mix).
+  BoundData(const EngineHandle& e, std::span<const float> x, std::span<const int32_t> y, const Communicator& comm)
+      : e_(e) {
     const sf_compute_hooks& h = e.hooks();
-    if (h.struct_size < offsetof(sf_compute_hooks, take_results) + sizeof(h.take_results) || !h.bind_data ||
-        !h.release_data || !h.train_step_indexed || !h.eval_step_indexed || !h.take_results || y.empty())
-      return;
-    const sf_status st = h.bind_data(e.self(), e.engine(), x.data(), y.data(), y.size(), &id_);
-    if (st == SF_ERR_UNSUPPORTED) return;
-    e.check(st, "bind_data");
-    ok_ = true;
+    const bool has = h.struct_size >= offsetof(sf_compute_hooks, take_results) + sizeof(h.take_results) &&
+                     h.bind_data && h.release_data && h.train_step_indexed && h.eval_step_indexed && h.take_results;
+    std::string err;
+    if (has && !y.empty()) {
+      const sf_status st = h.bind_data(e.self(), e.engine(), x.data(), y.data(), y.size(), &id_);
+      if (st == SF_OK) ok_ = true;
+      else if (st != SF_ERR_UNSUPPORTED) {
+        const char* m = h.engine_last_error ? h.engine_last_error(e.self(), e.engine()) : nullptr;
+        err = std::string("bind_data failed: ") + (m && *m ? m : "no message");
+      }
+    }
+    if (comm.size() > 1) {
+      int64_t all_ok = ok_ ? 1 : 0;
+      comm.allreduce(&all_ok, 1, SF_REDUCE_MIN);
+      if (ok_ && !all_ok) {  // another rank could not bind its part: every rank copies batches
+        (void)h.release_data(e.self(), e.engine(), id_);
+        ok_ = false;
+      }
+      collective_check(comm, err);
+    } else if (!err.empty()) {
+      throw Error("keras: " + err, SF_ERR);
+    }
+    if (ok_) take();  // sums a failed fit left pending are not this one's
   }
   BoundData(const BoundData&) = delete;
   BoundData& operator=(const BoundData&) = delete;
@@ -739,7 +757,7 @@ class Sequential {
     std::vector<int32_t> yb;
     // Bound data: one copy of x for the whole fit; a step's result is read back only when the
     // progress bar, a batch-level TensorBoard point, a checkpoint or the epoch's end shows it.
-    const detail::BoundData bound(e, x, y);
+    const detail::BoundData bound(e, x, y, comm_);
     std::optional<detail::BoundData> bound_validation;  // bound at the first epoch's end
     std::vector<uint64_t> ids;
     using Clock = std::chrono::steady_clock;
@@ -1110,7 +1128,7 @@ class Sequential {
     // Bound data: this rank's part copied once, every step deferred, one read back at the end.
     std::optional<detail::BoundData> local;
     std::optional<detail::BoundData>& slot = keep ? *keep : local;
-    if (!slot) slot.emplace(e, x.subspan(begin * sample, n * sample), y.subspan(begin, n));
+    if (!slot) slot.emplace(e, x.subspan(begin * sample, n * sample), y.subspan(begin, n), comm_);
     const detail::BoundData& bound = *slot;
     std::vector<uint64_t> ids;
     for (uint64_t s = 0; s < steps; ++s) {
