@@ -443,3 +443,14 @@ TEST(Server, BindFailureIsClear) {
         << e.what();
   }
 }
+
+// The host's wait for stopping workers and a worker's grace for its app come from one place:
+// the worker is gone 6 s before the host gives up on it, whatever the lease.
+TEST(Shutdown, AWorkersStopGraceEndsBeforeTheHostsWait) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(net::shutdown_wait(4000), milliseconds(14000));  // the default lease
+  EXPECT_EQ(net::stop_grace(4000), milliseconds(8000));
+  EXPECT_EQ(net::shutdown_wait(200), milliseconds(11000));  // at least a second of lease
+  for (int lease : {1, 999, 1000, 5000, 60000})
+    EXPECT_EQ(net::shutdown_wait(lease) - net::stop_grace(lease), milliseconds(6000)) << lease;
+}

@@ -843,8 +843,8 @@ void PoolRun::restart_workers(const std::string& why) {
   // Wait until every worker is gone: its connection closed, and (where the provider can tell)
   // its process ended.
   auto* h = provider_->hooks<sf_provider_hooks>();
-  const int64_t wait_ms = std::max(opt_.lease_ms, 1000) + 10000;
-  const auto deadline = t0 + std::chrono::milliseconds(wait_ms);
+  const auto stop_wait = net::shutdown_wait(opt_.lease_ms);  // a worker's stop grace ends 6 s before
+  const auto deadline = t0 + stop_wait;
   const bool can_replace = h->struct_size >= offsetof(sf_provider_hooks, replace_node) + sizeof h->replace_node &&
                            h->replace_node;
   std::set<size_t> unreachable;  // the provider still sees their workers run, long after they lost the host
@@ -899,7 +899,7 @@ void PoolRun::restart_workers(const std::string& why) {
   for (uint32_t i = 0; i < nodes_.size(); ++i) {
     std::string why;
     if (unreachable.count(i)) {
-      replace_node(i, k, "its worker was out of reach for " + std::to_string(wait_ms / 1000) + " s after it lost the host");
+      replace_node(i, k, "its worker was out of reach for " + std::to_string(stop_wait.count() / 1000) + " s after it lost the host");
       continue;
     }
     try {

@@ -375,9 +375,7 @@ void Worker::dead_man(const std::string& reason) {
 // worker goes without it: every frame sent so far is delivered, the connection closed and the
 // process ends (status 4). The node's directory stays (a restart's next worker resumes from
 // the checkpoints in it), and the lease file is left alone (the machine is not being given up).
-std::chrono::milliseconds Worker::stop_grace() const {
-  return std::chrono::milliseconds(std::max(1000, args_.lease_ms + 10000 - 6000));
-}
+std::chrono::milliseconds Worker::stop_grace() const { return net::stop_grace(args_.lease_ms); }
 
 void Worker::arm_stop_deadline(const std::string& reason) {
   if (stop_timer_ || finishing_) return;

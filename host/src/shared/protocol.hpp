@@ -228,6 +228,16 @@ struct ConnectionOptions {
   size_t max_queued_bytes = size_t{1} << 30;  // send queue bound; beyond it the connection fails
 };
 
+// After the host's Shutdown at a restart: how long the host waits for a node's workers to be
+// gone (a lease, at least 1 s, and 10 s more), and the part of it a worker gives its app before
+// it ends without it (docs/training.md, "Surviving a lost node"): 6 s less, so the worker is gone first.
+inline std::chrono::milliseconds shutdown_wait(int lease_ms) {
+  return std::chrono::milliseconds((lease_ms > 1000 ? lease_ms : 1000) + 10000);
+}
+inline std::chrono::milliseconds stop_grace(int lease_ms) {
+  return shutdown_wait(lease_ms) - std::chrono::milliseconds(6000);
+}
+
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   using FrameHandler = std::function<void(msg::Type, std::string&& payload)>;
