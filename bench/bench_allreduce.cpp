@@ -14,6 +14,14 @@
 //   shm-futex     no spinning, no yielding: straight to the futex
 //   shm S:Y       --waits S:Y,...: spin S µs, then yield Y µs more, then futex
 //   gloo-tcp      SKYFORGE_COMM_SHM=0: Gloo's ring over loopback TCP (the multi-host path)
+//
+//   build/bin/bench_allreduce --nccl [--ranks N] [--sizes ...]
+//
+// --nccl (a build with the cuda engine's CUDA build): instead, the cuda engine's own gradient
+// allreduce (Device::allreduce_sum: NCCL on its collectives stream, joined, then waited for),
+// one GPU per rank, its unique id over the pool communicator as in training; with its bus
+// bandwidth, nccl-tests' definition: busbw = 2 (n - 1) / n * bytes / time, to set beside
+// nccl-tests' all_reduce_perf on the same machine (bench/train_vs_pytorch_cuda.py does).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,13 +33,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "communicator.hpp"
 #include "store.hpp"
+#ifdef SKYFORGE_BENCH_NCCL
+#include "engine.hpp"  // backends/cuda: the device layer's CUDA build
+#endif
 
 using namespace skyforge;
 using Clock = std::chrono::steady_clock;
@@ -44,6 +57,7 @@ struct Column {
   std::string name;
   bool shm;
   std::chrono::microseconds spin, yield;
+  bool nccl = false;  // the cuda engine's allreduce over NCCL (the communicator only exchanges its id)
 };
 
 struct Cell {
@@ -69,20 +83,41 @@ int run_rank(uint32_t rank, uint32_t ranks, uint16_t port, double seconds, const
     o.shm_tag = "bench";
     GlooCommunicator comm(*store, o);
     const std::string want = col.shm ? "shm" : "gloo";
-    if (comm.transport() != want) {
+    if (!col.nccl && comm.transport() != want) {
       std::fprintf(stderr, "rank %u: column %s runs on %s (%s)\n", rank, col.name.c_str(), comm.transport().c_str(),
                    comm.shm_fallback().c_str());
       return 1;
     }
+#ifdef SKYFORGE_BENCH_NCCL
+    std::unique_ptr<cuda::Device> gpu;
+    if (col.nccl) gpu = std::make_unique<cuda::Device>(Communicator(comm.table()), Host{}, 60);
+#else
+    if (col.nccl) {
+      std::fprintf(stderr, "--nccl: this build has no cuda engine (configure with a CUDA toolkit and NCCL)\n");
+      return 2;
+    }
+#endif
     for (size_t bytes : sizes) {
       const size_t n = std::max<size_t>(1, bytes / sizeof(float));
       std::vector<float> v(n, 0.0f);  // zeros: sums stay zeros (no overflow, no denormals)
-      auto call = [&] {
+      std::function<void()> call = [&] {
         if (comm.allreduce(v.data(), n, SF_DTYPE_F32, SF_REDUCE_SUM) != SF_OK) {
           std::fprintf(stderr, "rank %u: %s\n", rank, GlooCommunicator::last_error());
           std::exit(1);
         }
       };
+#ifdef SKYFORGE_BENCH_NCCL
+      cuda::Buffer<float> on_gpu;
+      if (gpu) {
+        on_gpu = cuda::Buffer<float>(*gpu, n);
+        gpu->zero(on_gpu.get(), n * sizeof(float));
+        call = [&] {  // one bucket's allreduce as a training step makes it, waited for
+          gpu->allreduce_sum(on_gpu.get(), n);
+          gpu->join_collectives();
+          gpu->synchronize();
+        };
+      }
+#endif
       // Warm up, then rank 0 picks the number of calls (every rank must make as many).
       const int warm = 30;
       auto t0 = Clock::now();
@@ -127,6 +162,7 @@ int main(int argc, char** argv) {
   double seconds = 0.3;
   std::vector<size_t> sizes = {24, 4000, 400000, 4000000};
   std::vector<Column> extra;  // --waits: more shm columns, before gloo-tcp
+  bool nccl = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -137,6 +173,7 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--ranks") ranks = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--nccl") nccl = true;
     else if (a == "--seconds") seconds = std::stod(next());
     else if (a == "--sizes") {
       sizes.clear();
@@ -161,7 +198,8 @@ int main(int argc, char** argv) {
         p = q == std::string::npos ? list.size() : q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--ranks N] [--seconds S] [--sizes B,B,...] [--waits SPIN_US:YIELD_US,...]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--ranks N] [--seconds S] [--sizes B,B,...] [--waits SPIN_US:YIELD_US,...] [--nccl]\n",
                    argv[0]);
       return 2;
     }
@@ -178,6 +216,8 @@ int main(int argc, char** argv) {
   };
   columns.insert(columns.end(), extra.begin(), extra.end());
   columns.push_back({"gloo-tcp", false, us(0), us(0)});
+  if (nccl) columns = {{"nccl (cuda engine)", true, GlooCommunicator::Options{}.shm_spin,
+                        GlooCommunicator::Options{}.shm_yield, true}};
 
   // Fork the ranks before this process starts any thread; each waits for the store's port.
   std::vector<int> port_pipes;
@@ -239,12 +279,16 @@ int main(int argc, char** argv) {
   io.stop();
   io_thread.join();
 
+  if (!ok && cells.empty()) {  // nothing measured (--nccl without GPUs: the ranks said why)
+    std::fprintf(stderr, "a rank failed before any figure\n");
+    return 2;
+  }
   std::printf("allreduce (float32 sum, in place), %u ranks = %u processes on this host (%u CPUs)\n", ranks, ranks,
               std::thread::hardware_concurrency());
   std::printf("µs per call as rank 0 sees it: median (mean)\n");
   std::printf("%-10s", "size");
   for (const auto& c : columns) std::printf("  %-20s", c.name.c_str());
-  std::printf("  %s\n", "gloo/shm");
+  std::printf("  %s\n", nccl ? "busbw GB/s (median)" : "gloo/shm");
   for (size_t b : sizes) {
     std::printf("%-10s", size_text(b).c_str());
     for (size_t ci = 0; ci < columns.size(); ++ci) {
@@ -254,7 +298,10 @@ int main(int argc, char** argv) {
       std::printf("  %-20s", buf);
     }
     auto s = cells.find({b, 0}), g = cells.find({b, columns.size() - 1});
-    if (s != cells.end() && g != cells.end()) std::printf("  %.1fx", g->second.median_us / s->second.median_us);
+    if (nccl && s != cells.end())  // nccl-tests' bus bandwidth: 2 (n - 1) / n * bytes / time
+      std::printf("  %.2f", 2.0 * (ranks - 1) / ranks * static_cast<double>(b) / (s->second.median_us * 1e3));
+    else if (s != cells.end() && g != cells.end())
+      std::printf("  %.1fx", g->second.median_us / s->second.median_us);
     std::printf("\n");
   }
   if (!ok) std::fprintf(stderr, "a rank failed\n");

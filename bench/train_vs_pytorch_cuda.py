@@ -15,8 +15,9 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
 Figures: samples/s (60000 x epochs / training-loop time, the slowest process), test accuracy,
 and peak device memory: the largest `used_memory` nvidia-smi reports for the configuration's
 processes, polled every 0.1 s (the CUDA context included, on both sides alike). Then, when
-nccl-tests' `all_reduce_perf` is on PATH, NCCL's own allreduce bus bandwidth on every GPU,
-the figure skyforge's gradient allreduce (NCCL underneath) is to be held against.
+nccl-tests' `all_reduce_perf` is on PATH, NCCL's own allreduce bus bandwidth on every GPU, and
+beside it the cuda engine's own gradient allreduce (`bench_allreduce --nccl`, the engine's
+Device::allreduce_sum on its collectives stream): target >= 90% of NCCL's figure.
 
 Targets (docs/compute-backends.md): >= 2x PyTorch eager at batch 64, >= 1x at batch 1024.
 Without a usable GPU it says why and exits 2: nothing is estimated.
@@ -148,6 +149,22 @@ def nccl_bus_bandwidth(gpus):
     return (float(m.group(1)), None) if m else (None, "all_reduce_perf printed no average bus bandwidth")
 
 
+def engine_bus_bandwidth(skyforge, gpus):
+    """The cuda engine's own gradient allreduce (bench_allreduce --nccl, beside skyforge): its
+    bus bandwidth at 8 MiB and 256 MiB, nccl-tests' definition."""
+    exe = Path(skyforge).resolve().parent / "bench_allreduce"
+    if gpus < 2:
+        return None, "one GPU: no allreduce between GPUs"
+    if not exe.exists():
+        return None, f"{exe} is not built"
+    p = subprocess.run([str(exe), "--nccl", "--ranks", str(gpus), "--sizes", "8388608,268435456", "--seconds", "1"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    figures = [float(m.group(1)) for m in re.finditer(r"^\S+ \S+\s+\S+ \(\S+\)\s+([0-9.]+)$", p.stdout, re.M)]
+    if p.returncode != 0 or not figures:
+        return None, "bench_allreduce --nccl failed: " + p.stdout.strip()[-300:]
+    return max(figures), None
+
+
 def main(base, args, models, epochs, skyforge):
     problems = preflight(skyforge)
     if problems:
@@ -193,7 +210,12 @@ def main(base, args, models, epochs, skyforge):
     bw, why = nccl_bus_bandwidth(gpus)
     print(f"\nNCCL allreduce bus bandwidth (nccl-tests, 8 MiB-256 MiB, {gpus} GPU(s)): "
           + (f"{bw:.1f} GB/s" if bw is not None else f"not measured: {why}"))
+    ebw, ewhy = engine_bus_bandwidth(skyforge, gpus)
+    print("skyforge's gradient allreduce (bench_allreduce --nccl, 8 MiB and 256 MiB, best): "
+          + (f"{ebw:.1f} GB/s" if ebw is not None else f"not measured: {ewhy}")
+          + (f" = {100 * ebw / bw:.0f}% of nccl-tests' (target >= 90%)" if ebw is not None and bw else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({"backend": "cuda", "gpus": gpus, "cells": cells,
-                                               "nccl_bus_bandwidth_gbs": bw}, indent=2) + "\n")
+                                               "nccl_bus_bandwidth_gbs": bw, "engine_bus_bandwidth_gbs": ebw},
+                                              indent=2) + "\n")
     return 0
