@@ -3,7 +3,7 @@
 // same fit with the bound-data hooks hidden (keras then copies each batch and reads every
 // step's result) must train the same bits; results are read back only when something shows
 // them, counted here.
-#include "engine.hpp"
+#include "cuda_host.hpp"  // tests/backend_check/fixtures: the host build as a ComputeBackend
 
 #include <skyforge/keras.hpp>
 
@@ -22,15 +22,6 @@
 namespace K = skyforge::keras;
 
 namespace {
-
-class CudaHost : public skyforge::ComputeBackend {
- public:
-  using ComputeBackend::ComputeBackend;
-  std::unique_ptr<skyforge::Engine> create_engine(const skyforge::ModelSpec& spec,
-                                                  const skyforge::Communicator& comm) override {
-    return skyforge::cuda::make_engine(spec, comm);
-  }
-};
 
 // The real table, one without the bound-data hooks, and one that counts what keras asks.
 const sf_compute_hooks& real_hooks() { return *skyforge::detail::compute_hooks<CudaHost>(); }
