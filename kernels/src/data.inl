@@ -16,6 +16,12 @@ void gather_rows(const float* x, const int32_t* y, const uint64_t* idx, size_t r
   if (y) for_n(s, rows, GatherLabels{y, idx, labels}, what);
 }
 
+void transpose(const float* src, size_t rows, size_t cols, float* dst, Stream s) {
+  if (rows == 0 || cols == 0) return;
+  impl::require(src && dst && src != dst, "transpose", "src and dst are required and distinct");
+  for_n(s, rows * cols, Transpose{src, dst, rows, cols}, "transpose");
+}
+
 void fill(double* p, size_t n, double value, Stream s) {
   if (n) for_n(s, n, AddOrSet{p, nullptr, value}, "fill");
 }

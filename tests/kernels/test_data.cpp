@@ -96,3 +96,16 @@ TEST(BoundData, DropoutStepFromTheDeviceEqualsTheKeysStep) {
     EXPECT_EQ(a, b) << step;
   }
 }
+
+// A conv2d kernel between Keras' (kh, kw, C, filters) and cuDNN's KRSC, and back.
+TEST(BoundData, TransposeSwapsRowsAndColumns) {
+  const size_t rows = 3 * 3 * 5, cols = 7;
+  const std::vector<float> w = kref::randn(rows * cols, 9);
+  std::vector<float> t(rows * cols), back(rows * cols);
+  sk::transpose(w.data(), rows, cols, t.data());
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) ASSERT_EQ(t[c * rows + r], w[r * cols + c]) << r << "," << c;
+  sk::transpose(t.data(), cols, rows, back.data());
+  EXPECT_EQ(back, w);
+  EXPECT_THROW(sk::transpose(t.data(), cols, rows, t.data()), std::invalid_argument);
+}

@@ -39,4 +39,16 @@ struct AddOrSet {
   }
 };
 
+// dst[c, r] = src[r, c] for a row-major [rows, cols] src: a conv2d kernel between Keras' layout
+// (kh, kw, C, filters) = [kh*kw*C, filters] and cuDNN's KRSC = [filters, kh*kw*C].
+struct Transpose {
+  const float* src;
+  float* dst;
+  size_t rows, cols;
+  SF_HD void operator()(size_t i) const {
+    const size_t r = i / cols, c = i - r * cols;
+    dst[c * rows + r] = src[i];
+  }
+};
+
 }  // namespace skyforge::kernels

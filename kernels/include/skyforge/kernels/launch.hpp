@@ -70,6 +70,8 @@ void gather_rows(const float* x, const int32_t* y, const uint64_t* idx, size_t r
                  int32_t* labels, Stream s = {});
 // p[0 .. n) = value.
 void fill(double* p, size_t n, double value, Stream s = {});
+// dst = src^T for a row-major [rows, cols] src (dst: [cols, rows]); src and dst must not overlap.
+void transpose(const float* src, size_t rows, size_t cols, float* dst, Stream s = {});
 // acc[0 .. n) += x[0 .. n).
 void accumulate(double* acc, const double* x, size_t n, Stream s = {});
 
