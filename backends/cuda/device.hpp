@@ -57,6 +57,15 @@ class Device {
   void gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const float* B, const float* bias,
                      kernels::Activation act, float* C);
 
+  // conv2d on the device's own convolutions (cuDNN in the CUDA build), window g with g.batch
+  // set, w in Keras' layout (kh, kw, C, filters), no bias. false: not done (the host build; a
+  // padding cuDNN cannot express, since it pads both sides alike; no algorithm that fits the
+  // workspace): the engine then runs im2col + GEMM. conv_backward: dw (Keras' layout, overwritten)
+  // and, if dx is not null, the input's gradient (overwritten).
+  bool conv_forward(const kernels::WindowShape& g, size_t filters, const float* x, const float* w, float* y);
+  bool conv_backward(const kernels::WindowShape& g, size_t filters, const float* x, const float* w, const float* dy,
+                     float* dw, float* dx);
+
   // In-place sum of n floats of device memory over every rank, ordered after everything the
   // stream has been given so far. The CUDA build runs it on a stream of its own, so kernels
   // enqueued after it (the rest of the backward pass) overlap it, as PyTorch DDP's buckets do;

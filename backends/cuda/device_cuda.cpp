@@ -4,6 +4,7 @@
 #include "device.hpp"
 
 #include <cublasLt.h>
+#include <cudnn.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -33,6 +34,9 @@ void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
     throw Error(std::string("cuda: ") + what + ": " + cublasGetStatusString(s), SF_ERR);
 }
+void check(cudnnStatus_t st, const char* what) {
+  if (st != CUDNN_STATUS_SUCCESS) throw Error(std::string("cuda: ") + what + ": " + cudnnGetErrorString(st), SF_ERR);
+}
 void check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw Error(std::string("cuda: ") + what + ": " + ncclGetErrorString(r), SF_ERR);
 }
@@ -46,6 +50,27 @@ struct Device::Impl {
   cudaEvent_t summed = nullptr;        // recorded on `collectives` at join_collectives
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;  // the GEMMs with a fused epilogue
+  cudnnHandle_t dnn = nullptr;    // conv2d (made at the first one)
+  int device = 0;                 // this rank's GPU (cudaSetDevice is per thread)
+  // cuDNN's workspace and the conv2d kernels in its layout (KRSC) and their gradients: grown
+  // outside captures only (every shape runs eager once before it is captured). A grown-out
+  // block is kept until the device goes: a graph captured earlier may still point at it, and
+  // cudaFree would wait for the whole device (NCCL's stream too) unwatched.
+  struct Grown {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  Grown dnn_workspace, kernel_krsc, grad_krsc;
+  std::vector<void*> retired;
+  void grow(Grown& g, size_t bytes, const char* what) {
+    if (g.bytes >= bytes) return;
+    no_capture(what);
+    if (g.p) retired.push_back(g.p);
+    g.p = nullptr;
+    g.bytes = 0;
+    check(cudaMalloc(&g.p, bytes), "cudaMalloc (conv2d scratch)");
+    g.bytes = bytes;
+  }
   ncclComm_t nccl = nullptr;
   // upload_async's pinned staging buffers, used in turn; `done` is recorded after each copy.
   struct Staging {
@@ -91,6 +116,10 @@ struct Device::Impl {
       if (b.done) cudaEventDestroy(b.done);
       if (b.host) cudaFreeHost(b.host);
     }
+    if (dnn) cudnnDestroy(dnn);
+    for (Grown* g : {&dnn_workspace, &kernel_krsc, &grad_krsc})
+      if (g->p) cudaFree(g->p);
+    for (void* p : retired) cudaFree(p);
     if (lt) cublasLtDestroy(lt);
     if (blas) cublasDestroy(blas);
     if (blas_workspace) cudaFree(blas_workspace);
@@ -238,6 +267,7 @@ Device::Device(const Communicator& comm, const Host& host, double collective_tim
   uint32_t local = comm.rank();
   if (host.on_node()) local = host.instance_info().local_rank;
   const int device = static_cast<int>(local % static_cast<uint32_t>(count));
+  impl_->device = device;
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.handle = impl_->stream;
@@ -414,6 +444,144 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
                                            &heuristic.algo, impl_->blas_workspace, ws, impl_->stream);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) return fallback();
   check(st, "cublasLtMatmul");
+}
+
+namespace {
+// The descriptors of one conv2d, NHWC float, destroyed with the call. cuDNN pads both sides
+// alike, so a window whose trailing padding exceeds its leading one is not expressible.
+struct DnnConv {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  bool ok = false;
+  // Not in the constructor: a failure there would leave what it made to no destructor.
+  void setup(const kernels::WindowShape& g, size_t filters) {
+    const int64_t trail_h = int64_t{g.Ho - 1} * g.sh + g.kh - g.H - g.pt, trail_w = int64_t{g.Wo - 1} * g.sw + g.kw - g.W - g.pl;
+    if (trail_h > g.pt || trail_w > g.pl) return;
+    const int n = static_cast<int>(g.batch), f = static_cast<int>(filters);
+    check(cudnnCreateTensorDescriptor(&x), "cudnnCreateTensorDescriptor");
+    check(cudnnCreateTensorDescriptor(&y), "cudnnCreateTensorDescriptor");
+    check(cudnnCreateFilterDescriptor(&w), "cudnnCreateFilterDescriptor");
+    check(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor");
+    check(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, static_cast<int>(g.C),
+                                     static_cast<int>(g.H), static_cast<int>(g.W)),
+          "cudnnSetTensor4dDescriptor");
+    check(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, f, static_cast<int>(g.Ho),
+                                     static_cast<int>(g.Wo)),
+          "cudnnSetTensor4dDescriptor");
+    check(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, f, static_cast<int>(g.C),
+                                     static_cast<int>(g.kh), static_cast<int>(g.kw)),
+          "cudnnSetFilter4dDescriptor");
+    check(cudnnSetConvolution2dDescriptor(conv, static_cast<int>(g.pt), static_cast<int>(g.pl),
+                                          static_cast<int>(g.sh), static_cast<int>(g.sw), 1, 1,
+                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+          "cudnnSetConvolution2dDescriptor");
+    // Plain FP32 (no TF32 tensor ops): the cpu backend's tolerance holds.
+    check(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    int on = 0, oc = 0, oh = 0, ow = 0;
+    check(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow), "cudnnGetConvolution2dForwardOutputDim");
+    ok = oh == static_cast<int>(g.Ho) && ow == static_cast<int>(g.Wo);
+  }
+  ~DnnConv() {
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+constexpr size_t kDnnWorkspace = size_t{64} << 20;
+
+// The first algorithm cuDNN's heuristics rank that succeeds in plain FP32, is deterministic (a
+// replayed step equals the eager one; every run the same bits: several backward algorithms add
+// with atomics) and whose workspace, asked of cuDNN for it (the heuristic's figure is an
+// estimate), fits.
+template <class Perf, class Size>
+const Perf* pick(const Perf* perf, int n, const Size& workspace_of) {
+  for (int i = 0; i < n; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC ||
+        perf[i].mathType != CUDNN_FMA_MATH)
+      continue;
+    size_t bytes = 0;
+    if (workspace_of(perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) return &perf[i];
+  }
+  return nullptr;
+}
+}  // namespace
+
+bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const float* x, const float* w, float* y) {
+  Impl& d = *impl_;
+  if (!d.dnn) {
+    d.no_capture("the first conv2d");
+    check(cudaSetDevice(d.device), "cudaSetDevice");
+    check(cudnnCreate(&d.dnn), "cudnnCreate");
+    check(cudnnSetStream(d.dnn, d.stream), "cudnnSetStream");
+  }
+  DnnConv c;
+  c.setup(g, filters);
+  if (!c.ok) return false;
+  cudnnConvolutionFwdAlgoPerf_t perf[8];
+  int n = 0;
+  check(cudnnGetConvolutionForwardAlgorithm_v7(d.dnn, c.x, c.w, c.conv, c.y, 8, &n, perf),
+        "cudnnGetConvolutionForwardAlgorithm_v7");
+  const auto* algo = pick(perf, n, [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(d.dnn, c.x, c.w, c.conv, c.y, a, bytes);
+  });
+  if (!algo) return false;
+  const size_t kkc = g.col_width();
+  d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");  // once: every algorithm taken fits
+  d.grow(d.kernel_krsc, kkc * filters * sizeof(float), "conv2d kernel");
+  auto* krsc = static_cast<float*>(d.kernel_krsc.p);
+  kernels::transpose(w, kkc, filters, krsc, stream_);  // (kh, kw, C, F) -> (F, kh, kw, C)
+  const float one = 1.f, zero = 0.f;
+  check(cudnnConvolutionForward(d.dnn, &one, c.x, x, c.w, krsc, c.conv, algo->algo, d.dnn_workspace.p,
+                                d.dnn_workspace.bytes, &zero, c.y, y),
+        "cudnnConvolutionForward");
+  return true;
+}
+
+bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const float* x, const float* w,
+                           const float* dy, float* dw, float* dx) {
+  Impl& d = *impl_;
+  if (!d.dnn) return false;
+  DnnConv c;
+  c.setup(g, filters);
+  if (!c.ok) return false;
+  cudnnConvolutionBwdFilterAlgoPerf_t fperf[8];
+  cudnnConvolutionBwdDataAlgoPerf_t dperf[8];
+  int nf = 0, nd = 0;
+  check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.dnn, c.x, c.y, c.conv, c.w, 8, &nf, fperf),
+        "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+  const auto* falgo = pick(fperf, nf, [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.dnn, c.x, c.y, c.conv, c.w, a, bytes);
+  });
+  const cudnnConvolutionBwdDataAlgoPerf_t* dalgo = nullptr;
+  if (dx) {
+    check(cudnnGetConvolutionBackwardDataAlgorithm_v7(d.dnn, c.w, c.y, c.conv, c.x, 8, &nd, dperf),
+          "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+    dalgo = pick(dperf, nd, [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(d.dnn, c.w, c.y, c.conv, c.x, a, bytes);
+    });
+  }
+  if (!falgo || (dx && !dalgo)) return false;
+  const size_t kkc = g.col_width();
+  d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");
+  d.grow(d.kernel_krsc, kkc * filters * sizeof(float), "conv2d kernel");
+  d.grow(d.grad_krsc, kkc * filters * sizeof(float), "conv2d kernel gradient");
+  auto* krsc = static_cast<float*>(d.kernel_krsc.p);
+  auto* dkrsc = static_cast<float*>(d.grad_krsc.p);
+  const float one = 1.f, zero = 0.f;
+  check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, falgo->algo, d.dnn_workspace.p,
+                                       d.dnn_workspace.bytes, &zero, c.w, dkrsc),
+        "cudnnConvolutionBackwardFilter");
+  kernels::transpose(dkrsc, filters, kkc, dw, stream_);  // (F, kh, kw, C) -> (kh, kw, C, F)
+  if (dx) {
+    kernels::transpose(w, kkc, filters, krsc, stream_);
+    check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, dalgo->algo, d.dnn_workspace.p,
+                                       d.dnn_workspace.bytes, &zero, c.x, dx),
+          "cudnnConvolutionBackwardData");
+  }
+  return true;
 }
 
 void Device::allreduce_sum(float* p, size_t n) { impl_->allreduce(p, n, ncclFloat32); }

@@ -79,6 +79,13 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
   kernels::bias_activation_forward(C, bias, M, N, act, stream_);
 }
 
+// No device convolutions here: the engine's im2col + GEMM is the host build's conv2d.
+bool Device::conv_forward(const kernels::WindowShape&, size_t, const float*, const float*, float*) { return false; }
+bool Device::conv_backward(const kernels::WindowShape&, size_t, const float*, const float*, const float*, float*,
+                           float*) {
+  return false;
+}
+
 void Device::allreduce_sum(float* p, size_t n) {
   impl_->run([c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
 }

@@ -63,6 +63,7 @@ struct Layer {
   // conv2d (units: filters; win.batch set per call) and global_average_pooling2d (win.H/W/C)
   k::WindowShape win;
   Buffer<float> col;  // the last training forward's im2col, then the backward's dcol
+  bool direct = false;  // the last forward ran on the device's convolutions (cuDNN), not im2col
   Buffer<int32_t> arg;  // max_pooling2d: each output's input (index within its sample)
   // dropout
   float rate = 0.f;
@@ -328,8 +329,15 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         k::WindowShape g = l.win;
         g.batch = batch;
         const size_t M = g.positions(), kkc = g.col_width();
-        k::im2col(in, l.col.get(), g, s);
-        dev_->gemm_bias_act(M, l.units, kkc, l.col.get(), p, l.use_bias ? p + kkc * l.units : nullptr, l.act, y);
+        const float* bias = l.use_bias ? p + kkc * l.units : nullptr;
+        // cuDNN where the device has it for this window, else im2col + GEMM (the host build).
+        l.direct = dev_->conv_forward(g, l.units, in, p, y);
+        if (l.direct) {
+          k::bias_activation_forward(y, bias, M, l.units, l.act, s);
+        } else {
+          k::im2col(in, l.col.get(), g, s);
+          dev_->gemm_bias_act(M, l.units, kkc, l.col.get(), p, bias, l.act, y);
+        }
         break;
       }
       case Kind::max_pool: {
@@ -423,13 +431,17 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
           break;
         }
         case Kind::conv2d: {
-          // dW = col^T dy with the forward's col; dcol = dy W^T into the same buffer, then col2im.
+          // On cuDNN when the forward was (Device::conv_backward); else dW = col^T dy with the
+          // forward's col (made here if the forward ran on cuDNN), dcol = dy W^T into the same
+          // buffer, then col2im.
           k::WindowShape gw = l.win;
           gw.batch = batch;
           const size_t M = gw.positions(), kkc = gw.col_width();
           k::activation_backward(l.out_ptr, dy, M, l.units, l.act, s);
-          dev_->gemm(true, false, kkc, l.units, M, 1.f, l.col.get(), kkc, dy, l.units, 0.f, g, l.units);
           if (l.use_bias) k::bias_grad(dy, M, l.units, g + kkc * l.units, ws_.get(), s);
+          if (l.direct && dev_->conv_backward(gw, l.units, in, p, dy, g, dx)) break;
+          if (l.direct) k::im2col(in, l.col.get(), gw, s);  // the forward had no col
+          dev_->gemm(true, false, kkc, l.units, M, 1.f, l.col.get(), kkc, dy, l.units, 0.f, g, l.units);
           if (dx) {
             dev_->gemm(false, true, M, kkc, l.units, 1.f, dy, l.units, p, l.units, 0.f, l.col.get(), kkc);
             k::col2im(l.col.get(), dx, gw, s);

@@ -147,3 +147,29 @@ TEST(Gpu, ALostPeerAbortsTheCommunicatorInsteadOfHanging) {
   EXPECT_EQ(error.find("a second step ran"), std::string::npos) << error;
   EXPECT_LT(seconds, 60.0) << "the step waited " << seconds << " s for a peer that never came";
 }
+
+// On the GPU: the convnet (conv2d on cuDNN where its padding allows, else im2col + GEMM; batch
+// normalization, dropout, pooling) follows the cpu backend: each step's loss to 1e-4 relative
+// in lockstep (the GPU engine takes the cpu backend's state before each step), 10 steps of
+// SGD + momentum.
+TEST(Gpu, ConvnetTrainsLikeCpu) {
+  std::string why;
+  ModelSpec m = convnet(4);
+  m.optimizer = "sgd";
+  m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  auto g = try_make(m, &why);
+  if (!g) GTEST_SKIP() << why;
+  auto c = skyforge::cpu::make_engine(m, Communicator{});
+  double worst_loss = 0, worst_param = 0;
+  for (int s = 0; s < 10; ++s) {
+    const Batch b = make_batch(300 + s, 32, 784);
+    g->load_state(c->state_dict());
+    const double lc = c->train_step(b.x.data(), b.y.data(), 32).loss;
+    const double lg = g->train_step(b.x.data(), b.y.data(), 32).loss;
+    worst_loss = std::max(worst_loss, std::fabs(lg - lc) / lc);
+    worst_param = std::max(worst_param, max_abs_diff(params_of(*c), params_of(*g)));
+  }
+  std::printf("convnet on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n", worst_loss, worst_param);
+  EXPECT_LE(worst_loss, 1e-4);
+  EXPECT_LE(worst_param, 1e-4);  // the convnets' documented tolerance (docs/compute-backends.md)
+}
