@@ -11,13 +11,7 @@ namespace skyforge::cuda {
 
 struct Device::Impl {
   Communicator comm;
-  std::unique_ptr<kernels::HostRecording> recording;  // a capture in progress
-  // Runs f now, or records it during a capture (its arguments captured by value).
-  template <class F>
-  void run(F f) {
-    if (recording) recording->calls.emplace_back(std::move(f));
-    else f();
-  }
+  std::unique_ptr<kernels::HostRecording> recording;  // a capture in progress (stream_ points at it)
   void no_capture(const char* what) const {
     if (recording)
       throw Error(std::string("cuda(host): ") + what + " while a step is being captured (it would wait for the device)",
@@ -58,15 +52,15 @@ void Device::download(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void Device::copy(void* dst, const void* src, size_t bytes) {
-  if (bytes && dst != src) impl_->run([=] { std::memmove(dst, src, bytes); });
+  if (bytes && dst != src) kernels::run_or_record(stream_, [=] { std::memmove(dst, src, bytes); });
 }
 void Device::zero(void* p, size_t bytes) {
-  if (bytes) impl_->run([=] { std::memset(p, 0, bytes); });
+  if (bytes) kernels::run_or_record(stream_, [=] { std::memset(p, 0, bytes); });
 }
 
 void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
                   const float* B, size_t ldb, float beta, float* C, size_t ldc) {
-  impl_->run([=] {
+  kernels::run_or_record(stream_, [=] {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
                 static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
                 beta, C, static_cast<int>(ldc));
@@ -87,14 +81,14 @@ bool Device::conv_backward(const kernels::WindowShape&, size_t, const float*, co
 }
 
 void Device::allreduce_sum(float* p, size_t n) {
-  impl_->run([c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
+  kernels::run_or_record(stream_, [c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
 }
 void Device::allreduce_sum(double* p, size_t n) {
-  impl_->run([c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
+  kernels::run_or_record(stream_, [c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
 }
 void Device::join_collectives() {}  // the pool's allreduce returns when done
 void Device::broadcast(void* p, size_t bytes, uint32_t root) {
-  impl_->run([c = impl_->comm, p, bytes, root] { c.broadcast(p, bytes, root); });
+  kernels::run_or_record(stream_, [c = impl_->comm, p, bytes, root] { c.broadcast(p, bytes, root); });
 }
 void Device::synchronize() { impl_->no_capture("synchronize"); }
 

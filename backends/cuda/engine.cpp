@@ -564,12 +564,7 @@ StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batc
   };
   StepGraph* g = nullptr;
   if (eopt_.graphs) {
-    GraphKey mine;
-    mine.data = data;
-    mine.generation = generation_;
-    mine.batch = batch;
-    mine.train = train;
-    mine.deferred = deferred;
+    const GraphKey mine{data, generation_, batch, train, deferred, 0};
     std::string key(reinterpret_cast<const char*>(&mine), sizeof mine);
     if (comm_.size() > 1) {
       // Whether an NCCL launch is captured, and from which capture, must be the same on every

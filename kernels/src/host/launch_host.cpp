@@ -18,9 +18,11 @@ namespace {
 template <class F>
 void for_n(Stream s, size_t n, const F& f, const char*) {
   if (n == 0) return;
-  auto run = [n, f] { thrust::for_each_n(thrust::device, thrust::counting_iterator<size_t>(0), n, f); };
-  if (s.handle) static_cast<HostRecording*>(s.handle)->calls.emplace_back(run);
-  else run();
+  if (!s.handle) {  // the common case: no copy of f
+    thrust::for_each_n(thrust::device, thrust::counting_iterator<size_t>(0), n, f);
+    return;
+  }
+  run_or_record(s, [n, f] { thrust::for_each_n(thrust::device, thrust::counting_iterator<size_t>(0), n, f); });
 }
 
 }  // namespace

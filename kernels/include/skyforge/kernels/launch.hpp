@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace skyforge::kernels {
@@ -39,6 +40,14 @@ struct HostRecording {
     for (const auto& c : calls) c();
   }
 };
+
+// Host build: runs f now on a plain stream, or records a copy of it on a capturing one (the
+// kernels' launches and the engine's host device layer both go through here).
+// (A template, defined here: not one of the library's launch functions.)
+template <class F> void run_or_record(Stream s, F&& f) {
+  if (s.handle) static_cast<HostRecording*>(s.handle)->calls.emplace_back(std::forward<F>(f));
+  else f();
+}
 
 // "host" or "cuda": which build this library is.
 const char* build_name();
