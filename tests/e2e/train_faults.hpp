@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <regex>
@@ -39,12 +40,17 @@ inline std::string local_reference(const std::filesystem::path& ref) {
   return faulty_training("[pool]\nprovider = \"local\"\nnodes = 2\n", 0, ref, 4);
 }
 
-// Waits for the checkpoint of `epoch` to be written (the training is then in the next epoch).
+// Waits until `latest` names the checkpoint of `epoch` or a later one (the training is then
+// past it). `latest` is the commit point: write_checkpoint renames ckpt-<epoch>.bin into place
+// and then `latest`, and a worker that dies between the two (its host SIGKILLed: the worker
+// goes the moment its connection drops) leaves a run that resumes from the checkpoint before.
 inline bool wait_checkpoint(const std::filesystem::path& out, int epoch, double timeout_s = 120) {
-  const std::filesystem::path f = out / "ckpt" / ("ckpt-" + std::to_string(epoch) + ".bin");
+  const std::filesystem::path latest = out / "ckpt" / "latest";
   for (auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
        std::chrono::steady_clock::now() < until;) {
-    if (std::filesystem::exists(f)) return true;
+    unsigned named = 0;  // ckpt-<E>.bin or, mid-epoch, ckpt-<E>-<steps>.bin: E epochs done
+    if (std::sscanf(read_text(latest).c_str(), "ckpt-%u", &named) == 1 && named >= static_cast<unsigned>(epoch))
+      return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return false;
