@@ -34,7 +34,8 @@ class Device {
   // build carries code for). Cheap, no lasting state; the constructor runs it first.
   static void probe();
 
-  // Memory in the device's address space. Copies and memsets are ordered on stream().
+  // Memory in the device's address space. Copies and memsets are ordered on stream(). alloc
+  // throws inside a capture (cudaMalloc may wait for the device; a graph would not own it).
   void* alloc(size_t bytes);
   void free(void* p) noexcept;
   void upload(void* dst, const void* src, size_t bytes);    // host -> device, returns when done
@@ -78,10 +79,10 @@ class Device {
 
   // CUDA Graphs (docs/compute-backends.md, "Graphs"). Between begin_capture() and
   // end_capture() what the stream is given (kernels, GEMMs, copies, collectives) is recorded,
-  // not run; a call that would wait for the device or read host memory later (upload,
-  // upload_async, download, synchronize) throws instead. replay() runs the recording on the
-  // stream, with every argument as it was when recorded: what changes from one replay to the
-  // next must live in device memory. The CUDA build makes a cudaGraphExec_t; the host build
+  // not run; a call that would wait for the device or read host memory later (alloc,
+  // upload, upload_async, download, synchronize) throws instead. replay() runs the recording
+  // on the stream, with every argument as it was when recorded: what changes from one replay
+  // to the next must live in device memory. The CUDA build makes a cudaGraphExec_t; the host build
   // records each call as a closure (kernels::HostRecording), so tests here replay exactly what
   // was captured.
   class Graph {

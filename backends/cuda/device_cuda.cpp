@@ -15,6 +15,8 @@
 #include <cstring>
 #include <thread>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include <unistd.h>
@@ -41,6 +43,133 @@ void check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw Error(std::string("cuda: ") + what + ": " + ncclGetErrorString(r), SF_ERR);
 }
 
+
+// One fused GEMM's cuBLASLt descriptors and the algorithm its heuristic chose, made at a
+// shape's first call and kept (the heuristic query costs more than a small GEMM). The bias
+// pointer is the one attribute set per call.
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;  // false: no fused algorithm for this shape, the call falls back
+  LtPlan() = default;
+  LtPlan(const LtPlan&) = delete;
+  LtPlan& operator=(const LtPlan&) = delete;
+  ~LtPlan() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// The descriptors of one conv2d, NHWC float, and the algorithms chosen for it (each asked of
+// cuDNN at its first use), kept per window. cuDNN pads both sides alike, so a window whose
+// trailing padding exceeds its leading one is not expressible (ok stays false).
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  bool ok = false;
+  // An algorithm: not asked yet, none fits (the engine runs im2col + GEMM), or this one.
+  template <class Algo>
+  struct Choice {
+    bool asked = false, found = false;
+    Algo algo{};
+  };
+  Choice<cudnnConvolutionFwdAlgo_t> forward;
+  Choice<cudnnConvolutionBwdFilterAlgo_t> filter;
+  Choice<cudnnConvolutionBwdDataAlgo_t> data;
+  ConvPlan() = default;
+  ConvPlan(const ConvPlan&) = delete;
+  ConvPlan& operator=(const ConvPlan&) = delete;
+  // Not in the constructor: a failure there would leave what it made to no destructor.
+  void setup(const kernels::WindowShape& g, size_t filters) {
+    const int64_t trail_h = int64_t{g.Ho - 1} * g.sh + g.kh - g.H - g.pt, trail_w = int64_t{g.Wo - 1} * g.sw + g.kw - g.W - g.pl;
+    if (trail_h > g.pt || trail_w > g.pl) return;
+    const int n = static_cast<int>(g.batch), f = static_cast<int>(filters);
+    check(cudnnCreateTensorDescriptor(&x), "cudnnCreateTensorDescriptor");
+    check(cudnnCreateTensorDescriptor(&y), "cudnnCreateTensorDescriptor");
+    check(cudnnCreateFilterDescriptor(&w), "cudnnCreateFilterDescriptor");
+    check(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor");
+    check(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, static_cast<int>(g.C),
+                                     static_cast<int>(g.H), static_cast<int>(g.W)),
+          "cudnnSetTensor4dDescriptor");
+    check(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, f, static_cast<int>(g.Ho),
+                                     static_cast<int>(g.Wo)),
+          "cudnnSetTensor4dDescriptor");
+    check(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, f, static_cast<int>(g.C),
+                                     static_cast<int>(g.kh), static_cast<int>(g.kw)),
+          "cudnnSetFilter4dDescriptor");
+    check(cudnnSetConvolution2dDescriptor(conv, static_cast<int>(g.pt), static_cast<int>(g.pl),
+                                          static_cast<int>(g.sh), static_cast<int>(g.sw), 1, 1,
+                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+          "cudnnSetConvolution2dDescriptor");
+    // Plain FP32 (no TF32 tensor ops): the cpu backend's tolerance holds.
+    check(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    int on = 0, oc = 0, oh = 0, ow = 0;
+    check(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow), "cudnnGetConvolution2dForwardOutputDim");
+    ok = oh == static_cast<int>(g.Ho) && ow == static_cast<int>(g.Wo);
+  }
+  ~ConvPlan() {
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+// Plans by shape. A run meets a handful of shapes (the batch, an epoch's last batch, the
+// evaluation batch); past kMaxPlans the cache starts over rather than grow without bound
+// (plans hold no device memory, and a captured graph keeps nothing of them).
+template <class Plan, size_t N>
+class PlanCache {
+ public:
+  using Key = std::array<uint64_t, N>;
+  // The plan for key, made by make(plan) at its first use. A make that throws leaves no plan.
+  template <class Make>
+  Plan& get(const Key& key, const Make& make) {
+    if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
+    if (plans_.size() >= kMaxPlans) plans_.clear();
+    auto plan = std::make_unique<Plan>();
+    make(*plan);
+    return *plans_.emplace(key, std::move(plan)).first->second;
+  }
+  void clear() { plans_.clear(); }
+
+ private:
+  static constexpr size_t kMaxPlans = 64;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+constexpr size_t kDnnWorkspace = size_t{64} << 20;
+
+// The first algorithm cuDNN's heuristics rank that succeeds in plain FP32, is deterministic (a
+// replayed step equals the eager one; every run the same bits: several backward algorithms add
+// with atomics) and whose workspace, asked of cuDNN for it (the heuristic's figure is an
+// estimate), fits. Asked once per plan: perf[] comes from get_v7(n, count, perf).
+template <class Perf, class Algo, class Get, class Size>
+void choose(ConvPlan::Choice<Algo>& c, const char* what, const Get& get_v7, const Size& workspace_of) {
+  if (c.asked) return;
+  Perf perf[8];
+  int n = 0;
+  check(get_v7(8, &n, perf), what);
+  c.asked = true;
+  for (int i = 0; i < n; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC ||
+        perf[i].mathType != CUDNN_FMA_MATH)
+      continue;
+    size_t bytes = 0;
+    if (workspace_of(perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) {
+      c.found = true;
+      c.algo = perf[i].algo;
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 struct Device::Impl {
@@ -62,6 +191,8 @@ struct Device::Impl {
   };
   Grown dnn_workspace, kernel_krsc, grad_krsc;
   std::vector<void*> retired;
+  PlanCache<LtPlan, 8> lt_plans;       // gemm_bias_act's, by shape, epilogue and alignments
+  PlanCache<ConvPlan, 13> conv_plans;  // conv2d's, by window and filters
   void grow(Grown& g, size_t bytes, const char* what) {
     if (g.bytes >= bytes) return;
     no_capture(what);
@@ -116,6 +247,8 @@ struct Device::Impl {
       if (b.done) cudaEventDestroy(b.done);
       if (b.host) cudaFreeHost(b.host);
     }
+    lt_plans.clear();
+    conv_plans.clear();
     if (dnn) cudnnDestroy(dnn);
     for (Grown* g : {&dnn_workspace, &kernel_krsc, &grad_krsc})
       if (g->p) cudaFree(g->p);
@@ -320,6 +453,7 @@ Device::~Device() = default;
 const char* Device::build_name() { return "cuda"; }
 
 void* Device::alloc(size_t bytes) {
+  impl_->no_capture("a device allocation");
   void* p = nullptr;
   check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
   return p;
@@ -372,21 +506,6 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
         "cublasSgemm");
 }
 
-namespace {
-// cuBLASLt descriptors, destroyed with the call.
-struct LtMatmul {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtMatmul() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
-}  // namespace
 
 // Column-major, as gemm(): C^T[N, M] = B^T[N, K] A^T[K, M], the bias one value per row of C^T
 // (a unit), which is what cuBLASLt's BIAS epilogues add (a vector of the output's rows).
@@ -401,111 +520,63 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
   const cublasLtEpilogue_t epilogue = act == kernels::Activation::relu
                                           ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
                                           : CUBLASLT_EPILOGUE_BIAS;
-  LtMatmul d;
-  const cublasOperation_t no = CUBLAS_OP_N;
-  check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof no), "cublasLt TRANSA");
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof no), "cublasLt TRANSB");
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
-        "cublasLt EPILOGUE");
-  if (bias)
-    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
-          "cublasLt BIAS_POINTER");
-  check(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_32F, N, K, N), "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_32F, K, M, K), "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, N, M, N), "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
-  const size_t ws = impl_->blas_workspace_bytes;
-  check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-        "cublasLt MAX_WORKSPACE_BYTES");
   // The heuristic assumes 256-byte aligned operands unless told: a layer's weights are a slice
-  // of the flat parameter buffer, aligned to 4 bytes only.
+  // of the flat parameter buffer, aligned to 4 bytes only. The alignments are part of the key.
   auto alignment = [](const void* p) {
     const auto a = reinterpret_cast<uintptr_t>(p);
     return static_cast<uint32_t>(std::min<uintptr_t>(a & (~a + 1), 256));
   };
   const uint32_t align_a = alignment(B), align_b = alignment(A), align_c = alignment(C);
-  check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                             sizeof align_a),
-        "cublasLt MIN_ALIGNMENT_A_BYTES");
-  check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                             sizeof align_b),
-        "cublasLt MIN_ALIGNMENT_B_BYTES");
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    check(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &align_c, sizeof align_c), "cublasLt MIN_ALIGNMENT_C/D");
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(impl_->lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found) !=
-          CUBLAS_STATUS_SUCCESS ||
-      found == 0)
-    return fallback();  // no fused algorithm for this shape
+  const size_t ws = impl_->blas_workspace_bytes;
+  LtPlan& d = impl_->lt_plans.get({M, N, K, static_cast<uint64_t>(epilogue), align_a, align_b, align_c, ws},
+                                  [&](LtPlan& d) {
+    const cublasOperation_t no = CUBLAS_OP_N;
+    check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof no), "cublasLt TRANSA");
+    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof no), "cublasLt TRANSB");
+    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+          "cublasLt EPILOGUE");
+    check(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_32F, N, K, N), "cublasLtMatrixLayoutCreate");
+    check(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_32F, K, M, K), "cublasLtMatrixLayoutCreate");
+    check(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, N, M, N), "cublasLtMatrixLayoutCreate");
+    check(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
+    check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+          "cublasLt MAX_WORKSPACE_BYTES");
+    check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                               sizeof align_a),
+          "cublasLt MIN_ALIGNMENT_A_BYTES");
+    check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                               sizeof align_b),
+          "cublasLt MIN_ALIGNMENT_B_BYTES");
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      check(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &align_c, sizeof align_c),
+            "cublasLt MIN_ALIGNMENT_C/D");
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    d.found = cublasLtMatmulAlgoGetHeuristic(impl_->lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found) ==
+                  CUBLAS_STATUS_SUCCESS &&
+              found > 0;
+    if (d.found) d.algo = heuristic.algo;
+  });
+  if (!d.found) return fallback();  // no fused algorithm for this shape
+  // A bias-less epilogue ignores the pointer; one with a bias reads it at this call.
+  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+        "cublasLt BIAS_POINTER");
   const float alpha = 1.f, beta = 0.f;
-  const cublasStatus_t st = cublasLtMatmul(impl_->lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
-                                           &heuristic.algo, impl_->blas_workspace, ws, impl_->stream);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return fallback();
+  const cublasStatus_t st = cublasLtMatmul(impl_->lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &d.algo,
+                                           impl_->blas_workspace, ws, impl_->stream);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    d.found = false;  // and every later call of this shape falls back at once
+    return fallback();
+  }
   check(st, "cublasLtMatmul");
 }
 
+
 namespace {
-// The descriptors of one conv2d, NHWC float, destroyed with the call. cuDNN pads both sides
-// alike, so a window whose trailing padding exceeds its leading one is not expressible.
-struct DnnConv {
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
-  cudnnFilterDescriptor_t w = nullptr;
-  cudnnConvolutionDescriptor_t conv = nullptr;
-  bool ok = false;
-  // Not in the constructor: a failure there would leave what it made to no destructor.
-  void setup(const kernels::WindowShape& g, size_t filters) {
-    const int64_t trail_h = int64_t{g.Ho - 1} * g.sh + g.kh - g.H - g.pt, trail_w = int64_t{g.Wo - 1} * g.sw + g.kw - g.W - g.pl;
-    if (trail_h > g.pt || trail_w > g.pl) return;
-    const int n = static_cast<int>(g.batch), f = static_cast<int>(filters);
-    check(cudnnCreateTensorDescriptor(&x), "cudnnCreateTensorDescriptor");
-    check(cudnnCreateTensorDescriptor(&y), "cudnnCreateTensorDescriptor");
-    check(cudnnCreateFilterDescriptor(&w), "cudnnCreateFilterDescriptor");
-    check(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor");
-    check(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, static_cast<int>(g.C),
-                                     static_cast<int>(g.H), static_cast<int>(g.W)),
-          "cudnnSetTensor4dDescriptor");
-    check(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, f, static_cast<int>(g.Ho),
-                                     static_cast<int>(g.Wo)),
-          "cudnnSetTensor4dDescriptor");
-    check(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, f, static_cast<int>(g.C),
-                                     static_cast<int>(g.kh), static_cast<int>(g.kw)),
-          "cudnnSetFilter4dDescriptor");
-    check(cudnnSetConvolution2dDescriptor(conv, static_cast<int>(g.pt), static_cast<int>(g.pl),
-                                          static_cast<int>(g.sh), static_cast<int>(g.sw), 1, 1,
-                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-          "cudnnSetConvolution2dDescriptor");
-    // Plain FP32 (no TF32 tensor ops): the cpu backend's tolerance holds.
-    check(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
-    int on = 0, oc = 0, oh = 0, ow = 0;
-    check(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow), "cudnnGetConvolution2dForwardOutputDim");
-    ok = oh == static_cast<int>(g.Ho) && ow == static_cast<int>(g.Wo);
-  }
-  ~DnnConv() {
-    if (conv) cudnnDestroyConvolutionDescriptor(conv);
-    if (w) cudnnDestroyFilterDescriptor(w);
-    if (y) cudnnDestroyTensorDescriptor(y);
-    if (x) cudnnDestroyTensorDescriptor(x);
-  }
-};
-
-constexpr size_t kDnnWorkspace = size_t{64} << 20;
-
-// The first algorithm cuDNN's heuristics rank that succeeds in plain FP32, is deterministic (a
-// replayed step equals the eager one; every run the same bits: several backward algorithms add
-// with atomics) and whose workspace, asked of cuDNN for it (the heuristic's figure is an
-// estimate), fits.
-template <class Perf, class Size>
-const Perf* pick(const Perf* perf, int n, const Size& workspace_of) {
-  for (int i = 0; i < n; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC ||
-        perf[i].mathType != CUDNN_FMA_MATH)
-      continue;
-    size_t bytes = 0;
-    if (workspace_of(perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) return &perf[i];
-  }
-  return nullptr;
+ConvPlan& conv_plan(PlanCache<ConvPlan, 13>& cache, const kernels::WindowShape& g, size_t filters) {
+  return cache.get({g.batch, g.H, g.W, g.C, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.Ho, g.Wo, filters},
+                   [&](ConvPlan& c) { c.setup(g, filters); });
 }
 }  // namespace
 
@@ -517,24 +588,24 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
     check(cudnnCreate(&d.dnn), "cudnnCreate");
     check(cudnnSetStream(d.dnn, d.stream), "cudnnSetStream");
   }
-  DnnConv c;
-  c.setup(g, filters);
+  ConvPlan& c = conv_plan(d.conv_plans, g, filters);
   if (!c.ok) return false;
-  cudnnConvolutionFwdAlgoPerf_t perf[8];
-  int n = 0;
-  check(cudnnGetConvolutionForwardAlgorithm_v7(d.dnn, c.x, c.w, c.conv, c.y, 8, &n, perf),
-        "cudnnGetConvolutionForwardAlgorithm_v7");
-  const auto* algo = pick(perf, n, [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
-    return cudnnGetConvolutionForwardWorkspaceSize(d.dnn, c.x, c.w, c.conv, c.y, a, bytes);
-  });
-  if (!algo) return false;
+  choose<cudnnConvolutionFwdAlgoPerf_t>(
+      c.forward, "cudnnGetConvolutionForwardAlgorithm_v7",
+      [&](int k, int* n, cudnnConvolutionFwdAlgoPerf_t* perf) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(d.dnn, c.x, c.w, c.conv, c.y, k, n, perf);
+      },
+      [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(d.dnn, c.x, c.w, c.conv, c.y, a, bytes);
+      });
+  if (!c.forward.found) return false;
   const size_t kkc = g.col_width();
   d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");  // once: every algorithm taken fits
   d.grow(d.kernel_krsc, kkc * filters * sizeof(float), "conv2d kernel");
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
   kernels::transpose(w, kkc, filters, krsc, stream_);  // (kh, kw, C, F) -> (F, kh, kw, C)
   const float one = 1.f, zero = 0.f;
-  check(cudnnConvolutionForward(d.dnn, &one, c.x, x, c.w, krsc, c.conv, algo->algo, d.dnn_workspace.p,
+  check(cudnnConvolutionForward(d.dnn, &one, c.x, x, c.w, krsc, c.conv, c.forward.algo, d.dnn_workspace.p,
                                 d.dnn_workspace.bytes, &zero, c.y, y),
         "cudnnConvolutionForward");
   return true;
@@ -544,26 +615,26 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
                            const float* dy, float* dw, float* dx) {
   Impl& d = *impl_;
   if (!d.dnn) return false;
-  DnnConv c;
-  c.setup(g, filters);
+  ConvPlan& c = conv_plan(d.conv_plans, g, filters);
   if (!c.ok) return false;
-  cudnnConvolutionBwdFilterAlgoPerf_t fperf[8];
-  cudnnConvolutionBwdDataAlgoPerf_t dperf[8];
-  int nf = 0, nd = 0;
-  check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.dnn, c.x, c.y, c.conv, c.w, 8, &nf, fperf),
-        "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-  const auto* falgo = pick(fperf, nf, [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
-    return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.dnn, c.x, c.y, c.conv, c.w, a, bytes);
-  });
-  const cudnnConvolutionBwdDataAlgoPerf_t* dalgo = nullptr;
-  if (dx) {
-    check(cudnnGetConvolutionBackwardDataAlgorithm_v7(d.dnn, c.w, c.y, c.conv, c.x, 8, &nd, dperf),
-          "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-    dalgo = pick(dperf, nd, [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(d.dnn, c.w, c.y, c.conv, c.x, a, bytes);
-    });
-  }
-  if (!falgo || (dx && !dalgo)) return false;
+  choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+      c.filter, "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+      [&](int k, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.dnn, c.x, c.y, c.conv, c.w, k, n, perf);
+      },
+      [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.dnn, c.x, c.y, c.conv, c.w, a, bytes);
+      });
+  if (dx)
+    choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+        c.data, "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+        [&](int k, int* n, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+          return cudnnGetConvolutionBackwardDataAlgorithm_v7(d.dnn, c.w, c.y, c.conv, c.x, k, n, perf);
+        },
+        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(d.dnn, c.w, c.y, c.conv, c.x, a, bytes);
+        });
+  if (!c.filter.found || (dx && !c.data.found)) return false;
   const size_t kkc = g.col_width();
   d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");
   d.grow(d.kernel_krsc, kkc * filters * sizeof(float), "conv2d kernel");
@@ -571,13 +642,13 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
   auto* dkrsc = static_cast<float*>(d.grad_krsc.p);
   const float one = 1.f, zero = 0.f;
-  check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, falgo->algo, d.dnn_workspace.p,
+  check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, c.filter.algo, d.dnn_workspace.p,
                                        d.dnn_workspace.bytes, &zero, c.w, dkrsc),
         "cudnnConvolutionBackwardFilter");
   kernels::transpose(dkrsc, filters, kkc, dw, stream_);  // (F, kh, kw, C) -> (kh, kw, C, F)
   if (dx) {
     kernels::transpose(w, kkc, filters, krsc, stream_);
-    check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, dalgo->algo, d.dnn_workspace.p,
+    check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, c.data.algo, d.dnn_workspace.p,
                                        d.dnn_workspace.bytes, &zero, c.x, dx),
           "cudnnConvolutionBackwardData");
   }

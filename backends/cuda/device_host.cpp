@@ -34,6 +34,7 @@ const char* Device::build_name() { return "host"; }
 void Device::probe() {}  // host memory is always there
 
 void* Device::alloc(size_t bytes) {
+  impl_->no_capture("a device allocation");
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (!p) throw Error("cuda(host): out of memory allocating " + std::to_string(bytes) + " bytes", SF_ERR);
   return p;

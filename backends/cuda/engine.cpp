@@ -62,7 +62,7 @@ struct Layer {
   k::Activation act = k::Activation::linear;
   // conv2d (units: filters; win.batch set per call) and global_average_pooling2d (win.H/W/C)
   k::WindowShape win;
-  Buffer<float> col;  // the last training forward's im2col, then the backward's dcol
+  Buffer<float> col;  // the last training forward's im2col, then the backward's dcol (col_of)
   bool direct = false;  // the last forward ran on the device's convolutions (cuDNN), not im2col
   Buffer<int32_t> arg;  // max_pooling2d: each output's input (index within its sample)
   // dropout
@@ -277,7 +277,7 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
     if (l->kind == Kind::conv2d) {
       k::WindowShape g = l->win;
       g.batch = batch;
-      l->col = Buffer<float>(*dev_, g.positions() * g.col_width());
+      l->col.reset();  // col_of makes it at capacity when the layer needs one
       ws = std::max(ws, k::reduce_workspace(g.positions(), l->units));
     }
     if (l->kind == Kind::max_pool) l->arg = Buffer<int32_t>(*dev_, size_t{batch} * n);
@@ -290,6 +290,15 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
   idx_ = Buffer<uint64_t>(*dev_, batch);
   ws_ = Buffer<double>(*dev_, ws);
   capacity_ = batch;
+}
+
+float* CudaEngine::col_of(Layer& l) {
+  if (!l.col.get()) {
+    k::WindowShape g = l.win;
+    g.batch = capacity_;
+    l.col = Buffer<float>(*dev_, g.positions() * g.col_width());
+  }
+  return l.col.get();
 }
 
 void CudaEngine::check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const {
@@ -335,8 +344,9 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         if (l.direct) {
           k::bias_activation_forward(y, bias, M, l.units, l.act, s);
         } else {
-          k::im2col(in, l.col.get(), g, s);
-          dev_->gemm_bias_act(M, l.units, kkc, l.col.get(), p, bias, l.act, y);
+          float* col = col_of(l);
+          k::im2col(in, col, g, s);
+          dev_->gemm_bias_act(M, l.units, kkc, col, p, bias, l.act, y);
         }
         break;
       }
@@ -440,11 +450,12 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
           k::activation_backward(l.out_ptr, dy, M, l.units, l.act, s);
           if (l.use_bias) k::bias_grad(dy, M, l.units, g + kkc * l.units, ws_.get(), s);
           if (l.direct && dev_->conv_backward(gw, l.units, in, p, dy, g, dx)) break;
-          if (l.direct) k::im2col(in, l.col.get(), gw, s);  // the forward had no col
-          dev_->gemm(true, false, kkc, l.units, M, 1.f, l.col.get(), kkc, dy, l.units, 0.f, g, l.units);
+          float* col = col_of(l);
+          if (l.direct) k::im2col(in, col, gw, s);  // the forward had no col
+          dev_->gemm(true, false, kkc, l.units, M, 1.f, col, kkc, dy, l.units, 0.f, g, l.units);
           if (dx) {
-            dev_->gemm(false, true, M, kkc, l.units, 1.f, dy, l.units, p, l.units, 0.f, l.col.get(), kkc);
-            k::col2im(l.col.get(), dx, gw, s);
+            dev_->gemm(false, true, M, kkc, l.units, 1.f, dy, l.units, p, l.units, 0.f, col, kkc);
+            k::col2im(col, dx, gw, s);
           }
           break;
         }

@@ -82,6 +82,10 @@ class CudaEngine : public Engine {
     uint64_t n = 0;
   };
   void ensure_capacity(uint32_t batch);
+  // A conv2d layer's im2col buffer (capacity_ rows), made at its first use: a layer that runs
+  // on the device's own convolutions (cuDNN) never needs one. Outside captures only, which holds:
+  // a window takes the same path every time, and every shape runs eager before it is captured.
+  float* col_of(Layer& l);
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
   // A step's shape on this rank, for which a graph is kept: a graph holds the set's and the
   // buffers' pointers and the batch as values, so each of them is part of the key, and

@@ -757,6 +757,15 @@ TEST(CudaEngine, ACaptureRefusesWhatWouldWaitForTheDevice) {
     EXPECT_NE(std::string(e.what()).find("download while a step is being captured"), std::string::npos) << e.what();
   }
   EXPECT_THROW(dev.upload_async(buf.get(), ones, sizeof ones), Error);
+  // A buffer made during a capture would be one the graph does not own (and cudaMalloc may
+  // wait for the device): the engine makes every buffer before, so one made here is a bug.
+  try {
+    cu::Buffer<float> late(dev, 4);
+    ADD_FAILURE() << "an allocation inside a capture";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a device allocation while a step is being captured"), std::string::npos)
+        << e.what();
+  }
   dev.abort_capture();
   EXPECT_FALSE(dev.capturing());
   dev.upload(buf.get(), ones, sizeof ones);
