@@ -34,6 +34,11 @@ class Device {
   // build carries code for). Cheap, no lasting state; the constructor runs it first.
   static void probe();
 
+  // Makes this rank's GPU the calling thread's current device (CUDA's is per thread; kernels,
+  // cudaMalloc and cuBLAS use it). The engine calls it at each of its entry points, so an
+  // engine made on one thread may be used from another.
+  void make_current();
+
   // Memory in the device's address space. Copies and memsets are ordered on stream(). alloc
   // throws inside a capture (cudaMalloc may wait for the device; a graph would not own it).
   void* alloc(size_t bytes);

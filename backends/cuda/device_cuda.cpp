@@ -149,14 +149,15 @@ constexpr size_t kDnnWorkspace = size_t{64} << 20;
 // The first algorithm cuDNN's heuristics rank that succeeds in plain FP32, is deterministic (a
 // replayed step equals the eager one; every run the same bits: several backward algorithms add
 // with atomics) and whose workspace, asked of cuDNN for it (the heuristic's figure is an
-// estimate), fits. Asked once per plan: perf[] comes from get_v7(n, count, perf).
+// estimate), fits. Asked once per plan: get_v7(capacity, &count, perf) fills perf[].
 template <class Perf, class Algo, class Get, class Size>
-void choose(ConvPlan::Choice<Algo>& c, const char* what, const Get& get_v7, const Size& workspace_of) {
+void choose(ConvPlan::Choice<Algo>& c, const Get& get_v7, const Size& workspace_of) {
   if (c.asked) return;
   Perf perf[8];
   int n = 0;
-  check(get_v7(8, &n, perf), what);
   c.asked = true;
+  // A heuristic that fails for this window leaves it to im2col + GEMM, as one with no fit does.
+  if (get_v7(8, &n, perf) != CUDNN_STATUS_SUCCESS) return;
   for (int i = 0; i < n; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC ||
         perf[i].mathType != CUDNN_FMA_MATH)
@@ -191,7 +192,7 @@ struct Device::Impl {
   };
   Grown dnn_workspace, kernel_krsc, grad_krsc;
   std::vector<void*> retired;
-  PlanCache<LtPlan, 8> lt_plans;       // gemm_bias_act's, by shape, epilogue and alignments
+  PlanCache<LtPlan, 9> lt_plans;       // gemm_bias_act's, by shape, epilogue and alignments
   PlanCache<ConvPlan, 13> conv_plans;  // conv2d's, by window and filters
   void grow(Grown& g, size_t bytes, const char* what) {
     if (g.bytes >= bytes) return;
@@ -267,13 +268,21 @@ struct Device::Impl {
   // call or stream work that depends on it. Every wait is bounded by the collective timeout; a
   // lost peer ends in ncclCommAbort and an error, never in a hang, and the device refuses every
   // collective afterwards.
+  // Ends a capture that is given up, keeping nothing of it. A failure between an allreduce's
+  // fork of the collectives stream and join_collectives would leave the capture unjoined
+  // (cudaErrorStreamCaptureUnjoined, and the stream still capturing): join it first.
+  void end_partial_capture() noexcept {
+    if (!capturing) return;
+    capturing = false;
+    if (collectives && cudaEventRecord(summed, collectives) == cudaSuccess) cudaStreamWaitEvent(stream, summed, 0);
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial) cudaGraphDestroy(partial);
+    cudaGetLastError();  // a failed capture leaves its error behind
+  }
   [[noreturn]] void abort_nccl(const std::string& why) {
-    if (capturing) {  // the partial graph holds NCCL launches too
-      cudaGraph_t partial = nullptr;
-      if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial) cudaGraphDestroy(partial);
-      capturing = false;
-      cudaGetLastError();
-    }
+    // The partial graph holds NCCL launches too, and ncclCommAbort waits for every graph that
+    // references the communicator: end it first.
+    end_partial_capture();
     for (cudaGraphExec_t* exec : live_graphs)
       if (*exec) cudaGraphExecDestroy(*exec), *exec = nullptr;
     if (nccl) ncclCommAbort(nccl);
@@ -459,9 +468,13 @@ void* Device::alloc(size_t bytes) {
   return p;
 }
 void Device::free(void* p) noexcept { cudaFree(p); }
+void Device::make_current() { check(cudaSetDevice(impl_->device), "cudaSetDevice"); }
 void Device::upload(void* dst, const void* src, size_t bytes) {
   impl_->no_capture("upload");
   if (!bytes) return;
+  // A copy from pageable memory may wait for the stream inside the driver, with no timeout:
+  // wait first, watched (a collective stuck on a lost peer aborts instead of hanging here).
+  synchronize();
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
   synchronize();
 }
@@ -486,6 +499,9 @@ void Device::upload_async(void* dst, const void* src, size_t bytes) {
 void Device::download(void* dst, const void* src, size_t bytes) {
   impl_->no_capture("download");
   if (!bytes) return;
+  // A copy to pageable memory returns only once done, i.e. after everything before it on the
+  // stream, inside the driver and with no timeout: wait first, watched, as upload does.
+  synchronize();
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
   synchronize();
 }
@@ -527,8 +543,10 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
     return static_cast<uint32_t>(std::min<uintptr_t>(a & (~a + 1), 256));
   };
   const uint32_t align_a = alignment(B), align_b = alignment(A), align_c = alignment(C);
+  // The heuristic also reads the bias pointer's alignment off the descriptor (cublasLt.h, BIAS_POINTER).
+  const uint32_t align_bias = bias ? alignment(bias) : 0;
   const size_t ws = impl_->blas_workspace_bytes;
-  LtPlan& d = impl_->lt_plans.get({M, N, K, static_cast<uint64_t>(epilogue), align_a, align_b, align_c, ws},
+  LtPlan& d = impl_->lt_plans.get({M, N, K, static_cast<uint64_t>(epilogue), align_a, align_b, align_c, align_bias, ws},
                                   [&](LtPlan& d) {
     const cublasOperation_t no = CUBLAS_OP_N;
     check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -536,6 +554,8 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
     check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof no), "cublasLt TRANSB");
     check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
           "cublasLt EPILOGUE");
+    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+          "cublasLt BIAS_POINTER");
     check(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_32F, N, K, N), "cublasLtMatrixLayoutCreate");
     check(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_32F, K, M, K), "cublasLtMatrixLayoutCreate");
     check(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, N, M, N), "cublasLtMatrixLayoutCreate");
@@ -559,7 +579,7 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
     if (d.found) d.algo = heuristic.algo;
   });
   if (!d.found) return fallback();  // no fused algorithm for this shape
-  // A bias-less epilogue ignores the pointer; one with a bias reads it at this call.
+  // This call's bias (of the alignment the plan was chosen for); a bias-less epilogue ignores it.
   check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
         "cublasLt BIAS_POINTER");
   const float alpha = 1.f, beta = 0.f;
@@ -591,7 +611,7 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
   ConvPlan& c = conv_plan(d.conv_plans, g, filters);
   if (!c.ok) return false;
   choose<cudnnConvolutionFwdAlgoPerf_t>(
-      c.forward, "cudnnGetConvolutionForwardAlgorithm_v7",
+      c.forward,
       [&](int k, int* n, cudnnConvolutionFwdAlgoPerf_t* perf) {
         return cudnnGetConvolutionForwardAlgorithm_v7(d.dnn, c.x, c.w, c.conv, c.y, k, n, perf);
       },
@@ -618,7 +638,7 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
   ConvPlan& c = conv_plan(d.conv_plans, g, filters);
   if (!c.ok) return false;
   choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-      c.filter, "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+      c.filter,
       [&](int k, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
         return cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.dnn, c.x, c.y, c.conv, c.w, k, n, perf);
       },
@@ -627,7 +647,7 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
       });
   if (dx)
     choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-        c.data, "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+        c.data,
         [&](int k, int* n, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
           return cudnnGetConvolutionBackwardDataAlgorithm_v7(d.dnn, c.w, c.y, c.conv, c.x, k, n, perf);
         },
@@ -701,17 +721,7 @@ std::unique_ptr<Device::Graph> Device::end_capture() {
   check(e, "cudaGraphInstantiate");
   return g;
 }
-void Device::abort_capture() noexcept {
-  if (!impl_->capturing) return;
-  impl_->capturing = false;
-  // A failure between an allreduce's fork of the collectives stream and join_collectives would
-  // leave the capture unjoined (cudaErrorStreamCaptureUnjoined): join it first.
-  if (impl_->collectives && cudaEventRecord(impl_->summed, impl_->collectives) == cudaSuccess)
-    cudaStreamWaitEvent(impl_->stream, impl_->summed, 0);
-  cudaGraph_t graph = nullptr;
-  if (cudaStreamEndCapture(impl_->stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
-  cudaGetLastError();  // a failed capture leaves its error behind
-}
+void Device::abort_capture() noexcept { impl_->end_partial_capture(); }
 void Device::replay(const Graph& g) {
   impl_->usable();
   impl_->no_capture("replay");

@@ -250,7 +250,15 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
 }
 
 // Every buffer is declared after dev_, so it goes back to the device before the device itself.
-CudaEngine::~CudaEngine() = default;
+// Deferred or replayed steps may still run: freeing the buffers (cudaFree waits for the device)
+// would wait for them unwatched, so wait here, watched (a stuck peer aborts NCCL instead).
+CudaEngine::~CudaEngine() {
+  try {
+    dev_->make_current();
+    dev_->synchronize();
+  } catch (const std::exception&) {  // already failed, or aborted now: nothing left to wait for
+  }
+}
 
 void CudaEngine::drop_graphs() {
   graphs_.clear();
@@ -535,6 +543,7 @@ StepResult CudaEngine::read_sums() {
 }
 
 StepResult CudaEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
+  dev_->make_current();
   stage(x, y, batch, "train_step");
   enqueue(batch, true, false);
   ++step_;
@@ -542,6 +551,7 @@ StepResult CudaEngine::train_step(const float* x, const int32_t* y, uint32_t bat
 }
 
 StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batch) {
+  dev_->make_current();
   stage(x, y, batch, "eval_step");
   enqueue(batch, false, false);
   return read_sums();
@@ -554,6 +564,7 @@ StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batc
 // it runs as (docs/compute-backends.md, "Graphs").
 StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool train, bool deferred,
                                const char* what) {
+  dev_->make_current();
   const auto it = data_.find(data);
   if (it == data_.end()) throw unknown_data(data);
   if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
@@ -614,6 +625,7 @@ StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batc
 }
 
 uint64_t CudaEngine::bind_data(const float* x, const int32_t* y, uint64_t n) {
+  dev_->make_current();
   if (!x || !y) invalid("bind_data: x and y are required");
   if (n == 0) invalid("bind_data: no samples");
   const size_t sample = numel(input_shape_);
@@ -642,6 +654,7 @@ uint64_t CudaEngine::bind_data(const float* x, const int32_t* y, uint64_t n) {
 }
 
 void CudaEngine::release_data(uint64_t data) {
+  dev_->make_current();
   const auto it = data_.find(data);
   if (it == data_.end()) throw unknown_data(data);
   dev_->synchronize();  // no queued gather still reads it
@@ -658,6 +671,7 @@ StepResult CudaEngine::eval_step_indexed(uint64_t data, const uint64_t* idx, uin
 }
 
 StepResult CudaEngine::take_results() {
+  dev_->make_current();
   double p[3];
   dev_->download(p, pending_.get(), sizeof(p));  // waits for every deferred step
   dev_->zero(pending_.get(), sizeof(p));
@@ -669,6 +683,7 @@ StepResult CudaEngine::take_results() {
 }
 
 void CudaEngine::predict(const float* x, uint32_t batch, float* logits) {
+  dev_->make_current();
   check_batch(x, nullptr, batch, "predict");
   if (!logits) invalid("predict: logits is NULL");
   ensure_capacity(batch);
@@ -677,12 +692,14 @@ void CudaEngine::predict(const float* x, uint32_t batch, float* logits) {
 }
 
 void CudaEngine::get_params(float* out, uint64_t count) const {
+  dev_->make_current();
   if (count != n_params_)
     invalid("get_params: count " + std::to_string(count) + " != param_count " + std::to_string(n_params_));
   dev_->download(out, params_.get(), count * sizeof(float));
 }
 
 void CudaEngine::set_params(const float* in, uint64_t count) {
+  dev_->make_current();
   if (count != n_params_)
     invalid("set_params: count " + std::to_string(count) + " != param_count " + std::to_string(n_params_));
   dev_->upload(params_.get(), in, count * sizeof(float));
@@ -702,6 +719,7 @@ EngineState CudaEngine::shape_of_state() const {
 }
 
 std::string CudaEngine::state_dict() const {
+  dev_->make_current();
   EngineState s = shape_of_state();
   s.seed = seed_;
   s.step = step_;
@@ -718,6 +736,7 @@ std::string CudaEngine::state_dict() const {
 }
 
 void CudaEngine::load_state(std::string_view b) {
+  dev_->make_current();
   // Everything is read and checked on the host before the engine changes.
   EngineState s;
   try {
