@@ -546,8 +546,7 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
   // The heuristic also reads the bias pointer's alignment off the descriptor (cublasLt.h, BIAS_POINTER).
   const uint32_t align_bias = bias ? alignment(bias) : 0;
   const size_t ws = impl_->blas_workspace_bytes;
-  LtPlan& d = impl_->lt_plans.get({M, N, K, static_cast<uint64_t>(epilogue), align_a, align_b, align_c, align_bias, ws},
-                                  [&](LtPlan& d) {
+  auto make = [&](LtPlan& d) {
     const cublasOperation_t no = CUBLAS_OP_N;
     check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof no), "cublasLt TRANSA");
@@ -573,11 +572,13 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
             "cublasLt MIN_ALIGNMENT_C/D");
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    d.found = cublasLtMatmulAlgoGetHeuristic(impl_->lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found) ==
-                  CUBLAS_STATUS_SUCCESS &&
-              found > 0;
+    const cublasStatus_t asked =
+        cublasLtMatmulAlgoGetHeuristic(impl_->lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found);
+    d.found = asked == CUBLAS_STATUS_SUCCESS && found > 0;
     if (d.found) d.algo = heuristic.algo;
-  });
+  };
+  LtPlan& d = impl_->lt_plans.get(
+      {M, N, K, static_cast<uint64_t>(epilogue), align_a, align_b, align_c, align_bias, ws}, make);
   if (!d.found) return fallback();  // no fused algorithm for this shape
   // This call's bias (of the alignment the plan was chosen for); a bias-less epilogue ignores it.
   check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
@@ -591,7 +592,6 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
   }
   check(st, "cublasLtMatmul");
 }
-
 
 namespace {
 ConvPlan& conv_plan(PlanCache<ConvPlan, 13>& cache, const kernels::WindowShape& g, size_t filters) {
