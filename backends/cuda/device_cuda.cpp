@@ -87,7 +87,8 @@ struct ConvPlan {
   ConvPlan& operator=(const ConvPlan&) = delete;
   // Not in the constructor: a failure there would leave what it made to no destructor.
   void setup(const kernels::WindowShape& g, size_t filters) {
-    const int64_t trail_h = int64_t{g.Ho - 1} * g.sh + g.kh - g.H - g.pt, trail_w = int64_t{g.Wo - 1} * g.sw + g.kw - g.W - g.pl;
+    const int64_t trail_h = int64_t{g.Ho - 1} * g.sh + g.kh - g.H - g.pt;
+    const int64_t trail_w = int64_t{g.Wo - 1} * g.sw + g.kw - g.W - g.pl;
     if (trail_h > g.pt || trail_w > g.pl) return;
     const int n = static_cast<int>(g.batch), f = static_cast<int>(filters);
     check(cudnnCreateTensorDescriptor(&x), "cudnnCreateTensorDescriptor");
@@ -110,7 +111,8 @@ struct ConvPlan {
     // Plain FP32 (no TF32 tensor ops): the cpu backend's tolerance holds.
     check(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
     int on = 0, oc = 0, oh = 0, ow = 0;
-    check(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow), "cudnnGetConvolution2dForwardOutputDim");
+    check(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow),
+          "cudnnGetConvolution2dForwardOutputDim");
     ok = oh == static_cast<int>(g.Ho) && ow == static_cast<int>(g.Wo);
   }
   ~ConvPlan() {
@@ -149,21 +151,24 @@ constexpr size_t kDnnWorkspace = size_t{64} << 20;
 // The first algorithm cuDNN's heuristics rank that succeeds in plain FP32, is deterministic (a
 // replayed step equals the eager one; every run the same bits: several backward algorithms add
 // with atomics) and whose workspace, asked of cuDNN for it (the heuristic's figure is an
-// estimate), fits. Asked once per plan: get_v7(capacity, &count, perf) fills perf[].
-template <class Perf, class Algo, class Get, class Size>
-void choose(ConvPlan::Choice<Algo>& c, const Get& get_v7, const Size& workspace_of) {
+// estimate), fits. Asked once per plan. a, b, conv, d: the descriptors in the order both of
+// the direction's functions take them (its _v7 heuristic and its workspace size).
+template <class A, class B, class D, class Perf, class Algo>
+void choose(ConvPlan::Choice<Algo>& c, cudnnHandle_t h, A a, B b, cudnnConvolutionDescriptor_t conv, D d,
+            cudnnStatus_t (*get_v7)(cudnnHandle_t, A, B, cudnnConvolutionDescriptor_t, D, int, int*, Perf*),
+            cudnnStatus_t (*workspace_of)(cudnnHandle_t, A, B, cudnnConvolutionDescriptor_t, D, Algo, size_t*)) {
   if (c.asked) return;
   Perf perf[8];
   int n = 0;
   c.asked = true;
   // A heuristic that fails for this window leaves it to im2col + GEMM, as one with no fit does.
-  if (get_v7(8, &n, perf) != CUDNN_STATUS_SUCCESS) return;
+  if (get_v7(h, a, b, conv, d, 8, &n, perf) != CUDNN_STATUS_SUCCESS) return;
   for (int i = 0; i < n; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC ||
         perf[i].mathType != CUDNN_FMA_MATH)
       continue;
     size_t bytes = 0;
-    if (workspace_of(perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) {
+    if (workspace_of(h, a, b, conv, d, perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) {
       c.found = true;
       c.algo = perf[i].algo;
       return;
@@ -610,14 +615,8 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
   }
   ConvPlan& c = conv_plan(d.conv_plans, g, filters);
   if (!c.ok) return false;
-  choose<cudnnConvolutionFwdAlgoPerf_t>(
-      c.forward,
-      [&](int k, int* n, cudnnConvolutionFwdAlgoPerf_t* perf) {
-        return cudnnGetConvolutionForwardAlgorithm_v7(d.dnn, c.x, c.w, c.conv, c.y, k, n, perf);
-      },
-      [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
-        return cudnnGetConvolutionForwardWorkspaceSize(d.dnn, c.x, c.w, c.conv, c.y, a, bytes);
-      });
+  choose(c.forward, d.dnn, c.x, c.w, c.conv, c.y, cudnnGetConvolutionForwardAlgorithm_v7,
+         cudnnGetConvolutionForwardWorkspaceSize);
   if (!c.forward.found) return false;
   const size_t kkc = g.col_width();
   d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");  // once: every algorithm taken fits
@@ -637,23 +636,11 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
   if (!d.dnn) return false;
   ConvPlan& c = conv_plan(d.conv_plans, g, filters);
   if (!c.ok) return false;
-  choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-      c.filter,
-      [&](int k, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.dnn, c.x, c.y, c.conv, c.w, k, n, perf);
-      },
-      [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
-        return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.dnn, c.x, c.y, c.conv, c.w, a, bytes);
-      });
+  choose(c.filter, d.dnn, c.x, c.y, c.conv, c.w, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+         cudnnGetConvolutionBackwardFilterWorkspaceSize);
   if (dx)
-    choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-        c.data,
-        [&](int k, int* n, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
-          return cudnnGetConvolutionBackwardDataAlgorithm_v7(d.dnn, c.w, c.y, c.conv, c.x, k, n, perf);
-        },
-        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(d.dnn, c.w, c.y, c.conv, c.x, a, bytes);
-        });
+    choose(c.data, d.dnn, c.w, c.y, c.conv, c.x, cudnnGetConvolutionBackwardDataAlgorithm_v7,
+           cudnnGetConvolutionBackwardDataWorkspaceSize);
   if (!c.filter.found || (dx && !c.data.found)) return false;
   const size_t kkc = g.col_width();
   d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");
