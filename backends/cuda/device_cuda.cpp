@@ -694,6 +694,8 @@ struct CudaGraph : Device::Graph {
 void Device::begin_capture() {
   impl_->usable();
   if (impl_->capturing) throw Error("cuda: begin_capture inside a capture", SF_ERR);
+  // ThreadLocal, not Global: a non-blocking NCCL communicator launches its kernels from a thread
+  // of its own (ncclGroupEnd), and Global mode would refuse that thread's unsafe calls.
   check(cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   impl_->capturing = true;
 }
