@@ -478,8 +478,9 @@ void Device::upload(void* dst, const void* src, size_t bytes) {
   impl_->no_capture("upload");
   if (!bytes) return;
   // A copy from pageable memory may wait for the stream inside the driver, with no timeout:
-  // wait first, watched (a collective stuck on a lost peer aborts instead of hanging here).
-  synchronize();
+  // with collectives on it, wait first, watched (a collective stuck on a lost peer aborts
+  // instead of hanging here). Without, nothing on the stream can wait forever.
+  if (impl_->nccl) synchronize();
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
   synchronize();
 }
@@ -505,8 +506,9 @@ void Device::download(void* dst, const void* src, size_t bytes) {
   impl_->no_capture("download");
   if (!bytes) return;
   // A copy to pageable memory returns only once done, i.e. after everything before it on the
-  // stream, inside the driver and with no timeout: wait first, watched, as upload does.
-  synchronize();
+  // stream, inside the driver and with no timeout: with collectives, wait first, watched, as
+  // upload does (a step's read-back without NCCL stays one wait).
+  if (impl_->nccl) synchronize();
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
   synchronize();
 }
