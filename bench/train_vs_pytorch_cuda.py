@@ -14,10 +14,12 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
 
 Figures: samples/s (60000 x epochs / training-loop time, the slowest process), test accuracy,
 and peak device memory: the largest `used_memory` nvidia-smi reports for the configuration's
-processes, polled every 0.1 s (the CUDA context included, on both sides alike). Then, when
-nccl-tests' `all_reduce_perf` is on PATH, NCCL's own allreduce bus bandwidth on every GPU, and
-beside it the cuda engine's own gradient allreduce (`bench_allreduce --nccl`, the engine's
-Device::allreduce_sum on its collectives stream): target >= 90% of NCCL's figure.
+processes, polled every 0.1 s (the CUDA context included, on both sides alike). Then, with two
+GPUs or more, the allreduce bus bandwidth (nccl-tests' definition) at 8 MiB and 256 MiB, in
+place, size by size: nccl-tests' `all_reduce_perf` on every GPU (when it is on PATH) beside the
+cuda engine's own gradient allreduce (`bench_allreduce --nccl`, the engine's
+Device::allreduce_sum on its collectives stream, timed by its mean as nccl-tests times):
+target >= 90% of NCCL's figure at both sizes.
 
 Targets (docs/compute-backends.md): >= 2x PyTorch eager at batch 64, >= 1x at batch 1024.
 Without a usable GPU it says why and exits 2: nothing is estimated.
@@ -139,30 +141,66 @@ def cell(base, spec):
     print("CELL_RESULT " + json.dumps(res), flush=True)
 
 
+ALLREDUCE_SIZES = (8 << 20, 256 << 20)  # bytes: a gradient bucket's order, and a whole model's
+
+
 def nccl_bus_bandwidth(gpus):
+    """nccl-tests' all_reduce_perf at ALLREDUCE_SIZES: {bytes: in-place bus bandwidth, GB/s}
+    (in place, as the engine's allreduce is)."""
     exe = shutil.which("all_reduce_perf")
     if not exe:
         return None, "nccl-tests' all_reduce_perf is not on PATH"
-    p = subprocess.run([exe, "-b", "8M", "-e", "256M", "-f", "2", "-g", str(gpus)], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-    m = re.search(r"Avg bus bandwidth\s*:\s*([0-9.]+)", p.stdout)
-    return (float(m.group(1)), None) if m else (None, "all_reduce_perf printed no average bus bandwidth")
+    lo, hi = ALLREDUCE_SIZES
+    p = subprocess.run([exe, "-b", str(lo), "-e", str(hi), "-f", str(hi // lo), "-g", str(gpus)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return parse_all_reduce_perf(p.stdout)
+
+
+def parse_all_reduce_perf(text):
+    # A data row: size count type redop [root] then out-of-place time algbw busbw #wrong, then
+    # in-place time algbw busbw #wrong; the in-place busbw is the next-to-last field.
+    bw = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 9 and f[0].isdigit() and int(f[0]) in ALLREDUCE_SIZES:
+            try:
+                bw[int(f[0])] = float(f[-2])
+            except ValueError:
+                pass
+    if set(bw) != set(ALLREDUCE_SIZES):
+        return None, "all_reduce_perf printed no bus bandwidth at " + ", ".join(map(str, ALLREDUCE_SIZES)) + " bytes"
+    return bw, None
 
 
 def engine_bus_bandwidth(skyforge, gpus):
-    """The cuda engine's own gradient allreduce (bench_allreduce --nccl, beside skyforge): its
-    bus bandwidth at 8 MiB and 256 MiB, nccl-tests' definition."""
+    """The cuda engine's own gradient allreduce (bench_allreduce --nccl, beside skyforge) at
+    ALLREDUCE_SIZES: {bytes: bus bandwidth, GB/s}, nccl-tests' definition."""
     exe = Path(skyforge).resolve().parent / "bench_allreduce"
     if gpus < 2:
-        return None, "one GPU: no allreduce between GPUs"
+        return None, "one GPU: no allreduce between GPUs (bus bandwidth is 2 (n - 1) / n x bytes / time = 0 at n = 1)"
     if not exe.exists():
         return None, f"{exe} is not built"
-    p = subprocess.run([str(exe), "--nccl", "--ranks", str(gpus), "--sizes", "8388608,268435456", "--seconds", "1"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    figures = [float(m.group(1)) for m in re.finditer(r"^\S+ \S+\s+\S+ \(\S+\)\s+([0-9.]+)$", p.stdout, re.M)]
-    if p.returncode != 0 or not figures:
+    p = subprocess.run([str(exe), "--nccl", "--ranks", str(gpus), "--sizes", ",".join(map(str, ALLREDUCE_SIZES)),
+                        "--seconds", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Its rows come in --sizes order: size, median (mean) µs per call, busbw of the median. nccl-tests
+    # times the mean of its iterations, so the like figure here is the bus bandwidth of the mean.
+    means = [float(m.group(1)) for m in re.finditer(r"^\S+ \S+\s+\S+ \(([0-9.]+)\)\s+[0-9.]+$", p.stdout, re.M)]
+    if p.returncode != 0 or len(means) != len(ALLREDUCE_SIZES):
         return None, "bench_allreduce --nccl failed: " + p.stdout.strip()[-300:]
-    return max(figures), None
+    figures = [2 * (gpus - 1) / gpus * size / (us * 1e3) for size, us in zip(ALLREDUCE_SIZES, means)]
+    return dict(zip(ALLREDUCE_SIZES, figures)), None
+
+
+def allreduce_report(bw, why, ebw, ewhy, gpus):
+    """The two allreduces size by size; the target holds when the engine reaches 90% of
+    nccl-tests' bus bandwidth at every size."""
+    lines = []
+    for size in ALLREDUCE_SIZES:
+        nccl = f"{bw[size]:.1f} GB/s" if bw else f"not measured: {why}"
+        ours = f"{ebw[size]:.1f} GB/s" if ebw else f"not measured: {ewhy}"
+        ratio = f" = {100 * ebw[size] / bw[size]:.0f}% (target >= 90%)" if bw and ebw and bw[size] > 0 else ""
+        lines.append(f"  {size >> 20:4d} MiB  nccl-tests {nccl}; skyforge {ours}{ratio}")
+    return f"\nallreduce bus bandwidth, in place, {gpus} GPU(s):\n" + "\n".join(lines)
 
 
 def main(base, args, models, epochs, skyforge):
@@ -208,14 +246,11 @@ def main(base, args, models, epochs, skyforge):
                 print(f"{m:8s} {batch:5d} {label:30s} {sps:10.0f} {statistics.median(c['test_accuracy'] for c in rs):8.4f} "
                       f"{max(c['peak_device_mib'] for c in rs):8d}  {sps / eager:.2f}x")
     bw, why = nccl_bus_bandwidth(gpus)
-    print(f"\nNCCL allreduce bus bandwidth (nccl-tests, 8 MiB-256 MiB, {gpus} GPU(s)): "
-          + (f"{bw:.1f} GB/s" if bw is not None else f"not measured: {why}"))
     ebw, ewhy = engine_bus_bandwidth(skyforge, gpus)
-    print("skyforge's gradient allreduce (bench_allreduce --nccl, 8 MiB and 256 MiB, best): "
-          + (f"{ebw:.1f} GB/s" if ebw is not None else f"not measured: {ewhy}")
-          + (f" = {100 * ebw / bw:.0f}% of nccl-tests' (target >= 90%)" if ebw is not None and bw else ""))
+    print(allreduce_report(bw, why, ebw, ewhy, gpus))
     if args.json:
         Path(args.json).write_text(json.dumps({"backend": "cuda", "gpus": gpus, "cells": cells,
-                                               "nccl_bus_bandwidth_gbs": bw, "engine_bus_bandwidth_gbs": ebw},
+                                               "nccl_bus_bandwidth_gbs": bw and {str(k): v for k, v in bw.items()},
+                                               "engine_bus_bandwidth_gbs": ebw and {str(k): v for k, v in ebw.items()}},
                                               indent=2) + "\n")
     return 0
