@@ -385,6 +385,24 @@ TEST_F(E2E, AComputeBackendThatCannotRunHereStopsTheRunBeforeAnythingStarts) {
   EXPECT_EQ(count(o.out, "] ran"), 2) << o.out;
 }
 
+// A node asks its compute backend after the framework hooks have entered and their environment
+// is the process's: a hook chooses the node's devices (mig sets CUDA_VISIBLE_DEVICES), and the
+// CUDA runtime a probe calls reads that variable once. The fixture's probe passes only when
+// TRACE, which trace_a's around_app_enter sets, is in the worker's environment.
+TEST_F(E2E, ANodeProbesItsComputeBackendInTheEnvironmentTheFrameworkHooksMade) {
+  const std::string path = std::string("plugin_path = [\"") + E2E_FIXTURES + "\"]\n";
+  auto m = write("picky-hooks.toml", "[pool]\nnodes = 2\n"
+                                     "[[plugins]]\nname = \"trace_a\"\n"
+                                     "[[plugins]]\nname = \"keras\"\nbackend = \"picky\"\n"
+                                     "[[plugins]]\nname = \"picky\"\nmissing = \"frobnicator\"\non = \"nodes\"\n"
+                                     "unless_env = \"TRACE\"\n"
+                                     "[job]\n" + path + "app = \"hello\"\n");
+  Output o = run({"run", m.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.err.find("probe"), std::string::npos) << o.err;
+  EXPECT_EQ(count(o.out, "enter trace_a"), 2) << o.out;
+}
+
 // `[pool] accelerator` on the local provider: each node's worker (and so its command and a
 // compute backend in it) sees only its own share of the machine's GPUs. Without a GPU here, the
 // machine's list is what CUDA_VISIBLE_DEVICES restricts it to, which the provider honours.

@@ -243,6 +243,7 @@ class Worker {
   std::unique_ptr<Loader> loader_;
   std::vector<std::unique_ptr<PluginInstance>> frameworks_;  // [[plugins]] but compute backends
   std::vector<std::unique_ptr<PluginInstance>> compute_backends_;  // creation order
+  PluginInstance* selected_backend_ = nullptr;  // of compute_backends_: the job's compute.backend
   size_t entered_ = 0;
   std::unique_ptr<PluginInstance> app_;
   sf_instance_info info_{};
@@ -513,10 +514,8 @@ void Worker::setup_plugins(EnvMap& env) {
       compute_backends_.push_back(loader_->create(p, f.options));
       auto& b = compute_backends_.back();
       services_.add_compute_backend(p.name, b->hooks<sf_compute_hooks>(), b->self());
-      // The selected backend says now, before any hook of the job runs, when it cannot run on
-      // this node (no driver, no device): abi.h, sf_compute_hooks::probe.
       if (auto sel = job.config.find("compute.backend"); sel != job.config.end() && sel->second == p.name)
-        b->call_optional(&sf_compute_hooks::probe, "probe");
+        selected_backend_ = b.get();
       continue;
     }
     frameworks_.push_back(loader_->create(p, f.options));
@@ -820,6 +819,14 @@ int Worker::run() {
       phase_ = "the plugins' setup";
       setup_plugins(env);
       if (job_->command.empty()) env.apply_to_process();  // native apps read the same environment
+      // The selected compute backend says now, before the app or command runs, when it cannot
+      // run on this node (no driver, no device): abi.h, sf_compute_hooks::probe. Not sooner: the
+      // framework hooks choose the node's devices (mig sets CUDA_VISIBLE_DEVICES), and a CUDA
+      // runtime reads that variable once, when first called, which a probe may be.
+      if (selected_backend_) {
+        phase_ = "the compute backend's probe";
+        selected_backend_->call_optional(&sf_compute_hooks::probe, "probe");
+      }
       conn_->send(msg::Type::Ready, std::string());
       boost::asio::post(io_, [this] { report_progress(); });  // then every heartbeat interval
       result = run_app(env);

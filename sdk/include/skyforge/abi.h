@@ -409,7 +409,8 @@ typedef struct sf_compute_hooks {
    * device the backend was not built for). Cheap and side-effect free; thread-safe. The client
    * calls it before it provisions a pool whose nodes are processes on its own machine (the
    * `local` provider), so such a run stops before anything starts; every node calls it for the
-   * selected backend before its job starts. */
+   * selected backend before its app or command runs, after the framework plugins'
+   * around_app_enter (they may choose the devices: CUDA_VISIBLE_DEVICES). */
   sf_status (*probe)(void* self);
   /* ABI 1.8. Optional, all five or none (the host refuses a table with some of them). Bound
    * data: the engine keeps a dataset (a GPU engine in device memory) and a step names its
