@@ -1,4 +1,4 @@
-// The cuda engine (engine.hpp; docs/compute-backends.md, "The cuda engine (in progress)"). No
+// The cuda engine (engine.hpp; docs/compute-backends.md, "The cuda engine"). No
 // CUDA API here: memory, GEMMs and collectives go through Device, elementwise/row/reduction work
 // through the kernels' launch API, so this file is compiled for both builds.
 #include "engine.hpp"

@@ -1,4 +1,4 @@
-// The cuda engine (docs/compute-backends.md, "The cuda engine (in progress)"): the GPU
+// The cuda engine (docs/compute-backends.md, "The cuda engine"): the GPU
 // data-parallel engine, written once against the device layer (device.hpp) and the kernels'
 // launch API (kernels/include/skyforge/kernels/launch.hpp, docs/kernels.md). Built twice:
 //   skyforge_cuda_engine_host  g++, host memory, OpenBLAS, the pool's communicator, kernels over

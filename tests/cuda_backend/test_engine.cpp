@@ -1,5 +1,5 @@
 // The cuda engine's host build (backends/cuda) against the cpu backend, the reference engine:
-// docs/compute-backends.md, "The cuda engine (in progress)", states the tolerances checked here.
+// docs/compute-backends.md, "The cuda engine", states the tolerances checked here.
 #include "common.hpp"
 #include "engine.hpp"
 

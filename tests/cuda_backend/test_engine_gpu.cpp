@@ -1,7 +1,7 @@
 // The cuda engine's CUDA build (skyforge_cuda_engine_gpu: CUDA runtime, cuBLAS, NCCL, the nvcc
 // kernels). Without a driver it must refuse cleanly (NoDevice.*, runs everywhere); on a GPU it
 // trains like the cpu backend (Gpu.*, label gpu, skipped visibly without a device).
-// docs/compute-backends.md, "The cuda engine (in progress)".
+// docs/compute-backends.md, "The cuda engine".
 #include "common.hpp"
 #include "engine.hpp"
 
