@@ -14,7 +14,9 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
 
 Figures: samples/s (60000 x epochs / training-loop time, the slowest process), test accuracy,
 and peak device memory: the largest `used_memory` nvidia-smi reports for the configuration's
-processes, polled every 0.1 s (the CUDA context included, on both sides alike). Then, with two
+processes, polled every 0.1 s (the CUDA context included, on both sides alike); where nvidia-smi
+names none of them (its pids are another pid namespace's, as in a container), the largest rise of
+the GPUs' used memory over its value before the configuration started, marked in the table. Then, with two
 GPUs or more, the allreduce bus bandwidth (nccl-tests' definition) at 8 MiB and 256 MiB, in
 place, size by size: nccl-tests' `all_reduce_perf` on every GPU (when it is on PATH) beside the
 cuda engine's own gradient allreduce (`bench_allreduce --nccl`, the engine's
@@ -39,17 +41,35 @@ from pathlib import Path
 BATCHES = (64, 1024)
 
 
+def smi(query):
+    """nvidia-smi's CSV rows for a query (no header, no units), or None."""
+    try:
+        return subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def gpus_used_mib():
+    q = smi("--query-gpu=memory.used")
+    return sum(int(m) for m in re.findall(r"^\s*(\d+)", q, re.M)) if q is not None else None
+
+
 def gpu_memory_poller(base, root_pid, peak, stop, interval=0.1):
-    """peak[0] = max MiB nvidia-smi reports for root_pid and its descendants."""
+    """peak[0] = max MiB nvidia-smi reports for root_pid and its descendants. peak[1] = max rise
+    of every GPU's used memory over its value when the poller started: the figure to use where
+    nvidia-smi's pids belong to another pid namespace (a container) and none is ours. The bench
+    runs one configuration at a time, so the rise is this configuration's."""
+    start = gpus_used_mib()
     while not stop.wait(interval):
-        try:
-            q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=5).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        mine = {root_pid, *base.descendants(root_pid)}
-        used = sum(int(m) for p, m in re.findall(r"^\s*(\d+),\s*(\d+)", q, re.M) if int(p) in mine)
-        peak[0] = max(peak[0], used)
+        q = smi("--query-compute-apps=pid,used_memory")
+        if q is not None:
+            mine = {root_pid, *base.descendants(root_pid)}
+            used = sum(int(m) for p, m in re.findall(r"^\s*(\d+),\s*(\d+)", q, re.M) if int(p) in mine)
+            peak[0] = max(peak[0], used)
+        now = gpus_used_mib()
+        if start is not None and now is not None:
+            peak[1] = max(peak[1], now - start)
 
 
 def preflight(skyforge):
@@ -131,13 +151,14 @@ def run_torch(base, spec):
 
 def cell(base, spec):
     """One configuration in this (fresh) process; the peak device memory of its processes."""
-    peak, stop = [0], threading.Event()
+    peak, stop = [0, 0], threading.Event()
     poller = threading.Thread(target=gpu_memory_poller, args=(base, os.getpid(), peak, stop), daemon=True)
     poller.start()
     res = run_skyforge(base, spec) if spec["kind"] == "skyforge" else run_torch(base, spec)
     stop.set()
     poller.join()
-    res["peak_device_mib"] = peak[0]
+    # Its processes' own figure; where nvidia-smi names none of them, the GPUs' rise (said so).
+    res["peak_device_mib"], res["peak_device_of"] = (peak[0], "processes") if peak[0] else (peak[1], "device rise")
     print("CELL_RESULT " + json.dumps(res), flush=True)
 
 
@@ -244,7 +265,8 @@ def main(base, args, models, epochs, skyforge):
                 rs = [c for c in rows if c["key"] == key]
                 sps = statistics.median(c["samples_per_second"] for c in rs)
                 print(f"{m:8s} {batch:5d} {label:30s} {sps:10.0f} {statistics.median(c['test_accuracy'] for c in rs):8.4f} "
-                      f"{max(c['peak_device_mib'] for c in rs):8d}  {sps / eager:.2f}x")
+                      f"{max(c['peak_device_mib'] for c in rs):8d}  {sps / eager:.2f}x"
+                      + ("  (peak: the GPUs' rise)" if any(c["peak_device_of"] != "processes" for c in rs) else ""))
     bw, why = nccl_bus_bandwidth(gpus)
     ebw, ewhy = engine_bus_bandwidth(skyforge, gpus)
     print(allreduce_report(bw, why, ebw, ewhy, gpus))
