@@ -1,8 +1,8 @@
 // The cuda engine's device layer (docs/compute-backends.md, "The cuda engine"): everything the
 // engine needs from a GPU besides the kernels of kernels/ (docs/kernels.md). Two builds:
 //   device_host.cpp  plain host memory, OpenBLAS cblas_sgemm, the pool's sf_communicator;
-//   device_cuda.cpp  CUDA runtime memory and one stream, cuBLAS, NCCL (unique id through the
-//                    pool's key-value store).
+//   device_cuda.cpp  CUDA runtime memory and streams, cuBLAS/cuBLASLt, cuDNN, NCCL (its unique id
+//                    broadcast from rank 0 over the pool's communicator).
 // The engine (engine.cpp) is written once against this class and launch.hpp, so the host build
 // that tests run here is the same engine code a GPU runs.
 #pragma once

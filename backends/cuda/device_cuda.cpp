@@ -1,6 +1,7 @@
 // The device layer's CUDA build (device.hpp): CUDA runtime memory and one stream, cuBLAS for the
 // GEMMs, NCCL for the gradient allreduce and the initial broadcast. Plain C++ against the CUDA
 // headers (no device code here: the kernels are kernels/'s). docs/compute-backends.md.
+#include "arch.hpp"
 #include "device.hpp"
 
 #include <cublasLt.h>
@@ -370,28 +371,22 @@ struct Device::Impl {
   }
 };
 
-// Without a driver the runtime's first call fails (cudaErrorInsufficientDriver, or
-// cudaErrorNoDevice where a driver sees no GPU) and leaves the count 0. A device runs this build
-// when CMAKE_CUDA_ARCHITECTURES carries real code of its major at or below its capability
-// (SKYFORGE_CUDA_REAL_ARCHS) or PTX at or below it (SKYFORGE_CUDA_PTX_ARCHS), which the driver
-// compiles at load.
+// The runtime's first call fails without a usable driver (cudaErrorInsufficientDriver, or no
+// libcuda at all) and with cudaErrorNoDevice where the driver sees no GPU (none, or
+// CUDA_VISIBLE_DEVICES naming none): the second is "no device", not a driver problem. A device
+// runs this build when CMAKE_CUDA_ARCHITECTURES carries code for it (arch.hpp).
 void Device::probe() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0))
+    throw Error("cuda: no CUDA device visible (CUDA_VISIBLE_DEVICES?)", SF_ERR_UNSUPPORTED);
   if (e != cudaSuccess)
     throw Error(std::string("cuda: no usable CUDA driver (") + cudaGetErrorString(e) + ")", SF_ERR_UNSUPPORTED);
-  if (count == 0) throw Error("cuda: no CUDA device visible (CUDA_VISIBLE_DEVICES?)", SF_ERR_UNSUPPORTED);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  const int cc = prop.major * 10 + prop.minor;
-  bool runs = false;
-  for (int a : {SKYFORGE_CUDA_REAL_ARCHS}) runs = runs || (a > 0 && a / 10 == prop.major && a <= cc);
-  for (int a : {SKYFORGE_CUDA_PTX_ARCHS}) runs = runs || (a > 0 && a <= cc);
-  if (!runs)
-    throw Error(std::string("cuda: device 0 (") + prop.name + ") has compute capability " +
-                    std::to_string(prop.major) + "." + std::to_string(prop.minor) + "; this build carries code for " +
-                    SKYFORGE_CUDA_ARCHS + " (rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(cc) + ")",
-                SF_ERR_UNSUPPORTED);
+  if (auto why = arch_refusal(prop.major, prop.minor, prop.name, {SKYFORGE_CUDA_REAL_ARCHS}, {SKYFORGE_CUDA_PTX_ARCHS},
+                              SKYFORGE_CUDA_ARCHS))
+    throw Error(*why, SF_ERR_UNSUPPORTED);
 }
 
 namespace {

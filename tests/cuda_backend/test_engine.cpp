@@ -1,5 +1,6 @@
 // The cuda engine's host build (backends/cuda) against the cpu backend, the reference engine:
 // docs/compute-backends.md, "The cuda engine", states the tolerances checked here.
+#include "arch.hpp"
 #include "common.hpp"
 #include "engine.hpp"
 
@@ -825,4 +826,29 @@ TEST(CudaEngine, DataParallelRanksChooseGraphsAlike) {
   EXPECT_EQ(stats[0].replayed, 12u);
   EXPECT_EQ(with[0], with[1]);
   EXPECT_EQ(with[0], without[0]);
+}
+
+// Device::probe's architecture rule (arch.hpp), with the default CMAKE_CUDA_ARCHITECTURES
+// "80-real;90-real;90-virtual" as CMake hands it over: real {80, 90}, PTX {90}.
+TEST(CudaArch, ABuildRunsWhereItsCodeOrItsPtxRuns) {
+  const auto refusal = [](int major, int minor, std::initializer_list<int> real, std::initializer_list<int> ptx) {
+    return skyforge::cuda::arch_refusal(major, minor, "GPU", real, ptx, "80-real, 90-real, 90-virtual");
+  };
+  EXPECT_FALSE(refusal(8, 0, {80, 90, 0}, {90, 0}));   // A100: its own machine code
+  EXPECT_FALSE(refusal(8, 6, {80, 90, 0}, {90, 0}));   // sm_80 code runs on 8.6 (same major, above)
+  EXPECT_FALSE(refusal(8, 9, {80, 90, 0}, {90, 0}));   // L40S
+  EXPECT_FALSE(refusal(9, 0, {80, 90, 0}, {90, 0}));   // H100, H200
+  EXPECT_FALSE(refusal(10, 0, {80, 90, 0}, {90, 0}));  // B200: compute_90 PTX, compiled at load
+  EXPECT_FALSE(refusal(12, 0, {80, 90, 0}, {90, 0}));
+  EXPECT_EQ(refusal(7, 5, {80, 90, 0}, {90, 0}).value_or(""),
+            "cuda: device 0 (GPU) has compute capability 7.5; this build carries code for 80-real, 90-real, "
+            "90-virtual (rebuild with -DCMAKE_CUDA_ARCHITECTURES=75)");
+  // Real code alone does not run on a newer major, nor on an older minor.
+  EXPECT_TRUE(refusal(10, 0, {80, 90, 0}, {0}));
+  EXPECT_TRUE(refusal(8, 0, {86, 0}, {0}));
+  // PTX runs on anything at or above it, never below.
+  EXPECT_FALSE(refusal(9, 0, {0}, {80, 0}));
+  EXPECT_TRUE(refusal(7, 0, {0}, {80, 0}));
+  // "all", "native": no number; CMake hands PTX {1}, and nothing is refused.
+  EXPECT_FALSE(refusal(3, 5, {0}, {1, 0}));
 }
