@@ -370,6 +370,9 @@ TEST_F(E2E, AComputeBackendThatCannotRunHereStopsTheRunBeforeAnythingStarts) {
                                 "starts the nodes: plugin 'picky' probe: picky: this machine has no frobnicator "
                                 "(nothing was started)\n");
   EXPECT_EQ(o.out, "");
+  o = run({"env", m.string()});  // env starts the pool as run would: it stops alike
+  EXPECT_EQ(o.exit_code, 2) << o.err;
+  EXPECT_NE(o.err.find(":5:11: compute backend 'picky' cannot run on this machine"), std::string::npos) << o.err;
 
   // The client's machine has it, the nodes do not (what an ssh or slurm pool meets): each node
   // refuses before its job starts, naming itself and the reason; the command never runs.

@@ -141,6 +141,17 @@ bool load_checked(const std::string& path, Manifest& m, std::unique_ptr<Catalog>
   }
 }
 
+// check_compute_backend_runs_here, its refusal printed as a manifest problem: false then.
+bool backend_runs_here(const Manifest& m, const Catalog& catalog) {
+  try {
+    check_compute_backend_runs_here(m, catalog);
+    return true;
+  } catch (const ManifestError& e) {
+    print_problems(e);
+    return false;
+  }
+}
+
 int cmd_run(int argc, char** argv) {
   po::options_description desc(
       "usage: skyforge run [options] <job.toml>\n\n"
@@ -179,13 +190,7 @@ int cmd_run(int argc, char** argv) {
   }
   Manifest m;
   std::unique_ptr<Catalog> catalog;
-  if (!load_checked(manifest, m, catalog)) return kExitUsage;
-  try {
-    check_compute_backend_runs_here(m, *catalog);
-  } catch (const ManifestError& e) {
-    print_problems(e);
-    return kExitUsage;
-  }
+  if (!load_checked(manifest, m, catalog) || !backend_runs_here(m, *catalog)) return kExitUsage;
   return run_job(m, *catalog, opt);
 }
 
@@ -227,7 +232,9 @@ int cmd_env(int argc, char** argv) {
   if (auto done = parse_command("env", argc, argv, desc, "manifest", manifest, "<job.toml>")) return *done;
   Manifest m;
   std::unique_ptr<Catalog> catalog;
-  if (!load_checked(manifest, m, catalog)) return kExitUsage;
+  // As `run` would: a selected compute backend that cannot run where the `local` provider
+  // starts the nodes stops it here, with exit 2, before anything starts.
+  if (!load_checked(manifest, m, catalog) || !backend_runs_here(m, *catalog)) return kExitUsage;
   if (node >= m.pool.nodes) {
     std::cerr << "skyforge env: --node " << node << ": the pool has " << m.pool.nodes << " node"
               << (m.pool.nodes == 1 ? "" : "s") << " (0.." << m.pool.nodes - 1 << ")\n";
