@@ -18,17 +18,28 @@ inline void require(bool ok, const char* what, const char* msg) {
   if (!ok) throw std::invalid_argument(std::string("skyforge kernels: ") + what + ": " + msg);
 }
 
-// Column sums in two deterministic stages (reduce.hpp); ws holds Q * K * cols partials.
+// Column sums in deterministic stages (reduce.hpp): stage 1 into the workspace's first part,
+// middle stages taking turns between its second part and its first, then the totals.
 template <int Q, class Term, class Finish>
 void column_reduce(Stream s, size_t rows, size_t cols, const Term& term, const Finish& finish, double* ws,
                    const char* what) {
+  static_assert(Q >= 1 && Q <= 2, "the workspace holds two quantities' partials");
   require(ws != nullptr, what, "needs a workspace of reduce_workspace(rows, cols) doubles");
-  const size_t K = reduce_split(rows);
+  size_t K = reduce_split(rows, cols);
   for_n(s, K * cols, ColumnPartials<Q, Term>{term, rows, cols, K, ws}, what);
-  for_n(s, cols, ColumnTotals<Q, Finish>{finish, cols, K, ws}, what);
+  double *in = ws, *spare = ws + 2 * K * cols;
+  while (K > kReduceFanIn) {
+    const size_t next = reduce_next(K);
+    for_n(s, next * cols, PartialSums<Q>{cols, K, next, in, spare}, what);
+    double* const done = in;
+    in = spare;
+    spare = done;
+    K = next;
+  }
+  for_n(s, cols, ColumnTotals<Q, Finish>{finish, cols, K, in}, what);
 }
 
-// Where per-column results go in a workspace after column_reduce's partials.
-inline double* workspace_tail(double* ws, size_t rows, size_t cols) { return ws + 2 * reduce_split(rows) * cols; }
+// Where per-column results go in a workspace, after column_reduce's partials.
+inline double* workspace_tail(double* ws, size_t rows, size_t cols) { return ws + reduce_partials(rows, cols); }
 
 }  // namespace skyforge::kernels::impl

@@ -4,6 +4,7 @@
 #include "reference.hpp"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <stdexcept>
 
@@ -88,6 +89,45 @@ TEST(Reduce, SumAndSumOfSquares) {
     EXPECT_NEAR(s2, ref2, 1e-9 * (1 + ref2)) << n;
   }
   EXPECT_THROW(sk::reduce_sum(nullptr, 4, nullptr, nullptr), std::invalid_argument);
+}
+
+// A BatchNorm-shaped column sum: many rows, few columns (12 channels of a [1024, 28, 28] batch
+// in channels-last order). The split spreads stage 1 over enough calls to fill a GPU, the middle
+// stages take turns in the workspace, the sums equal a plain double sum to rounding, and the
+// bits depend on the shape alone: the same with 1 and with several threads.
+TEST(Reduce, ManyRowsFewColumnsSpreadWideAndStayExact) {
+  const size_t rows = size_t{1024} * 28 * 28, C = 12;
+  EXPECT_GE(sk::reduce_split(rows, C) * C, sk::kReduceCalls - C);  // not 1024 * 12, as a split by rows alone gave
+  EXPECT_GT(sk::reduce_split(rows, C), sk::kReduceFanIn * sk::kReduceFanIn);  // two middle stages
+  const auto x = kref::randn(rows * C, 11, 1.f, 0.25f);
+  std::vector<double> ref(C, 0.0);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < C; ++c) ref[c] += x[r * C + c];
+  std::vector<double> ws(sk::reduce_workspace(rows, C));
+  auto grad = [&](int threads) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<float> db(C, -1.f);
+    sk::bias_grad(x.data(), rows, C, db.data(), ws.data());
+    omp_set_num_threads(before);
+    return db;
+  };
+  const std::vector<float> one = grad(1), many = grad(std::max(2, omp_get_max_threads()));
+  EXPECT_EQ(one, many);
+  for (size_t c = 0; c < C; ++c) EXPECT_EQ(one[c], static_cast<float>(ref[c])) << c;  // double sums of 800k floats: rounding to float hides the order
+}
+
+// A workspace sized for a batch serves every smaller one (the engines size it once, for their
+// largest batch): reduce_workspace never decreases in rows.
+TEST(Reduce, WorkspaceNeverShrinksWithMoreRows) {
+  for (size_t cols : {size_t{1}, size_t{3}, size_t{12}, size_t{256}, size_t{5000}}) {
+    size_t last = 0;
+    for (size_t rows = 0; rows < (size_t{1} << 22); rows = rows * 5 / 4 + 1) {
+      const size_t w = sk::reduce_workspace(rows, cols);
+      ASSERT_GE(w, last) << rows << " rows, " << cols << " cols";
+      last = w;
+    }
+  }
 }
 
 // Loss per row, hits (first argmax wins, ties included) and the gradient of sum(loss) by
