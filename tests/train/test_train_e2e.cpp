@@ -7,6 +7,7 @@
 #include <cstring>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "process.hpp"
 #include "run_fixture.hpp"
@@ -59,6 +60,15 @@ std::vector<std::string> csv_rows(const fs::path& p) {
   for (std::string l; std::getline(in, l);) rows.push_back(l);
   return rows;
 }
+// The result line's "epoch_seconds": [a, b, ...].
+std::vector<double> epoch_seconds(const std::string& result) {
+  std::smatch m;
+  std::vector<double> out;
+  if (!std::regex_search(result, m, std::regex(R"("epoch_seconds": \[([^\]]*)\])"))) return {-1, -1, -1};
+  std::stringstream in(m[1].str());
+  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stod(item));
+  return out;
+}
 std::vector<float> read_floats(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -85,6 +95,10 @@ TEST_F(TrainE2E, TwoNodesWriteHistoryTensorboardCheckpointsAndResume) {
   EXPECT_EQ(field(r0, "weights_fnv1a64"), field(r1, "weights_fnv1a64")) << "replicas diverged";
   EXPECT_EQ(field(r0, "test_accuracy"), field(r1, "test_accuracy"));
   EXPECT_GT(std::stod(field(r0, "test_accuracy")), 0.6) << "120 steps of Adam on Fashion-MNIST";
+  EXPECT_EQ(epoch_seconds(r0).size(), 2u) << r0;  // one wall time per epoch run, inside fit()'s
+  double sum = 0;
+  for (double e : epoch_seconds(r0)) sum += e;
+  EXPECT_LE(sum, std::stod(field(r0, "train_seconds")) + 1e-6) << r0;
 
   // history.csv: header + one row per epoch; the TensorBoard scalars carry the same values.
   auto rows = csv_rows(out / "history.csv");
@@ -118,6 +132,7 @@ TEST_F(TrainE2E, TwoNodesWriteHistoryTensorboardCheckpointsAndResume) {
   EXPECT_EQ(rows2[1], rows[1]);
   EXPECT_EQ(rows2[2], rows[2]);
   EXPECT_EQ(field(result_of(o2.out, 0), "epochs"), "3");
+  EXPECT_EQ(epoch_seconds(result_of(o2.out, 0)).size(), 1u) << "only the epoch this run trained has a time";
 }
 
 // Data parallelism's two promises, over real processes and Gloo: the replicas are bit-identical
