@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 namespace skyforge::cuda {
 
@@ -99,6 +100,18 @@ class Device {
   void abort_capture() noexcept;  // after a failure inside a capture: nothing is kept
   void replay(const Graph& g);
   bool capturing() const;
+
+  // Timing marks for SKYFORGE_CUDA_PROFILE (docs/compute-backends.md, "Profiling"), outside a
+  // capture only: mark() records a point in the stream's order and returns its index; once the
+  // stream has been synchronized, seconds(from, to) is the device time between two marks;
+  // clear_marks() forgets them all. The host build's marks read the wall clock: its calls
+  // have finished when they return.
+  size_t mark();
+  double seconds(size_t from, size_t to) const;
+  void clear_marks();
+  // How each conv2d window met so far runs, one line per window: its shape and the algorithm
+  // cuDNN was asked for in each direction, or that it takes im2col + GEMM. Empty in the host build.
+  std::string describe_convolutions() const;
 
   kernels::Stream stream() const { return stream_; }
   // Waits for the stream. With NCCL, a collective that is still not done after the collective

@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <unistd.h>
@@ -141,6 +143,10 @@ class PlanCache {
     return *plans_.emplace(key, std::move(plan)).first->second;
   }
   void clear() { plans_.clear(); }
+  template <class F>
+  void for_each(const F& f) const {
+    for (const auto& [key, plan] : plans_) f(key, *plan);
+  }
 
  private:
   static constexpr size_t kMaxPlans = 64;
@@ -198,6 +204,8 @@ struct Device::Impl {
   };
   Grown dnn_workspace, kernel_krsc, grad_krsc;
   std::vector<void*> retired;
+  std::vector<cudaEvent_t> marks;  // SKYFORGE_CUDA_PROFILE's timing marks, reused
+  size_t marks_used = 0;
   PlanCache<LtPlan, 9> lt_plans;       // gemm_bias_act's, by shape, epilogue and alignments
   PlanCache<ConvPlan, 13> conv_plans;  // conv2d's, by window and filters
   void grow(Grown& g, size_t bytes, const char* what) {
@@ -250,6 +258,7 @@ struct Device::Impl {
       }
       if (nccl) (clean ? ncclCommDestroy : ncclCommAbort)(nccl);
     }
+    for (cudaEvent_t e : marks) cudaEventDestroy(e);
     for (Staging& b : staging) {
       if (b.done) cudaEventDestroy(b.done);
       if (b.host) cudaFreeHost(b.host);
@@ -716,6 +725,92 @@ void Device::replay(const Graph& g) {
   check(cudaGraphLaunch(exec, impl_->stream), "cudaGraphLaunch");
 }
 bool Device::capturing() const { return impl_->capturing; }
+
+size_t Device::mark() {
+  Impl& d = *impl_;
+  d.no_capture("a timing mark");
+  if (d.marks_used == d.marks.size()) {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreate(&e), "cudaEventCreate");
+    d.marks.push_back(e);
+  }
+  check(cudaEventRecord(d.marks[d.marks_used], d.stream), "cudaEventRecord");
+  return d.marks_used++;
+}
+double Device::seconds(size_t from, size_t to) const {
+  const Impl& d = *impl_;
+  if (from >= d.marks_used || to >= d.marks_used) throw Error("cuda: seconds: no such timing mark", SF_ERR);
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, d.marks[from], d.marks[to]), "cudaEventElapsedTime");
+  return ms / 1e3;
+}
+void Device::clear_marks() { impl_->marks_used = 0; }
+
+namespace {
+const char* fwd_algo_name(cudnnConvolutionFwdAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "implicit_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "implicit_precomp_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "direct";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "fft_tiling";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "winograd";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    default: return "?";
+  }
+}
+const char* filter_algo_name(cudnnConvolutionBwdFilterAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return "algo_0";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return "algo_1";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return "algo_3";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return "fft_tiling";
+    default: return "?";
+  }
+}
+const char* data_algo_name(cudnnConvolutionBwdDataAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return "algo_0";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return "algo_1";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return "fft_tiling";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return "winograd";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    default: return "?";
+  }
+}
+template <class Algo>
+std::string choice_text(const ConvPlan::Choice<Algo>& c, const char* (*name)(Algo)) {
+  if (!c.asked) return "not asked";
+  return c.found ? name(c.algo) : "none fits: im2col + GEMM";
+}
+}  // namespace
+
+std::string Device::describe_convolutions() const {
+  std::string out;
+  impl_->conv_plans.for_each([&](const auto& k, const ConvPlan& c) {
+    // k: batch, H, W, C, kh, kw, sh, sw, pt, pl, Ho, Wo, filters (conv_plan's key)
+    char line[200];
+    std::snprintf(line, sizeof line, "batch %llu, %llux%llux%llu -> %llux%llux%llu, kernel %llux%llu, stride %llux%llu: ",
+                  static_cast<unsigned long long>(k[0]), static_cast<unsigned long long>(k[1]),
+                  static_cast<unsigned long long>(k[2]), static_cast<unsigned long long>(k[3]),
+                  static_cast<unsigned long long>(k[10]), static_cast<unsigned long long>(k[11]),
+                  static_cast<unsigned long long>(k[12]), static_cast<unsigned long long>(k[4]),
+                  static_cast<unsigned long long>(k[5]), static_cast<unsigned long long>(k[6]),
+                  static_cast<unsigned long long>(k[7]));
+    out += line;
+    if (!c.ok) {
+      out += "im2col + GEMM (cuDNN cannot pad this window)\n";
+      return;
+    }
+    out += "forward " + choice_text(c.forward, fwd_algo_name) + ", filter " + choice_text(c.filter, filter_algo_name) +
+           ", data " + choice_text(c.data, data_algo_name) + "\n";
+  });
+  return out;
+}
 
 void Device::synchronize() {
   impl_->no_capture("synchronize");

@@ -4,13 +4,16 @@
 
 #include <cblas.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace skyforge::cuda {
 
 struct Device::Impl {
   Communicator comm;
+  std::vector<std::chrono::steady_clock::time_point> marks;  // SKYFORGE_CUDA_PROFILE
   std::unique_ptr<kernels::HostRecording> recording;  // a capture in progress (stream_ points at it)
   void no_capture(const char* what) const {
     if (recording)
@@ -93,6 +96,19 @@ void Device::broadcast(void* p, size_t bytes, uint32_t root) {
   kernels::run_or_record(stream_, [c = impl_->comm, p, bytes, root] { c.broadcast(p, bytes, root); });
 }
 void Device::synchronize() { impl_->no_capture("synchronize"); }
+
+size_t Device::mark() {
+  impl_->no_capture("a timing mark");
+  impl_->marks.push_back(std::chrono::steady_clock::now());
+  return impl_->marks.size() - 1;
+}
+double Device::seconds(size_t from, size_t to) const {
+  if (from >= impl_->marks.size() || to >= impl_->marks.size())
+    throw Error("cuda(host): seconds: no such timing mark", SF_ERR);
+  return std::chrono::duration<double>(impl_->marks[to] - impl_->marks[from]).count();
+}
+void Device::clear_marks() { impl_->marks.clear(); }
+std::string Device::describe_convolutions() const { return {}; }  // every conv2d is im2col + GEMM here
 
 void Device::begin_capture() {
   if (impl_->recording) throw Error("cuda(host): begin_capture inside a capture", SF_ERR);

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -82,6 +83,23 @@ struct Layer {
   size_t rows(uint32_t batch) const {
     const size_t w = kind == Kind::dense ? fin : kind == Kind::batchnorm ? C : in.back();
     return batch * (numel(in) / w);
+  }
+};
+
+// One train step's timing marks by what they enclose, summed over the profiled steps.
+struct CudaProfile {
+  struct Span {
+    int what;  // 0: a layer's forward, 1: a layer's backward, 2: loss, 3: allreduce wait, 4: optimizer, 5: the step
+    size_t layer;
+    size_t from, to;
+  };
+  std::vector<Span> spans;  // this step's
+  std::vector<double> fwd, bwd;
+  double loss = 0, allreduce = 0, optimizer = 0, total = 0;
+  uint64_t steps = 0, samples = 0;
+  static bool enabled() {
+    const char* e = std::getenv("SKYFORGE_CUDA_PROFILE");
+    return e && *e && std::strcmp(e, "0") != 0;
   }
 };
 
@@ -247,6 +265,32 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   // Data-parallel: every replica starts from rank 0's weights, whatever its seed.
   dev_->broadcast(params_.get(), n_params_ * sizeof(float), 0);
   dev_->synchronize();
+  if (CudaProfile::enabled()) {
+    prof_ = std::make_unique<CudaProfile>();
+    prof_->fwd.assign(layers_.size(), 0.0);
+    prof_->bwd.assign(layers_.size(), 0.0);
+    eopt_.graphs = false;  // a layer's time is an eager step's; a graph runs as one launch
+  }
+}
+
+void CudaEngine::profile_step(uint32_t batch) {
+  CudaProfile& p = *prof_;
+  dev_->synchronize();
+  for (const CudaProfile::Span& s : p.spans) {
+    const double t = dev_->seconds(s.from, s.to);
+    switch (s.what) {
+      case 0: p.fwd[s.layer] += t; break;
+      case 1: p.bwd[s.layer] += t; break;
+      case 2: p.loss += t; break;
+      case 3: p.allreduce += t; break;
+      case 4: p.optimizer += t; break;
+      default: p.total += t; break;
+    }
+  }
+  p.spans.clear();
+  dev_->clear_marks();
+  ++p.steps;
+  p.samples += batch;
 }
 
 // Every buffer is declared after dev_, so it goes back to the device before the device itself.
@@ -258,6 +302,29 @@ CudaEngine::~CudaEngine() {
     dev_->synchronize();
   } catch (const std::exception&) {  // already failed, or aborted now: nothing left to wait for
   }
+  if (!prof_ || prof_->steps == 0) return;
+  const CudaProfile& p = *prof_;
+  const double us = 1e6 / static_cast<double>(p.steps);
+  std::fprintf(stderr, "skyforge cuda profile (rank %u, %s build): %llu train steps, %.1f samples/step, every step "
+               "eager (graphs off while profiling); mean device us per step\n", comm_.rank(), Device::build_name(),
+               static_cast<unsigned long long>(p.steps), static_cast<double>(p.samples) / static_cast<double>(p.steps));
+  std::fprintf(stderr, "  %-5s %-60s %10s %10s\n", "layer", "", "forward", "backward");
+  double f = 0, b = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = *layers_[i];
+    std::string what = l.type + " " + shape_text(l.in) + "->" + shape_text(l.out);
+    if (l.fused) what += " (fused)";
+    if (l.view) what += " (view)";
+    std::fprintf(stderr, "  %-5zu %-60s %10.1f %10.1f\n", i, what.c_str(), p.fwd[i] * us, p.bwd[i] * us);
+    f += p.fwd[i], b += p.bwd[i];
+  }
+  std::fprintf(stderr, "  %-66s %10.1f %10.1f\n", "layers", f * us, b * us);
+  std::fprintf(stderr, "  %-66s %10.1f\n", "loss", p.loss * us);
+  std::fprintf(stderr, "  %-66s %10.1f\n", "waiting for the gradient allreduce", p.allreduce * us);
+  std::fprintf(stderr, "  %-66s %10.1f\n", "optimizer", p.optimizer * us);
+  std::fprintf(stderr, "  %-66s %10.1f\n", "train step total", p.total * us);
+  const std::string convs = dev_->describe_convolutions();
+  if (!convs.empty()) std::fprintf(stderr, "  conv2d windows:\n%s", convs.c_str());
 }
 
 void CudaEngine::drop_graphs() {
@@ -336,6 +403,7 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
     float* y = l.y.get();
     const float* p = params_.get() + l.poff;
     const size_t n = size_t{batch} * numel(l.in);
+    const size_t m0 = mark();
     switch (l.kind) {
       case Kind::dense: {
         const size_t M = l.rows(batch);
@@ -398,6 +466,7 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
       }
       case Kind::flatten: break;
     }
+    if (profiling_) prof_->spans.push_back({0, l.index, m0, mark()});
     l.out_ptr = y;
     in = y;
   }
@@ -420,11 +489,22 @@ void CudaEngine::stage(const float* x, const int32_t* y, uint32_t batch, const c
 void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   const k::Stream s = dev_->stream();
   const bool dp = comm_.size() > 1;
+  if (profiling_) {  // a step that failed while profiled left its marks
+    prof_->spans.clear();
+    dev_->clear_marks();
+  }
+  profiling_ = prof_ && train && !dev_->capturing();
+  auto span = [&](int what, size_t layer, size_t from) {
+    if (profiling_) prof_->spans.push_back({what, layer, from, mark()});
+  };
+  const size_t start = mark();
   const float* logits = forward(x_.get(), batch, train);
+  size_t m = mark();
   k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(), train ? gbuf_[0].get() : nullptr, s);
   k::reduce_sum(loss_.get(), batch, sums_.get(), ws_.get(), s);
   k::reduce_sum(hit_.get(), batch, sums_.get() + 1, ws_.get(), s);
   k::fill(sums_.get() + 2, 1, static_cast<double>(batch), s);
+  span(2, 0, m);
   if (dp) dev_->allreduce_sum(sums_.get(), 3);  // overlaps the backward below
   if (train) {
     const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
@@ -439,6 +519,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
       const float* p = params_.get() + l.poff;
       float* g = grads_.get() + l.poff;
       const size_t n = size_t{batch} * numel(l.in);
+      m = mark();
       switch (l.kind) {
         case Kind::dense: {
           const size_t M = l.rows(batch);
@@ -499,6 +580,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
           break;
         case Kind::flatten: break;
       }
+      span(1, l.index, m);
       cur = 1 - cur;
       if (dp && l.psize > 0) {
         lo = l.poff;
@@ -511,7 +593,10 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     }
     if (dp && hi > 0) dev_->allreduce_sum(grads_.get(), hi);
   }
+  m = mark();
   if (dp) dev_->join_collectives();  // the update and the sums read what the allreduces made
+  span(3, 0, m);
+  m = mark();
   if (train) {
     // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md); the
     // gradient sum becomes a mean with the global sample count in sums_[2].
@@ -529,7 +614,13 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     }
     k::advance_step(state_.get(), s);
   }
+  span(4, 0, m);
   if (deferred) k::accumulate(pending_.get(), sums_.get(), 3, s);
+  span(5, 0, start);
+  if (profiling_) {
+    profiling_ = false;
+    profile_step(batch);
+  }
 }
 
 StepResult CudaEngine::read_sums() {

@@ -43,6 +43,14 @@ struct GraphStats {
 
 struct Layer;
 
+// SKYFORGE_CUDA_PROFILE=1 (docs/compute-backends.md, "Profiling"): every train step runs eager
+// and waits for the device at its end; the device time of each layer's forward and backward,
+// the loss, the wait for the gradient allreduce and the optimizer (timing marks on the stream:
+// CUDA events; wall clock in the host build) are summed and printed to stderr as mean
+// microseconds per step when the engine is destroyed, with the algorithm of every conv2d
+// window. Off otherwise: no marks, no waits.
+struct CudaProfile;
+
 class CudaEngine : public Engine {
  public:
   // host: the pool's services (the CUDA build's NCCL rendezvous); may be empty for one node.
@@ -115,6 +123,9 @@ class CudaEngine : public Engine {
   // step to step, so it can be captured as a graph.
   void enqueue(uint32_t batch, bool train, bool deferred);
   StepResult read_sums();  // waits for the step
+  // SKYFORGE_CUDA_PROFILE: a timing mark when this step is profiled (see CudaProfile), else 0.
+  size_t mark() const { return profiling_ ? dev_->mark() : 0; }
+  void profile_step(uint32_t batch);  // waits for the step, adds its spans, clears the marks
 
   Communicator comm_;
   EngineOptions eopt_;
@@ -146,6 +157,8 @@ class CudaEngine : public Engine {
   std::string generations_;  // every rank's generation at the last step: a change drops every graph
   GraphStats stats_;
   std::string arch_;  // schema::architecture_text: what a loaded state must match
+  std::unique_ptr<CudaProfile> prof_;  // SKYFORGE_CUDA_PROFILE
+  bool profiling_ = false;             // the step being enqueued is profiled
   EngineState shape_of_state() const;  // this engine's state, sized, with no values
 };
 

@@ -11,6 +11,8 @@
 #include <tuple>
 #include <functional>
 #include <memory>
+#include <regex>
+#include <string>
 
 using namespace cuda_test;
 using skyforge::Communicator;
@@ -851,4 +853,50 @@ TEST(CudaArch, ABuildRunsWhereItsCodeOrItsPtxRuns) {
   EXPECT_TRUE(refusal(7, 0, {0}, {80, 0}));
   // "all", "native": no number; CMake hands PTX {1}, and nothing is refused.
   EXPECT_FALSE(refusal(3, 5, {0}, {1, 0}));
+}
+
+// SKYFORGE_CUDA_PROFILE=1 (docs/compute-backends.md, "Profiling"): every train step, plain or on
+// bound data, runs eager and is timed layer by layer; the table goes to stderr when the engine
+// is destroyed; the numbers trained are the same bits as without it.
+TEST(CudaEngine, ProfileTimesEveryLayerOfEagerStepsAndChangesNoResult) {
+  const ModelSpec m = bn_model(41);
+  const size_t f = features(m);
+  const Batch data = make_batch(42, 96, f);
+  auto train = [&](cu::CudaEngine& e) {
+    for (uint32_t s = 0; s < 3; ++s) {
+      const Batch b = make_batch(43 + s, 16, f);
+      e.train_step(b.x.data(), b.y.data(), 16);
+    }
+    const uint64_t set = e.bind_data(data.x.data(), data.y.data(), 96);
+    std::vector<uint64_t> idx(16);
+    for (uint32_t s = 0; s < 4; ++s) {
+      for (uint32_t i = 0; i < 16; ++i) idx[i] = (s * 16 + i * 5) % 96;
+      e.train_step_indexed(set, idx.data(), 16, false);
+    }
+    return params_of(e);
+  };
+  ::unsetenv("SKYFORGE_CUDA_PROFILE");
+  cu::CudaEngine plain(m, Communicator{});
+  const std::vector<float> expected = train(plain);
+  EXPECT_GT(plain.graph_stats().captured, 0u) << "without the profile, the bound steps run as graphs";
+
+  ::setenv("SKYFORGE_CUDA_PROFILE", "1", 1);
+  auto profiled = std::make_unique<cu::CudaEngine>(m, Communicator{});
+  ::unsetenv("SKYFORGE_CUDA_PROFILE");
+  EXPECT_EQ(train(*profiled), expected);
+  EXPECT_EQ(profiled->graph_stats().captured, 0u) << "a profiled step runs eager";
+  testing::internal::CaptureStderr();
+  profiled.reset();
+  const std::string table = testing::internal::GetCapturedStderr();
+  EXPECT_NE(table.find("skyforge cuda profile (rank 0, host build): 7 train steps, 16.0 samples/step"),
+            std::string::npos) << table;
+  for (const char* row : {"0     dense (None, 6, 5, 4)->(None, 6, 5, 16)", "batch_normalization", "(fused)",
+                          "flatten (None, 6, 5, 8)->(None, 240) (view)", "loss", "optimizer", "train step total"})
+    EXPECT_NE(table.find(row), std::string::npos) << row << "\n" << table;
+  // Every timed row is a number of microseconds, the total at least the layers' sum.
+  std::smatch layers, total;
+  ASSERT_TRUE(std::regex_search(table, layers, std::regex(R"(\n  layers +([0-9.]+) +([0-9.]+)\n)"))) << table;
+  ASSERT_TRUE(std::regex_search(table, total, std::regex(R"(train step total +([0-9.]+)\n)"))) << table;
+  EXPECT_GT(std::stod(layers[1]), 0.0);
+  EXPECT_GE(std::stod(total[1]) + 1e-3, std::stod(layers[1]) + std::stod(layers[2]));
 }
