@@ -88,9 +88,10 @@ struct Layer {
 
 // One train step's timing marks by what they enclose, summed over the profiled steps.
 struct CudaProfile {
+  enum class Part { forward, backward, loss, allreduce_wait, optimizer, step };
   struct Span {
-    int what;  // 0: a layer's forward, 1: a layer's backward, 2: loss, 3: allreduce wait, 4: optimizer, 5: the step
-    size_t layer;
+    Part part;
+    size_t layer;  // forward, backward: which
     size_t from, to;
   };
   std::vector<Span> spans;  // this step's
@@ -278,13 +279,14 @@ void CudaEngine::profile_step(uint32_t batch) {
   dev_->synchronize();
   for (const CudaProfile::Span& s : p.spans) {
     const double t = dev_->seconds(s.from, s.to);
-    switch (s.what) {
-      case 0: p.fwd[s.layer] += t; break;
-      case 1: p.bwd[s.layer] += t; break;
-      case 2: p.loss += t; break;
-      case 3: p.allreduce += t; break;
-      case 4: p.optimizer += t; break;
-      default: p.total += t; break;
+    using Part = CudaProfile::Part;
+    switch (s.part) {
+      case Part::forward: p.fwd[s.layer] += t; break;
+      case Part::backward: p.bwd[s.layer] += t; break;
+      case Part::loss: p.loss += t; break;
+      case Part::allreduce_wait: p.allreduce += t; break;
+      case Part::optimizer: p.optimizer += t; break;
+      case Part::step: p.total += t; break;
     }
   }
   p.spans.clear();
@@ -466,7 +468,7 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
       }
       case Kind::flatten: break;
     }
-    if (profiling_) prof_->spans.push_back({0, l.index, m0, mark()});
+    if (profiling_) prof_->spans.push_back({CudaProfile::Part::forward, l.index, m0, mark()});
     l.out_ptr = y;
     in = y;
   }
@@ -494,8 +496,9 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     dev_->clear_marks();
   }
   profiling_ = prof_ && train && !dev_->capturing();
-  auto span = [&](int what, size_t layer, size_t from) {
-    if (profiling_) prof_->spans.push_back({what, layer, from, mark()});
+  using Part = CudaProfile::Part;
+  auto span = [&](Part part, size_t layer, size_t from) {
+    if (profiling_) prof_->spans.push_back({part, layer, from, mark()});
   };
   const size_t start = mark();
   const float* logits = forward(x_.get(), batch, train);
@@ -504,7 +507,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   k::reduce_sum(loss_.get(), batch, sums_.get(), ws_.get(), s);
   k::reduce_sum(hit_.get(), batch, sums_.get() + 1, ws_.get(), s);
   k::fill(sums_.get() + 2, 1, static_cast<double>(batch), s);
-  span(2, 0, m);
+  span(Part::loss, 0, m);
   if (dp) dev_->allreduce_sum(sums_.get(), 3);  // overlaps the backward below
   if (train) {
     const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
@@ -580,7 +583,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
           break;
         case Kind::flatten: break;
       }
-      span(1, l.index, m);
+      span(Part::backward, l.index, m);
       cur = 1 - cur;
       if (dp && l.psize > 0) {
         lo = l.poff;
@@ -595,7 +598,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   }
   m = mark();
   if (dp) dev_->join_collectives();  // the update and the sums read what the allreduces made
-  span(3, 0, m);
+  span(Part::allreduce_wait, 0, m);
   m = mark();
   if (train) {
     // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md); the
@@ -614,9 +617,9 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     }
     k::advance_step(state_.get(), s);
   }
-  span(4, 0, m);
+  span(Part::optimizer, 0, m);
   if (deferred) k::accumulate(pending_.get(), sums_.get(), 3, s);
-  span(5, 0, start);
+  span(Part::step, 0, start);
   if (profiling_) {
     profiling_ = false;
     profile_step(batch);
