@@ -6,6 +6,7 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
 
   skyforge cuda 1 GPU     `skyforge run` of the example with backend = "cuda", [pool]
                           accelerator = "cuda", nodes = 1.
+  skyforge cuda 1 GPU tf32  the same with the plugin's tf32 = true (TF32 tensor cores).
   skyforge cuda N GPUs    the same with nodes = N (every GPU of the machine, when N >= 2): one
                           node per GPU, data-parallel over NCCL.
   PyTorch eager 1 GPU     a plain loop with the dataset on the device (uploaded once), batches
@@ -101,8 +102,10 @@ def preflight(skyforge):
     return problems
 
 
-def derive(base, model, nodes, epochs, batch):
+def derive(base, model, nodes, epochs, batch, tf32=False):
     text = base.derive_manifest(model, nodes, epochs)
+    if tf32:  # the cuda plugin's option (docs/compute-backends.md, "TF32")
+        text += '\n[[plugins]]\nname = "cuda"\ntf32 = true\n'
     text, n = re.subn(r'^backend\s*=\s*"cpu"\s*$', 'backend = "cuda"', text, count=1, flags=re.M)
     assert n == 1, "the example selects no cpu backend"
     text = re.sub(r"^batch_size\s*=.*$", f"batch_size = {batch}", text, count=1, flags=re.M)
@@ -112,7 +115,8 @@ def derive(base, model, nodes, epochs, batch):
 def run_skyforge(base, spec):
     with tempfile.TemporaryDirectory(prefix="train_vs_pytorch_cuda.") as tmp:
         manifest = Path(tmp) / "job.toml"
-        manifest.write_text(derive(base, spec["model"], spec["procs"], spec["epochs"] + 1, spec["batch"]))
+        manifest.write_text(derive(base, spec["model"], spec["procs"], spec["epochs"] + 1, spec["batch"],
+                                   spec.get("tf32", False)))
         p = subprocess.run([spec["skyforge"], "run", str(manifest)], cwd=tmp, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     nodes = [json.loads(m.group(2)) for m in re.finditer(r"^\[node (\d+)\] => (\{.*\})\s*$", p.stdout, re.M)]
@@ -252,7 +256,8 @@ def main(base, args, models, epochs, skyforge):
     import torch
     gpus = torch.cuda.device_count()
     print(f"GPU: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, skyforge {skyforge}")
-    configs = [("sky1", "skyforge cuda 1 GPU", "skyforge", 1, False)]
+    configs = [("sky1", "skyforge cuda 1 GPU", "skyforge", 1, False),
+               ("sky1tf32", "skyforge cuda 1 GPU tf32", "skyforge", 1, False)]
     if gpus >= 2:
         configs.append(("skyN", f"skyforge cuda {gpus} GPUs", "skyforge", gpus, False))
     configs.append(("torch", "PyTorch eager 1 GPU", "torch", 1, False))
@@ -265,7 +270,8 @@ def main(base, args, models, epochs, skyforge):
             for batch in BATCHES:
                 for key, label, kind, procs, compiled in configs:
                     spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs, "batch": batch,
-                            "compile": compiled, "no_tf32": key == "fp32", "epochs": epochs[m], "skyforge": skyforge}
+                            "compile": compiled, "no_tf32": key == "fp32", "tf32": key == "sky1tf32",
+                            "epochs": epochs[m], "skyforge": skyforge}
                     print(f"  round {rnd}: {m} batch {batch}: {label} ...", file=sys.stderr, flush=True)
                     p = subprocess.run([sys.executable, str(Path(base.__file__).resolve()), "--_cuda-cell",
                                         json.dumps(spec)], stdout=subprocess.PIPE, text=True)

@@ -17,6 +17,7 @@ class CudaBackend : public skyforge::ComputeBackend {
                             SF_ERR_INVALID);
     opts_.bucket_bytes = static_cast<size_t>(mb) << 20;
     opts_.graphs = options().get_bool("cuda_graphs", true);
+    opts_.tf32 = options().get_bool("tf32", false);
   }
   void probe() override { skyforge::cuda::Device::probe(); }
   std::unique_ptr<skyforge::Engine> create_engine(const skyforge::ModelSpec& spec,

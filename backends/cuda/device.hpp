@@ -23,8 +23,10 @@ class Device {
   // which picks the GPU).
   // collective_timeout_s: how long the CUDA build waits for a collective before it declares a
   // peer lost, aborts the NCCL communicator and fails (the pool's collective timeout; the host
-  // build's communicator has its own). Throws Error(SF_ERR_UNSUPPORTED) when no device can be used.
-  Device(const Communicator& comm, const Host& host, double collective_timeout_s = 300);
+  // build's communicator has its own). tf32: let cuBLAS, cuBLASLt and cuDNN round FP32 inputs to
+  // TF32 on tensor cores (docs/compute-backends.md, "TF32"); the host build has none and ignores
+  // it. Throws Error(SF_ERR_UNSUPPORTED) when no device can be used.
+  Device(const Communicator& comm, const Host& host, double collective_timeout_s = 300, bool tf32 = false);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

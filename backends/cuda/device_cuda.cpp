@@ -76,12 +76,15 @@ struct ConvPlan {
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   bool ok = false;
-  // An algorithm: not asked yet, none fits (the engine runs im2col + GEMM), or this one.
+  // An algorithm: not asked yet, none fits (the engine runs im2col + GEMM), or this one, with
+  // the math type cuDNN ranked it under (set on the descriptor before each call).
   template <class Algo>
   struct Choice {
     bool asked = false, found = false;
     Algo algo{};
+    cudnnMathType_t math = CUDNN_FMA_MATH;
   };
+  bool tf32 = false;
   Choice<cudnnConvolutionFwdAlgo_t> forward;
   Choice<cudnnConvolutionBwdFilterAlgo_t> filter;
   Choice<cudnnConvolutionBwdDataAlgo_t> data;
@@ -89,7 +92,8 @@ struct ConvPlan {
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
   // Not in the constructor: a failure there would leave what it made to no destructor.
-  void setup(const kernels::WindowShape& g, size_t filters) {
+  void setup(const kernels::WindowShape& g, size_t filters, bool allow_tf32) {
+    tf32 = allow_tf32;
     const int64_t trail_h = int64_t{g.Ho - 1} * g.sh + g.kh - g.H - g.pt;
     const int64_t trail_w = int64_t{g.Wo - 1} * g.sw + g.kw - g.W - g.pl;
     if (trail_h > g.pt || trail_w > g.pl) return;
@@ -111,8 +115,9 @@ struct ConvPlan {
                                           static_cast<int>(g.sh), static_cast<int>(g.sw), 1, 1,
                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
           "cudnnSetConvolution2dDescriptor");
-    // Plain FP32 (no TF32 tensor ops): the cpu backend's tolerance holds.
-    check(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    // Plain FP32 unless TF32 is allowed (then the heuristics rank tensor-op algorithms too).
+    check(cudnnSetConvolutionMathType(conv, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH),
+          "cudnnSetConvolutionMathType");
     int on = 0, oc = 0, oh = 0, ow = 0;
     check(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow),
           "cudnnGetConvolution2dForwardOutputDim");
@@ -155,13 +160,14 @@ class PlanCache {
 
 constexpr size_t kDnnWorkspace = size_t{64} << 20;
 
-// The first algorithm cuDNN's heuristics rank that succeeds in plain FP32, is deterministic (a
-// replayed step equals the eager one; every run the same bits: several backward algorithms add
-// with atomics) and whose workspace, asked of cuDNN for it (the heuristic's figure is an
-// estimate), fits. Asked once per plan. a, b, conv, d: the descriptors in the order both of
+// The first algorithm cuDNN's heuristics rank that succeeds in plain FP32 (or, with tf32, on
+// TF32 tensor cores too; never with FP16 down-conversion), is deterministic (a replayed step
+// equals the eager one; every run the same bits: several backward algorithms add with atomics)
+// and whose workspace, asked of cuDNN for it (the heuristic's figure is an estimate), fits.
+// Asked once per plan. a, b, conv, d: the descriptors in the order both of
 // the direction's functions take them (its _v7 heuristic and its workspace size).
 template <class A, class B, class D, class Perf, class Algo>
-void choose(ConvPlan::Choice<Algo>& c, cudnnHandle_t h, A a, B b, cudnnConvolutionDescriptor_t conv, D d,
+void choose(ConvPlan::Choice<Algo>& c, bool tf32, cudnnHandle_t h, A a, B b, cudnnConvolutionDescriptor_t conv, D d,
             cudnnStatus_t (*get_v7)(cudnnHandle_t, A, B, cudnnConvolutionDescriptor_t, D, int, int*, Perf*),
             cudnnStatus_t (*workspace_of)(cudnnHandle_t, A, B, cudnnConvolutionDescriptor_t, D, Algo, size_t*)) {
   if (c.asked) return;
@@ -169,15 +175,18 @@ void choose(ConvPlan::Choice<Algo>& c, cudnnHandle_t h, A a, B b, cudnnConvoluti
   int n = 0;
   c.asked = true;
   // A heuristic that fails for this window leaves it to im2col + GEMM, as one with no fit does.
+  check(cudnnSetConvolutionMathType(conv, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
   if (get_v7(h, a, b, conv, d, 8, &n, perf) != CUDNN_STATUS_SUCCESS) return;
   for (int i = 0; i < n; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC ||
-        perf[i].mathType != CUDNN_FMA_MATH)
-      continue;
+    const cudnnMathType_t m = perf[i].mathType;
+    const bool precise = m == CUDNN_FMA_MATH || (tf32 && (m == CUDNN_TENSOR_OP_MATH || m == CUDNN_DEFAULT_MATH));
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC || !precise) continue;
     size_t bytes = 0;
+    check(cudnnSetConvolutionMathType(conv, m), "cudnnSetConvolutionMathType");
     if (workspace_of(h, a, b, conv, d, perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) {
       c.found = true;
       c.algo = perf[i].algo;
+      c.math = m;
       return;
     }
   }
@@ -229,6 +238,7 @@ struct Device::Impl {
   void* blas_workspace = nullptr;  // cuBLAS's, set once: a captured GEMM may not allocate
   size_t blas_workspace_bytes = 0;  // shared with cuBLASLt (one stream: never at once)
   bool capturing = false;
+  bool tf32 = false;  // EngineOptions::tf32: cuBLAS, cuBLASLt and cuDNN may use TF32 tensor cores
   // Graphs holding captured NCCL launches: ncclCommAbort waits until none is left, so an abort
   // destroys their executables first (a later replay of one fails).
   std::vector<cudaGraphExec_t*> live_graphs;
@@ -406,7 +416,7 @@ struct GpuPlace {
 };
 }  // namespace
 
-Device::Device(const Communicator& comm, const Host& host, double collective_timeout_s)
+Device::Device(const Communicator& comm, const Host& host, double collective_timeout_s, bool tf32)
     : impl_(std::make_unique<Impl>()) {
   probe();
   impl_->timeout = std::chrono::milliseconds(static_cast<int64_t>(std::max(collective_timeout_s, 0.001) * 1000.0));
@@ -424,6 +434,8 @@ Device::Device(const Communicator& comm, const Host& host, double collective_tim
   stream_.handle = impl_->stream;
   check(cublasCreate(&impl_->blas), "cublasCreate");
   check(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
+  impl_->tf32 = tf32;
+  check(cublasSetMathMode(impl_->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   // A workspace of its own for cuBLAS (32 MiB, what NVIDIA advises for Hopper), so that no GEMM
   // allocates while a step is captured as a graph.
   constexpr size_t kBlasWorkspace = size_t{32} << 20;
@@ -559,7 +571,8 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
   const size_t ws = impl_->blas_workspace_bytes;
   auto make = [&](LtPlan& d) {
     const cublasOperation_t no = CUBLAS_OP_N;
-    check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    check(cublasLtMatmulDescCreate(&d.op, impl_->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F),
+          "cublasLtMatmulDescCreate");
     check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof no), "cublasLt TRANSA");
     check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof no), "cublasLt TRANSB");
     check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
@@ -605,9 +618,9 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
 }
 
 namespace {
-ConvPlan& conv_plan(PlanCache<ConvPlan, 13>& cache, const kernels::WindowShape& g, size_t filters) {
+ConvPlan& conv_plan(PlanCache<ConvPlan, 13>& cache, const kernels::WindowShape& g, size_t filters, bool tf32) {
   return cache.get({g.batch, g.H, g.W, g.C, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.Ho, g.Wo, filters},
-                   [&](ConvPlan& c) { c.setup(g, filters); });
+                   [&](ConvPlan& c) { c.setup(g, filters, tf32); });
 }
 }  // namespace
 
@@ -619,9 +632,9 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
     check(cudnnCreate(&d.dnn), "cudnnCreate");
     check(cudnnSetStream(d.dnn, d.stream), "cudnnSetStream");
   }
-  ConvPlan& c = conv_plan(d.conv_plans, g, filters);
+  ConvPlan& c = conv_plan(d.conv_plans, g, filters, d.tf32);
   if (!c.ok) return false;
-  choose(c.forward, d.dnn, c.x, c.w, c.conv, c.y, cudnnGetConvolutionForwardAlgorithm_v7,
+  choose(c.forward, c.tf32, d.dnn, c.x, c.w, c.conv, c.y, cudnnGetConvolutionForwardAlgorithm_v7,
          cudnnGetConvolutionForwardWorkspaceSize);
   if (!c.forward.found) return false;
   const size_t kkc = g.col_width();
@@ -630,6 +643,7 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
   kernels::transpose(w, kkc, filters, krsc, stream_);  // (kh, kw, C, F) -> (F, kh, kw, C)
   const float one = 1.f, zero = 0.f;
+  check(cudnnSetConvolutionMathType(c.conv, c.forward.math), "cudnnSetConvolutionMathType");
   check(cudnnConvolutionForward(d.dnn, &one, c.x, x, c.w, krsc, c.conv, c.forward.algo, d.dnn_workspace.p,
                                 d.dnn_workspace.bytes, &zero, c.y, y),
         "cudnnConvolutionForward");
@@ -640,12 +654,12 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
                            const float* dy, float* dw, float* dx) {
   Impl& d = *impl_;
   if (!d.dnn) return false;
-  ConvPlan& c = conv_plan(d.conv_plans, g, filters);
+  ConvPlan& c = conv_plan(d.conv_plans, g, filters, d.tf32);
   if (!c.ok) return false;
-  choose(c.filter, d.dnn, c.x, c.y, c.conv, c.w, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+  choose(c.filter, c.tf32, d.dnn, c.x, c.y, c.conv, c.w, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
          cudnnGetConvolutionBackwardFilterWorkspaceSize);
   if (dx)
-    choose(c.data, d.dnn, c.w, c.y, c.conv, c.x, cudnnGetConvolutionBackwardDataAlgorithm_v7,
+    choose(c.data, c.tf32, d.dnn, c.w, c.y, c.conv, c.x, cudnnGetConvolutionBackwardDataAlgorithm_v7,
            cudnnGetConvolutionBackwardDataWorkspaceSize);
   if (!c.filter.found || (dx && !c.data.found)) return false;
   const size_t kkc = g.col_width();
@@ -655,12 +669,14 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
   auto* dkrsc = static_cast<float*>(d.grad_krsc.p);
   const float one = 1.f, zero = 0.f;
+  check(cudnnSetConvolutionMathType(c.conv, c.filter.math), "cudnnSetConvolutionMathType");
   check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, c.filter.algo, d.dnn_workspace.p,
                                        d.dnn_workspace.bytes, &zero, c.w, dkrsc),
         "cudnnConvolutionBackwardFilter");
   kernels::transpose(dkrsc, filters, kkc, dw, stream_);  // (F, kh, kw, C) -> (kh, kw, C, F)
   if (dx) {
     kernels::transpose(w, kkc, filters, krsc, stream_);
+    check(cudnnSetConvolutionMathType(c.conv, c.data.math), "cudnnSetConvolutionMathType");
     check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, c.data.algo, d.dnn_workspace.p,
                                        d.dnn_workspace.bytes, &zero, c.x, dx),
           "cudnnConvolutionBackwardData");
@@ -785,7 +801,8 @@ const char* data_algo_name(cudnnConvolutionBwdDataAlgo_t a) {
 template <class Algo>
 std::string choice_text(const ConvPlan::Choice<Algo>& c, const char* (*name)(Algo)) {
   if (!c.asked) return "not asked";
-  return c.found ? name(c.algo) : "none fits: im2col + GEMM";
+  if (!c.found) return "none fits: im2col + GEMM";
+  return std::string(name(c.algo)) + (c.math == CUDNN_FMA_MATH ? "" : " (tensor cores, TF32)");
 }
 }  // namespace
 

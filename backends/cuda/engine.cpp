@@ -139,7 +139,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     invalid("unknown optimizer '" + optimizer_ + "' (known: adam, sgd)");
   }
 
-  dev_ = std::make_unique<Device>(comm_, host, eopt_.collective_timeout_s);
+  dev_ = std::make_unique<Device>(comm_, host, eopt_.collective_timeout_s, eopt_.tf32);
 
   // Every layer through the schema: options with defaults, output shape, parameter count.
   Shape shape = input_shape_;

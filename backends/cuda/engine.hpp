@@ -31,6 +31,9 @@ struct EngineOptions {
   // A bound-data step of a shape seen before runs as a graph captured at its second
   // occurrence (docs/compute-backends.md, "Graphs"); false: every step eager.
   bool graphs = true;
+  // TF32 on tensor cores for GEMMs and convolutions (the CUDA build on Ampere or newer):
+  // faster, about 1e-3 from FP32 rather than at rounding level (docs/compute-backends.md, "TF32").
+  bool tf32 = false;
 };
 
 // How the engine's bound-data steps ran (tests and the bench read it).

@@ -44,6 +44,17 @@ TEST_F(CudaPlugin, WithoutADeviceItIsListedValidatesAndRunStopsBeforeProvisionin
   auto m = write("fashion-mnist-cuda.toml", text);
   o = skyforge({"validate", m.string()}, 30);
   EXPECT_EQ(o.exit_code, 0) << o.err;
+  // Its options (plugin.toml) are checked where the manifest is, GPU or not.
+  auto with_options = [&](const std::string& name, const std::string& options) {
+    return write(name, text + "\n[[plugins]]\nname = \"cuda\"\n" + options);
+  };
+  const std::string good = "tf32 = true\ncuda_graphs = false\nbucket_cap_mb = 16\n";
+  o = skyforge({"validate", with_options("opts.toml", good).string()}, 30);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  o = skyforge({"validate", with_options("bad.toml", "tf32 = \"yes\"\n").string()}, 30);
+  EXPECT_EQ(o.exit_code, 2) << o.out;
+  const std::regex refused(R"(bad\.toml:\d+:8: \[\[plugins\]\] cuda tf32: expected a boolean, got a string \("yes"\))");
+  EXPECT_TRUE(std::regex_search(o.err, refused)) << o.err;
 
   o = skyforge({"run", m.string()}, 60);
   if (o.exit_code == 0) GTEST_SKIP() << "this machine has a usable CUDA device: the job ran on it";

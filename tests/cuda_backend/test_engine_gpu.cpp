@@ -20,9 +20,9 @@ namespace cu = skyforge::cuda;
 
 namespace {
 // The engine, or null with *why set when this machine has no usable device.
-std::unique_ptr<skyforge::Engine> try_make(const ModelSpec& m, std::string* why) {
+std::unique_ptr<skyforge::Engine> try_make(const ModelSpec& m, std::string* why, const cu::EngineOptions& o = {}) {
   try {
-    return cu::make_engine(m, Communicator{});
+    return cu::make_engine(m, Communicator{}, skyforge::Host{}, o);
   } catch (const Error& e) {
     if (e.status() != SF_ERR_UNSUPPORTED) throw;
     *why = e.what();
@@ -172,4 +172,32 @@ TEST(Gpu, ConvnetTrainsLikeCpu) {
   std::printf("convnet on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n", worst_loss, worst_param);
   EXPECT_LE(worst_loss, 1e-4);
   EXPECT_LE(worst_param, 1e-4);  // the convnets' documented tolerance (docs/compute-backends.md)
+}
+
+// tf32 = true (docs/compute-backends.md, "TF32"): GEMMs and convolutions may round their inputs
+// to TF32 (10 mantissa bits), so a step is about 1e-3 from FP32, not at rounding level; the same lockstep
+// check as above with that tolerance.
+TEST(Gpu, Tf32ConvnetStaysNearFp32) {
+  std::string why;
+  ModelSpec m = convnet(4);
+  m.optimizer = "sgd";
+  m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  cu::EngineOptions o;
+  o.tf32 = true;
+  auto g = try_make(m, &why, o);
+  if (!g) GTEST_SKIP() << why;
+  auto c = skyforge::cpu::make_engine(m, Communicator{});
+  double worst_loss = 0, worst_param = 0;
+  for (int s = 0; s < 10; ++s) {
+    const Batch b = make_batch(300 + s, 32, 784);
+    g->load_state(c->state_dict());
+    const double lc = c->train_step(b.x.data(), b.y.data(), 32).loss;
+    const double lg = g->train_step(b.x.data(), b.y.data(), 32).loss;
+    worst_loss = std::max(worst_loss, std::fabs(lg - lc) / lc);
+    worst_param = std::max(worst_param, max_abs_diff(params_of(*c), params_of(*g)));
+  }
+  std::printf("convnet with tf32 on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n", worst_loss,
+              worst_param);
+  EXPECT_LE(worst_loss, 1e-2);
+  EXPECT_LE(worst_param, 1e-3);
 }
