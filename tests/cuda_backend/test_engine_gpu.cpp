@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <utility>
 
 using namespace cuda_test;
 using skyforge::Communicator;
@@ -152,6 +153,24 @@ TEST(Gpu, ALostPeerAbortsTheCommunicatorInsteadOfHanging) {
 // normalization, dropout, pooling) follows the cpu backend: each step's loss to 1e-4 relative
 // in lockstep (the GPU engine takes the cpu backend's state before each step), 10 steps of
 // SGD + momentum.
+namespace {
+// 10 steps of batch 32, the engine taking the cpu backend's state before each: the worst
+// relative loss difference and the worst parameter difference.
+std::pair<double, double> lockstep_with_cpu(const ModelSpec& m, skyforge::Engine& g) {
+  auto c = skyforge::cpu::make_engine(m, Communicator{});
+  double worst_loss = 0, worst_param = 0;
+  for (int s = 0; s < 10; ++s) {
+    const Batch b = make_batch(300 + s, 32, 784);
+    g.load_state(c->state_dict());
+    const double lc = c->train_step(b.x.data(), b.y.data(), 32).loss;
+    const double lg = g.train_step(b.x.data(), b.y.data(), 32).loss;
+    worst_loss = std::max(worst_loss, std::fabs(lg - lc) / lc);
+    worst_param = std::max(worst_param, max_abs_diff(params_of(*c), params_of(g)));
+  }
+  return {worst_loss, worst_param};
+}
+}  // namespace
+
 TEST(Gpu, ConvnetTrainsLikeCpu) {
   std::string why;
   ModelSpec m = convnet(4);
@@ -159,16 +178,7 @@ TEST(Gpu, ConvnetTrainsLikeCpu) {
   m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
   auto g = try_make(m, &why);
   if (!g) GTEST_SKIP() << why;
-  auto c = skyforge::cpu::make_engine(m, Communicator{});
-  double worst_loss = 0, worst_param = 0;
-  for (int s = 0; s < 10; ++s) {
-    const Batch b = make_batch(300 + s, 32, 784);
-    g->load_state(c->state_dict());
-    const double lc = c->train_step(b.x.data(), b.y.data(), 32).loss;
-    const double lg = g->train_step(b.x.data(), b.y.data(), 32).loss;
-    worst_loss = std::max(worst_loss, std::fabs(lg - lc) / lc);
-    worst_param = std::max(worst_param, max_abs_diff(params_of(*c), params_of(*g)));
-  }
+  const auto [worst_loss, worst_param] = lockstep_with_cpu(m, *g);
   std::printf("convnet on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n", worst_loss, worst_param);
   EXPECT_LE(worst_loss, 1e-4);
   EXPECT_LE(worst_param, 1e-4);  // the convnets' documented tolerance (docs/compute-backends.md)
@@ -186,16 +196,7 @@ TEST(Gpu, Tf32ConvnetStaysNearFp32) {
   o.tf32 = true;
   auto g = try_make(m, &why, o);
   if (!g) GTEST_SKIP() << why;
-  auto c = skyforge::cpu::make_engine(m, Communicator{});
-  double worst_loss = 0, worst_param = 0;
-  for (int s = 0; s < 10; ++s) {
-    const Batch b = make_batch(300 + s, 32, 784);
-    g->load_state(c->state_dict());
-    const double lc = c->train_step(b.x.data(), b.y.data(), 32).loss;
-    const double lg = g->train_step(b.x.data(), b.y.data(), 32).loss;
-    worst_loss = std::max(worst_loss, std::fabs(lg - lc) / lc);
-    worst_param = std::max(worst_param, max_abs_diff(params_of(*c), params_of(*g)));
-  }
+  const auto [worst_loss, worst_param] = lockstep_with_cpu(m, *g);
   std::printf("convnet with tf32 on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n", worst_loss,
               worst_param);
   EXPECT_LE(worst_loss, 1e-2);
