@@ -30,7 +30,7 @@ void column_reduce(Stream s, size_t rows, size_t cols, const Term& term, const F
   double *in = ws, *spare = ws + 2 * K * cols;
   while (K > kReduceFanIn) {
     const size_t next = reduce_next(K);
-    for_n(s, next * cols, PartialSums<Q>{cols, K, next, in, spare}, what);
+    for_n(s, next * cols, ColumnPartials<Q, PartialsTerm<Q>>{PartialsTerm<Q>{in, K, cols}, K, cols, next, spare}, what);
     double* const done = in;
     in = spare;
     spare = done;

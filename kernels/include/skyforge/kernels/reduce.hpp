@@ -8,7 +8,7 @@
 // K * cols calls fill a large GPU (kReduceCalls) with at least kReduceMinRows rows each: a
 // BatchNorm over 12 channels of a [1024, 28, 28] batch is 802,816 rows in 12 columns, and a
 // split that ignored the columns would leave most of the GPU idle while it reads 38 MB.
-// Middle stages (PartialSums, while more than kReduceFanIn partials are left): the K partials
+// Middle stages (ColumnPartials over the partials, while more than kReduceFanIn partials are left): the K partials
 // of a column become ceil(K / kReduceFanIn), partial k adding partials k, k + K', k + 2K', ...
 // Last stage (ColumnTotals, one call per column): adds the last (<= kReduceFanIn) partials in
 // order k = 0 .. K-1.
@@ -59,20 +59,14 @@ struct ColumnPartials {
   }
 };
 
-// A middle stage: part_in holds K_in partials per column and quantity (as ColumnPartials lays
-// them out); part_out receives K_out = reduce_next(K_in), partial k adding k, k + K_out, ...
+// A middle stage's term, for ColumnPartials over the [K_in, cols] partials of each of Q
+// quantities (as ColumnPartials lays them out): row r adds partial r of every quantity.
 template <int Q>
-struct PartialSums {
-  size_t cols, K_in, K_out;
+struct PartialsTerm {
   const double* in;
-  double* out;
-  SF_HD void operator()(size_t i) const {
-    const size_t k = i / cols, c = i % cols;
-    for (int q = 0; q < Q; ++q) {
-      double acc = 0.0;
-      for (size_t r = k; r < K_in; r += K_out) acc += in[(q * K_in + r) * cols + c];
-      out[(q * K_out + k) * cols + c] = acc;
-    }
+  size_t K_in, cols;
+  SF_HD void operator()(size_t r, size_t c, double* a) const {
+    for (int q = 0; q < Q; ++q) a[q] += in[(q * K_in + r) * cols + c];
   }
 };
 
