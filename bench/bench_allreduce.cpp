@@ -90,7 +90,8 @@ int run_rank(uint32_t rank, uint32_t ranks, uint16_t port, double seconds, const
     }
 #ifdef SKYFORGE_BENCH_NCCL
     std::unique_ptr<cuda::Device> gpu;
-    if (col.nccl) gpu = std::make_unique<cuda::Device>(Communicator(comm.table()), Host{}, 60);
+    if (col.nccl) gpu = std::make_unique<cuda::Device>(Communicator(comm.table()), Host{},
+                                                       cuda::DeviceOptions{.collective_timeout_s = 60});
 #else
     if (col.nccl) {
       std::fprintf(stderr, "--nccl: this build has no cuda engine (configure with a CUDA toolkit and NCCL)\n");

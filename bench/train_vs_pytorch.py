@@ -465,6 +465,9 @@ def main():
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu",
                     help="cpu (this table) or cuda: skyforge's cuda backend vs PyTorch eager and torch.compile on "
                          "the same GPU, batch 64 and 1024 (bench/train_vs_pytorch_cuda.py)")
+    ap.add_argument("--configs", help="--backend cuda: only these configurations (comma-separated keys; "
+                                      "bench/train_vs_pytorch_cuda.py lists them)")
+    ap.add_argument("--batches", help="--backend cuda: only these global batch sizes (default 64,1024)")
     ap.add_argument("--_cell", help=argparse.SUPPRESS)
     ap.add_argument("--_cuda-cell", dest="cuda_cell", help=argparse.SUPPRESS)
     ap.add_argument("--_torch-rank", dest="torch_rank", help=argparse.SUPPRESS)
@@ -491,6 +494,8 @@ def main():
         raise SystemExit(f"train_vs_pytorch: {skyforge} is not an executable (build it, or pass --skyforge)")
     for m in models:  # fail early on an edited example
         derive_manifest(m, 1, epochs[m])
+    if a.backend == "cpu" and (a.configs or a.batches):
+        ap.error("--configs and --batches are --backend cuda's")
     if a.backend == "cuda":
         import train_vs_pytorch_cuda
         sys.exit(train_vs_pytorch_cuda.main(sys.modules[__name__], a, models, epochs, skyforge))

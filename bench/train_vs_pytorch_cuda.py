@@ -7,6 +7,9 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
   skyforge cuda 1 GPU     `skyforge run` of the example with backend = "cuda", [pool]
                           accelerator = "cuda", nodes = 1.
   skyforge cuda 1 GPU tf32  the same with the plugin's tf32 = true (TF32 tensor cores).
+  skyforge cuda 1 GPU tf32 autotuned  (convnet) tf32 = true, deterministic = false, autotune =
+                          true: every convolution's fastest cuDNN algorithm, timed at its first
+                          step, atomics allowed (docs/compute-backends.md, "Convolution algorithms").
   skyforge cuda N GPUs    the same with nodes = N (every GPU of the machine, when N >= 2): one
                           node per GPU, data-parallel over NCCL.
   PyTorch eager 1 GPU     a plain loop with the dataset on the device (uploaded once), batches
@@ -14,8 +17,14 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
   PyTorch eager no TF32   the same with torch.backends.cudnn.allow_tf32 = False: PyTorch's
                           convolutions in full FP32, as skyforge's are (PyTorch's default lets
                           cuDNN round their inputs to TF32; its matmuls are FP32 by default).
+  PyTorch eager cudnn.benchmark  (convnet) eager with torch.backends.cudnn.benchmark = True:
+                          PyTorch's own timed choice of cuDNN algorithms, the peer of the
+                          autotuned row.
   PyTorch compile 1 GPU   the same model under torch.compile (when this torch has it), one
                           static graph per batch shape (dynamic=False).
+
+--configs picks rows by key (sky1, sky1tf32, sky1fast, skyN, torch, fp32, torchbench, compile)
+and --batches the batch sizes, for a short run; the ratio column needs the torch row.
 
 Every configuration trains one epoch more than the figure covers, and that first epoch is left
 out of the time on both sides: it holds the one-time costs (cuDNN's and cuBLAS' loading and
@@ -102,10 +111,10 @@ def preflight(skyforge):
     return problems
 
 
-def derive(base, model, nodes, epochs, batch, tf32=False):
+def derive(base, model, nodes, epochs, batch, plugin=None):
     text = base.derive_manifest(model, nodes, epochs)
-    if tf32:  # the cuda plugin's option (docs/compute-backends.md, "TF32")
-        text += '\n[[plugins]]\nname = "cuda"\ntf32 = true\n'
+    if plugin:  # the cuda plugin's options (docs/compute-backends.md: "TF32", "Convolution algorithms")
+        text += '\n[[plugins]]\nname = "cuda"\n' + "".join(f"{k} = {v}\n" for k, v in plugin.items())
     text, n = re.subn(r'^backend\s*=\s*"cpu"\s*$', 'backend = "cuda"', text, count=1, flags=re.M)
     assert n == 1, "the example selects no cpu backend"
     text = re.sub(r"^batch_size\s*=.*$", f"batch_size = {batch}", text, count=1, flags=re.M)
@@ -116,7 +125,7 @@ def run_skyforge(base, spec):
     with tempfile.TemporaryDirectory(prefix="train_vs_pytorch_cuda.") as tmp:
         manifest = Path(tmp) / "job.toml"
         manifest.write_text(derive(base, spec["model"], spec["procs"], spec["epochs"] + 1, spec["batch"],
-                                   spec.get("tf32", False)))
+                                   spec.get("plugin")))
         p = subprocess.run([spec["skyforge"], "run", str(manifest)], cwd=tmp, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     nodes = [json.loads(m.group(2)) for m in re.finditer(r"^\[node (\d+)\] => (\{.*\})\s*$", p.stdout, re.M)]
@@ -134,8 +143,8 @@ def run_torch(base, spec):
     import torch
     import torch.nn.functional as F
     dev = torch.device("cuda", 0)
-    if spec.get("no_tf32"):
-        torch.backends.cudnn.allow_tf32 = False
+    for name, value in spec.get("cudnn", {}).items():  # e.g. allow_tf32 = False, benchmark = True
+        setattr(torch.backends.cudnn, name, value)
     xtr, ytr, xte, yte = (torch.from_numpy(a).to(dev) for a in base.load_fashion_mnist())
     torch.manual_seed(base.SEED)
     net = base.build_torch_model(spec["model"]).to(dev)
@@ -168,7 +177,7 @@ def run_torch(base, spec):
     return {"train_seconds": train_s, "first_epoch_seconds": first_s, "samples": n * spec["epochs"],
             "test_accuracy": correct / yte.shape[0],
             "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
-            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32, "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
 
 
@@ -256,21 +265,42 @@ def main(base, args, models, epochs, skyforge):
     import torch
     gpus = torch.cuda.device_count()
     print(f"GPU: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, skyforge {skyforge}")
-    configs = [("sky1", "skyforge cuda 1 GPU", "skyforge", 1, False),
-               ("sky1tf32", "skyforge cuda 1 GPU tf32", "skyforge", 1, False)]
+    # (key, label, kind, processes, torch.compile, the cuda plugin's options or PyTorch's
+    # torch.backends.cudnn settings, the models it runs: None for every one)
+    configs = [("sky1", "skyforge cuda 1 GPU", "skyforge", 1, False, {}, None),
+               ("sky1tf32", "skyforge cuda 1 GPU tf32", "skyforge", 1, False, {"tf32": "true"}, None),
+               ("sky1fast", "skyforge cuda 1 GPU tf32 autotuned", "skyforge", 1, False,
+                {"tf32": "true", "deterministic": "false", "autotune": "true"}, ("convnet",))]
     if gpus >= 2:
-        configs.append(("skyN", f"skyforge cuda {gpus} GPUs", "skyforge", gpus, False))
-    configs.append(("torch", "PyTorch eager 1 GPU", "torch", 1, False))
-    configs.append(("fp32", "PyTorch eager no TF32 1 GPU", "torch", 1, False))
+        configs.append(("skyN", f"skyforge cuda {gpus} GPUs", "skyforge", gpus, False, {}, None))
+    configs += [("torch", "PyTorch eager 1 GPU", "torch", 1, False, {}, None),
+                ("fp32", "PyTorch eager no TF32 1 GPU", "torch", 1, False, {"allow_tf32": False}, None),
+                ("torchbench", "PyTorch eager cudnn.benchmark", "torch", 1, False, {"benchmark": True}, ("convnet",))]
     if hasattr(torch, "compile"):
-        configs.append(("compile", "PyTorch torch.compile 1 GPU", "torch", 1, True))
+        configs.append(("compile", "PyTorch torch.compile 1 GPU", "torch", 1, True, {}, None))
+    if args.configs:
+        keep = [k.strip() for k in args.configs.split(",") if k.strip()]
+        unknown = set(keep) - {c[0] for c in configs}
+        if unknown:
+            print(f"train_vs_pytorch --backend cuda: no configuration {', '.join(sorted(unknown))} here "
+                  f"(these: {', '.join(c[0] for c in configs)})", file=sys.stderr)
+            return 2
+        configs = [c for c in configs if c[0] in keep]
+    batches = BATCHES
+    if args.batches:
+        batches = tuple(int(b) for b in args.batches.split(",") if b.strip())
+        if not batches or min(batches) < 1:
+            print("train_vs_pytorch --backend cuda: --batches: positive batch sizes, comma-separated", file=sys.stderr)
+            return 2
     cells, failed = [], []
     for rnd in range(1, args.rounds + 1):
         for m in models:
-            for batch in BATCHES:
-                for key, label, kind, procs, compiled in configs:
+            for batch in batches:
+                for key, label, kind, procs, compiled, settings, only in configs:
+                    if only and m not in only:
+                        continue
                     spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs, "batch": batch,
-                            "compile": compiled, "no_tf32": key == "fp32", "tf32": key == "sky1tf32",
+                            "compile": compiled, ("plugin" if kind == "skyforge" else "cudnn"): settings,
                             "epochs": epochs[m], "skyforge": skyforge}
                     print(f"  round {rnd}: {m} batch {batch}: {label} ...", file=sys.stderr, flush=True)
                     p = subprocess.run([sys.executable, str(Path(base.__file__).resolve()), "--_cuda-cell",
@@ -287,20 +317,22 @@ def main(base, args, models, epochs, skyforge):
                           f"test accuracy {res['test_accuracy']:.4f}, peak {res['peak_device_mib']} MiB",
                           file=sys.stderr, flush=True)
                     cells.append(res)
-    hdr = f"{'model':8s} {'batch':>5s} {'configuration':30s} {'samples/s':>10s} {'test acc':>8s} {'peak MiB':>8s}  vs eager"
+    hdr = f"{'model':8s} {'batch':>5s} {'configuration':36s} {'samples/s':>10s} {'test acc':>8s} {'peak MiB':>8s}  vs eager"
     print("\n" + hdr + "\n" + "-" * len(hdr))
     for m in models:
-        for batch in BATCHES:
+        for batch in batches:
             rows = [c for c in cells if c["model"] == m and c["batch"] == batch]
             eagers = [c["samples_per_second"] for c in rows if c["key"] == "torch"]
             eager = statistics.median(eagers) if eagers else float("nan")
-            for key, label, *_ in configs:
+            for key, label, *_, only in configs:
+                if only and m not in only:
+                    continue
                 rs = [c for c in rows if c["key"] == key]
                 if not rs:
-                    print(f"{m:8s} {batch:5d} {label:30s} {'failed':>10s}")
+                    print(f"{m:8s} {batch:5d} {label:36s} {'failed':>10s}")
                     continue
                 sps = statistics.median(c["samples_per_second"] for c in rs)
-                print(f"{m:8s} {batch:5d} {label:30s} {sps:10.0f} {statistics.median(c['test_accuracy'] for c in rs):8.4f} "
+                print(f"{m:8s} {batch:5d} {label:36s} {sps:10.0f} {statistics.median(c['test_accuracy'] for c in rs):8.4f} "
                       f"{max(c['peak_device_mib'] for c in rs):8d}  {sps / eager:.2f}x"
                       + ("  (peak: the GPUs' rise)" if any(c["peak_device_of"] != "processes" for c in rs) else ""))
     bw, why = nccl_bus_bandwidth(gpus)

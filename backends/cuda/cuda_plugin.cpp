@@ -18,6 +18,8 @@ class CudaBackend : public skyforge::ComputeBackend {
     opts_.bucket_bytes = static_cast<size_t>(mb) << 20;
     opts_.graphs = options().get_bool("cuda_graphs", true);
     opts_.tf32 = options().get_bool("tf32", false);
+    opts_.deterministic = options().get_bool("deterministic", true);
+    opts_.autotune = options().get_bool("autotune", false);
   }
   void probe() override { skyforge::cuda::Device::probe(); }
   std::unique_ptr<skyforge::Engine> create_engine(const skyforge::ModelSpec& spec,

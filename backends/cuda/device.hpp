@@ -16,17 +16,32 @@
 
 namespace skyforge::cuda {
 
+// How a Device runs (EngineOptions carries the user's choices here; docs/compute-backends.md).
+struct DeviceOptions {
+  // How long the CUDA build waits for a collective before it declares a peer lost, aborts the
+  // NCCL communicator and fails (the pool's collective timeout; the host build's communicator
+  // has its own).
+  double collective_timeout_s = 300;
+  // Let cuBLAS, cuBLASLt and cuDNN round FP32 inputs to TF32 on tensor cores ("TF32").
+  bool tf32 = false;
+  // cuDNN's convolution algorithms ("Convolution algorithms"): deterministic ones only (an
+  // algorithm that adds with atomics is not; false allows them, as PyTorch's default does), and
+  // chosen by cuDNN's heuristics, or (autotune) by timing every candidate at a window's first
+  // eager use, as torch.backends.cudnn.benchmark does. survey: time every candidate, in both
+  // layouts (NHWC, which the engine uses, and NCHW), for describe_convolutions() even without
+  // autotune, and keep the heuristics' choice (SKYFORGE_CUDA_PROFILE).
+  bool deterministic = true;
+  bool autotune = false;
+  bool survey = false;
+};
+
 class Device {
  public:
   // comm: the pool's communicator (rank, size; the host build's collectives; the CUDA build
   // broadcasts rank 0's NCCL unique id over it). host: its services (this node's local rank,
-  // which picks the GPU).
-  // collective_timeout_s: how long the CUDA build waits for a collective before it declares a
-  // peer lost, aborts the NCCL communicator and fails (the pool's collective timeout; the host
-  // build's communicator has its own). tf32: let cuBLAS, cuBLASLt and cuDNN round FP32 inputs to
-  // TF32 on tensor cores (docs/compute-backends.md, "TF32"); the host build has none and ignores
-  // it. Throws Error(SF_ERR_UNSUPPORTED) when no device can be used.
-  Device(const Communicator& comm, const Host& host, double collective_timeout_s = 300, bool tf32 = false);
+  // which picks the GPU). The host build has no TF32 nor cuDNN and ignores those options.
+  // Throws Error(SF_ERR_UNSUPPORTED) when no device can be used.
+  Device(const Communicator& comm, const Host& host, const DeviceOptions& options = {});
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -112,7 +127,8 @@ class Device {
   double seconds(size_t from, size_t to) const;
   void clear_marks();
   // How each conv2d window met so far runs, one line per window: its shape and the algorithm
-  // cuDNN was asked for in each direction, or that it takes im2col + GEMM. Empty in the host build.
+  // cuDNN gave each direction (and how it was chosen), or that it takes im2col + GEMM; with
+  // autotune or survey, every candidate's time in each layout below it. Empty in the host build.
   std::string describe_convolutions() const;
 
   kernels::Stream stream() const { return stream_; }

@@ -68,23 +68,88 @@ struct LtPlan {
   }
 };
 
-// The descriptors of one conv2d, NHWC float, and the algorithms chosen for it (each asked of
-// cuDNN at its first use), kept per window. cuDNN pads both sides alike, so a window whose
-// trailing padding exceeds its leading one is not expressible (ok stays false).
+const char* fwd_algo_name(cudnnConvolutionFwdAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "implicit_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "implicit_precomp_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "direct";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "fft_tiling";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "winograd";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    default: return "?";
+  }
+}
+const char* filter_algo_name(cudnnConvolutionBwdFilterAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return "algo_0";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return "algo_1";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return "algo_3";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return "fft_tiling";
+    default: return "?";
+  }
+}
+const char* data_algo_name(cudnnConvolutionBwdDataAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return "algo_0";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return "algo_1";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return "fft_tiling";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return "winograd";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    default: return "?";
+  }
+}
+
+// How cuDNN's convolution algorithms are chosen (DeviceOptions).
+struct ConvPolicy {
+  bool tf32 = false, deterministic = true, autotune = false, survey = false;
+  // The math type the descriptor is set to before asking: FMA (FP32), or tensor ops with tf32.
+  cudnnMathType_t asked() const { return tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH; }
+  // Whether a candidate may run: it succeeded, adds deterministically unless that is waived,
+  // and computes in FP32 (or on TF32 tensor cores with tf32; never with FP16 down-conversion).
+  bool admits(cudnnStatus_t status, cudnnDeterminism_t determinism, cudnnMathType_t m) const {
+    const bool precise = m == CUDNN_FMA_MATH || (tf32 && (m == CUDNN_TENSOR_OP_MATH || m == CUDNN_DEFAULT_MATH));
+    return status == CUDNN_STATUS_SUCCESS && (determinism == CUDNN_DETERMINISTIC || !deterministic) && precise;
+  }
+};
+
+constexpr size_t kDnnWorkspace = size_t{64} << 20;
+
+// The descriptors of one conv2d, NHWC float, and the algorithms chosen for it (each chosen at
+// its first use), kept per window. cuDNN pads both sides alike, so a window whose trailing
+// padding exceeds its leading one is not expressible (ok stays false).
 struct ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
+  // The same window in NCHW (KCRS filters), made for a survey only: to time cuDNN's algorithms
+  // in the other layout over the same buffers (the engine's tensors are NHWC).
+  cudnnTensorDescriptor_t xc = nullptr, yc = nullptr;
+  cudnnFilterDescriptor_t wc = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   bool ok = false;
+  // One candidate cuDNN timed (cudnnFind*Ex): its name, math type, milliseconds, determinism,
+  // and whether the policy admits it.
+  struct Timed {
+    const char* name;
+    cudnnMathType_t math;
+    float ms;
+    bool deterministic, admitted;
+  };
   // An algorithm: not asked yet, none fits (the engine runs im2col + GEMM), or this one, with
-  // the math type cuDNN ranked it under (set on the descriptor before each call).
+  // the math type it was ranked or timed under (set on the descriptor before each call);
+  // timed: chosen by its time (autotune), else by cuDNN's heuristics. nhwc, nchw: every
+  // candidate that ran, fastest first (autotune, survey).
   template <class Algo>
   struct Choice {
-    bool asked = false, found = false;
+    bool asked = false, found = false, timed = false;
     Algo algo{};
     cudnnMathType_t math = CUDNN_FMA_MATH;
+    std::vector<Timed> nhwc, nchw;
   };
-  bool tf32 = false;
   Choice<cudnnConvolutionFwdAlgo_t> forward;
   Choice<cudnnConvolutionBwdFilterAlgo_t> filter;
   Choice<cudnnConvolutionBwdDataAlgo_t> data;
@@ -92,42 +157,42 @@ struct ConvPlan {
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
   // Not in the constructor: a failure there would leave what it made to no destructor.
-  void setup(const kernels::WindowShape& g, size_t filters, bool allow_tf32) {
-    tf32 = allow_tf32;
+  void setup(const kernels::WindowShape& g, size_t filters, const ConvPolicy& policy) {
     const int64_t trail_h = int64_t{g.Ho - 1} * g.sh + g.kh - g.H - g.pt;
     const int64_t trail_w = int64_t{g.Wo - 1} * g.sw + g.kw - g.W - g.pl;
     if (trail_h > g.pt || trail_w > g.pl) return;
-    const int n = static_cast<int>(g.batch), f = static_cast<int>(filters);
-    check(cudnnCreateTensorDescriptor(&x), "cudnnCreateTensorDescriptor");
-    check(cudnnCreateTensorDescriptor(&y), "cudnnCreateTensorDescriptor");
-    check(cudnnCreateFilterDescriptor(&w), "cudnnCreateFilterDescriptor");
+    const int n = static_cast<int>(g.batch), f = static_cast<int>(filters), C = static_cast<int>(g.C);
+    const int H = static_cast<int>(g.H), W = static_cast<int>(g.W), Ho = static_cast<int>(g.Ho),
+              Wo = static_cast<int>(g.Wo), kh = static_cast<int>(g.kh), kw = static_cast<int>(g.kw);
+    auto tensors = [&](cudnnTensorFormat_t layout, cudnnTensorDescriptor_t& tx, cudnnTensorDescriptor_t& ty,
+                       cudnnFilterDescriptor_t& tw) {
+      check(cudnnCreateTensorDescriptor(&tx), "cudnnCreateTensorDescriptor");
+      check(cudnnCreateTensorDescriptor(&ty), "cudnnCreateTensorDescriptor");
+      check(cudnnCreateFilterDescriptor(&tw), "cudnnCreateFilterDescriptor");
+      check(cudnnSetTensor4dDescriptor(tx, layout, CUDNN_DATA_FLOAT, n, C, H, W), "cudnnSetTensor4dDescriptor");
+      check(cudnnSetTensor4dDescriptor(ty, layout, CUDNN_DATA_FLOAT, n, f, Ho, Wo), "cudnnSetTensor4dDescriptor");
+      check(cudnnSetFilter4dDescriptor(tw, CUDNN_DATA_FLOAT, layout, f, C, kh, kw), "cudnnSetFilter4dDescriptor");
+    };
+    tensors(CUDNN_TENSOR_NHWC, x, y, w);
+    if (policy.survey) tensors(CUDNN_TENSOR_NCHW, xc, yc, wc);
     check(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor");
-    check(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, static_cast<int>(g.C),
-                                     static_cast<int>(g.H), static_cast<int>(g.W)),
-          "cudnnSetTensor4dDescriptor");
-    check(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, f, static_cast<int>(g.Ho),
-                                     static_cast<int>(g.Wo)),
-          "cudnnSetTensor4dDescriptor");
-    check(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, f, static_cast<int>(g.C),
-                                     static_cast<int>(g.kh), static_cast<int>(g.kw)),
-          "cudnnSetFilter4dDescriptor");
     check(cudnnSetConvolution2dDescriptor(conv, static_cast<int>(g.pt), static_cast<int>(g.pl),
                                           static_cast<int>(g.sh), static_cast<int>(g.sw), 1, 1,
                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
           "cudnnSetConvolution2dDescriptor");
-    // Plain FP32 unless TF32 is allowed (then the heuristics rank tensor-op algorithms too).
-    check(cudnnSetConvolutionMathType(conv, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH),
-          "cudnnSetConvolutionMathType");
+    // Plain FP32 unless TF32 is allowed (then cuDNN ranks tensor-op algorithms too).
+    check(cudnnSetConvolutionMathType(conv, policy.asked()), "cudnnSetConvolutionMathType");
     int on = 0, oc = 0, oh = 0, ow = 0;
     check(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &on, &oc, &oh, &ow),
           "cudnnGetConvolution2dForwardOutputDim");
-    ok = oh == static_cast<int>(g.Ho) && ow == static_cast<int>(g.Wo);
+    ok = oh == Ho && ow == Wo;
   }
   ~ConvPlan() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
-    if (w) cudnnDestroyFilterDescriptor(w);
-    if (y) cudnnDestroyTensorDescriptor(y);
-    if (x) cudnnDestroyTensorDescriptor(x);
+    for (cudnnFilterDescriptor_t d : {w, wc})
+      if (d) cudnnDestroyFilterDescriptor(d);
+    for (cudnnTensorDescriptor_t d : {x, y, xc, yc})
+      if (d) cudnnDestroyTensorDescriptor(d);
   }
 };
 
@@ -158,35 +223,59 @@ class PlanCache {
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
-constexpr size_t kDnnWorkspace = size_t{64} << 20;
-
-// The first algorithm cuDNN's heuristics rank that succeeds in plain FP32 (or, with tf32, on
-// TF32 tensor cores too; never with FP16 down-conversion), is deterministic (a replayed step
-// equals the eager one; every run the same bits: several backward algorithms add with atomics)
-// and whose workspace, asked of cuDNN for it (the heuristic's figure is an estimate), fits.
-// Asked once per plan. a, b, conv, d: the descriptors in the order both of
-// the direction's functions take them (its _v7 heuristic and its workspace size).
-template <class A, class B, class D, class Perf, class Algo>
-void choose(ConvPlan::Choice<Algo>& c, bool tf32, cudnnHandle_t h, A a, B b, cudnnConvolutionDescriptor_t conv, D d,
-            cudnnStatus_t (*get_v7)(cudnnHandle_t, A, B, cudnnConvolutionDescriptor_t, D, int, int*, Perf*),
-            cudnnStatus_t (*workspace_of)(cudnnHandle_t, A, B, cudnnConvolutionDescriptor_t, D, Algo, size_t*)) {
+// One direction's algorithm, chosen once per plan (docs/compute-backends.md, "Convolution
+// algorithms"). The callables ask cuDNN, each as (requested, &returned, perf):
+//   heuristic  its _v7 ranking (no kernel runs);
+//   find       its Find*Ex over the engine's own buffers in NHWC (every candidate runs and is
+//              timed; what it writes is overwritten by the call that follows);
+//   find_nchw  the same in NCHW, for a survey (or null: no survey);
+//   workspace  (algo, &bytes): the workspace the algorithm needs, asked of cuDNN for it (the
+//              heuristic's figure is an estimate).
+// can_time: cuDNN may run kernels now (not inside a capture; the device is idle). With
+// autotune, the fastest admitted candidate that ran; else, or when none did, the first admitted
+// one the heuristic ranks whose workspace fits. A survey only records the times.
+template <class Perf, class Algo, class Heuristic, class Find, class FindNchw, class Workspace>
+void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, cudnnConvolutionDescriptor_t conv, bool can_time,
+            const char* (*name)(Algo), const Heuristic& heuristic, const Find& find, const FindNchw* find_nchw,
+            const Workspace& workspace) {
   if (c.asked) return;
-  Perf perf[8];
-  int n = 0;
   c.asked = true;
+  constexpr int kMax = 16;  // more than cuDNN has algorithms in any direction, with math variants
+  Perf perf[kMax];
+  int n = 0;
+  auto timed = [&](const auto& run, std::vector<ConvPlan::Timed>& into) {
+    n = 0;
+    check(cudnnSetConvolutionMathType(conv, p.asked()), "cudnnSetConvolutionMathType");
+    if (run(kMax, &n, perf) != CUDNN_STATUS_SUCCESS) n = 0;  // nothing timed: the heuristics decide
+    cudaGetLastError();  // a candidate that failed to launch must not fail the next kernel's check
+    for (int i = 0; i < n; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS)
+        into.push_back({name(perf[i].algo), perf[i].mathType, perf[i].time, perf[i].determinism == CUDNN_DETERMINISTIC,
+                        p.admits(perf[i].status, perf[i].determinism, perf[i].mathType)});
+  };
+  if (can_time && p.survey && find_nchw) timed(*find_nchw, c.nchw);
+  if (can_time && (p.autotune || p.survey)) {
+    timed(find, c.nhwc);
+    for (int i = 0; p.autotune && i < n; ++i) {  // fastest first
+      if (!p.admits(perf[i].status, perf[i].determinism, perf[i].mathType) || perf[i].memory > kDnnWorkspace) continue;
+      c.found = c.timed = true;
+      c.algo = perf[i].algo;
+      c.math = perf[i].mathType;
+      return;
+    }
+  }
   // A heuristic that fails for this window leaves it to im2col + GEMM, as one with no fit does.
-  check(cudnnSetConvolutionMathType(conv, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
-  if (get_v7(h, a, b, conv, d, 8, &n, perf) != CUDNN_STATUS_SUCCESS) return;
+  n = 0;
+  check(cudnnSetConvolutionMathType(conv, p.asked()), "cudnnSetConvolutionMathType");
+  if (heuristic(kMax, &n, perf) != CUDNN_STATUS_SUCCESS) return;
   for (int i = 0; i < n; ++i) {
-    const cudnnMathType_t m = perf[i].mathType;
-    const bool precise = m == CUDNN_FMA_MATH || (tf32 && (m == CUDNN_TENSOR_OP_MATH || m == CUDNN_DEFAULT_MATH));
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC || !precise) continue;
+    if (!p.admits(perf[i].status, perf[i].determinism, perf[i].mathType)) continue;
     size_t bytes = 0;
-    check(cudnnSetConvolutionMathType(conv, m), "cudnnSetConvolutionMathType");
-    if (workspace_of(h, a, b, conv, d, perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) {
+    check(cudnnSetConvolutionMathType(conv, perf[i].mathType), "cudnnSetConvolutionMathType");
+    if (workspace(perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) {
       c.found = true;
       c.algo = perf[i].algo;
-      c.math = m;
+      c.math = perf[i].mathType;
       return;
     }
   }
@@ -238,7 +327,8 @@ struct Device::Impl {
   void* blas_workspace = nullptr;  // cuBLAS's, set once: a captured GEMM may not allocate
   size_t blas_workspace_bytes = 0;  // shared with cuBLASLt (one stream: never at once)
   bool capturing = false;
-  bool tf32 = false;  // EngineOptions::tf32: cuBLAS, cuBLASLt and cuDNN may use TF32 tensor cores
+  DeviceOptions options;  // tf32 for cuBLAS and cuBLASLt; the convolution policy for cuDNN
+  ConvPolicy conv_policy;
   // Graphs holding captured NCCL launches: ncclCommAbort waits until none is left, so an abort
   // destroys their executables first (a later replay of one fails).
   std::vector<cudaGraphExec_t*> live_graphs;
@@ -357,6 +447,13 @@ struct Device::Impl {
   void wait_stream(const char* what) {
     wait_until([this] { return cudaStreamQuery(stream); }, what);
   }
+  // Until both streams are done, watched the same way: before a call that may wait for the
+  // whole device unwatched (cuDNN's Find*Ex times its candidates with synchronizations).
+  void quiesce(const char* what) {
+    wait_stream(what);
+    if (nccl) wait_until([this] { return cudaStreamQuery(collectives); }, what);
+  }
+  bool may_time();
   // Until query() stops saying cudaErrorNotReady (a stream or an event of it), the same way.
   template <class Query>
   void wait_until(const Query& query, const char* what) {
@@ -416,10 +513,13 @@ struct GpuPlace {
 };
 }  // namespace
 
-Device::Device(const Communicator& comm, const Host& host, double collective_timeout_s, bool tf32)
+Device::Device(const Communicator& comm, const Host& host, const DeviceOptions& options)
     : impl_(std::make_unique<Impl>()) {
   probe();
-  impl_->timeout = std::chrono::milliseconds(static_cast<int64_t>(std::max(collective_timeout_s, 0.001) * 1000.0));
+  impl_->options = options;
+  impl_->conv_policy = {options.tf32, options.deterministic, options.autotune, options.survey};
+  impl_->timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(std::max(options.collective_timeout_s, 0.001) * 1000.0));
   // One GPU per rank. The local provider gives each node its own (CUDA_VISIBLE_DEVICES), so a
   // node sees one and uses device 0; where a process sees several, its local rank picks one
   // (the rank, off a pool: several ranks in one process, as `skyforge backend-check` makes).
@@ -434,8 +534,7 @@ Device::Device(const Communicator& comm, const Host& host, double collective_tim
   stream_.handle = impl_->stream;
   check(cublasCreate(&impl_->blas), "cublasCreate");
   check(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
-  impl_->tf32 = tf32;
-  check(cublasSetMathMode(impl_->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  check(cublasSetMathMode(impl_->blas, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   // A workspace of its own for cuBLAS (32 MiB, what NVIDIA advises for Hopper), so that no GEMM
   // allocates while a step is captured as a graph.
   constexpr size_t kBlasWorkspace = size_t{32} << 20;
@@ -571,7 +670,7 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
   const size_t ws = impl_->blas_workspace_bytes;
   auto make = [&](LtPlan& d) {
     const cublasOperation_t no = CUBLAS_OP_N;
-    check(cublasLtMatmulDescCreate(&d.op, impl_->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F),
+    check(cublasLtMatmulDescCreate(&d.op, impl_->options.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F),
           "cublasLtMatmulDescCreate");
     check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof no), "cublasLt TRANSA");
     check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof no), "cublasLt TRANSB");
@@ -618,11 +717,22 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
 }
 
 namespace {
-ConvPlan& conv_plan(PlanCache<ConvPlan, 13>& cache, const kernels::WindowShape& g, size_t filters, bool tf32) {
+ConvPlan& conv_plan(PlanCache<ConvPlan, 13>& cache, const kernels::WindowShape& g, size_t filters,
+                    const ConvPolicy& policy) {
   return cache.get({g.batch, g.H, g.W, g.C, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.Ho, g.Wo, filters},
-                   [&](ConvPlan& c) { c.setup(g, filters, tf32); });
+                   [&](ConvPlan& c) { c.setup(g, filters, policy); });
 }
 }  // namespace
+
+// Whether cuDNN may run kernels to time its candidates now (autotune, survey): never inside a
+// capture (a plan is new there only if the cache started over); first, the device's work is
+// waited for, watched, as Find*Ex's own synchronizations would not be.
+bool Device::Impl::may_time() {
+  const ConvPolicy& p = conv_policy;
+  if (capturing || !(p.autotune || p.survey)) return false;
+  quiesce("waiting for the device before timing cuDNN's convolution algorithms");
+  return true;
+}
 
 bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const float* x, const float* w, float* y) {
   Impl& d = *impl_;
@@ -632,20 +742,35 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
     check(cudnnCreate(&d.dnn), "cudnnCreate");
     check(cudnnSetStream(d.dnn, d.stream), "cudnnSetStream");
   }
-  ConvPlan& c = conv_plan(d.conv_plans, g, filters, d.tf32);
+  ConvPlan& c = conv_plan(d.conv_plans, g, filters, d.conv_policy);
   if (!c.ok) return false;
-  choose(c.forward, c.tf32, d.dnn, c.x, c.w, c.conv, c.y, cudnnGetConvolutionForwardAlgorithm_v7,
-         cudnnGetConvolutionForwardWorkspaceSize);
-  if (!c.forward.found) return false;
   const size_t kkc = g.col_width();
   d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");  // once: every algorithm taken fits
   d.grow(d.kernel_krsc, kkc * filters * sizeof(float), "conv2d kernel");
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
   kernels::transpose(w, kkc, filters, krsc, stream_);  // (kh, kw, C, F) -> (F, kh, kw, C)
+  void* ws = d.dnn_workspace.p;
+  const size_t wsb = d.dnn_workspace.bytes;
+  auto find = [&](cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd, cudnnTensorDescriptor_t yd) {
+    return [&d, &c, x, krsc, y, ws, wsb, xd, wd, yd](int req, int* n, cudnnConvolutionFwdAlgoPerf_t* perf) {
+      return cudnnFindConvolutionForwardAlgorithmEx(d.dnn, xd, x, wd, krsc, c.conv, yd, y, req, n, perf, ws, wsb);
+    };
+  };
+  const auto nhwc = find(c.x, c.w, c.y), nchw = find(c.xc, c.wc, c.yc);
+  if (!c.forward.asked)
+    choose<cudnnConvolutionFwdAlgoPerf_t>(
+        c.forward, d.conv_policy, c.conv, d.may_time(), fwd_algo_name,
+        [&](int req, int* n, cudnnConvolutionFwdAlgoPerf_t* perf) {
+          return cudnnGetConvolutionForwardAlgorithm_v7(d.dnn, c.x, c.w, c.conv, c.y, req, n, perf);
+        },
+        nhwc, c.xc ? &nchw : nullptr,
+        [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
+          return cudnnGetConvolutionForwardWorkspaceSize(d.dnn, c.x, c.w, c.conv, c.y, a, bytes);
+        });
+  if (!c.forward.found) return false;
   const float one = 1.f, zero = 0.f;
   check(cudnnSetConvolutionMathType(c.conv, c.forward.math), "cudnnSetConvolutionMathType");
-  check(cudnnConvolutionForward(d.dnn, &one, c.x, x, c.w, krsc, c.conv, c.forward.algo, d.dnn_workspace.p,
-                                d.dnn_workspace.bytes, &zero, c.y, y),
+  check(cudnnConvolutionForward(d.dnn, &one, c.x, x, c.w, krsc, c.conv, c.forward.algo, ws, wsb, &zero, c.y, y),
         "cudnnConvolutionForward");
   return true;
 }
@@ -654,31 +779,64 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
                            const float* dy, float* dw, float* dx) {
   Impl& d = *impl_;
   if (!d.dnn) return false;
-  ConvPlan& c = conv_plan(d.conv_plans, g, filters, d.tf32);
+  ConvPlan& c = conv_plan(d.conv_plans, g, filters, d.conv_policy);
   if (!c.ok) return false;
-  choose(c.filter, c.tf32, d.dnn, c.x, c.y, c.conv, c.w, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
-         cudnnGetConvolutionBackwardFilterWorkspaceSize);
-  if (dx)
-    choose(c.data, c.tf32, d.dnn, c.w, c.y, c.conv, c.x, cudnnGetConvolutionBackwardDataAlgorithm_v7,
-           cudnnGetConvolutionBackwardDataWorkspaceSize);
-  if (!c.filter.found || (dx && !c.data.found)) return false;
   const size_t kkc = g.col_width();
   d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");
   d.grow(d.kernel_krsc, kkc * filters * sizeof(float), "conv2d kernel");
   d.grow(d.grad_krsc, kkc * filters * sizeof(float), "conv2d kernel gradient");
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
   auto* dkrsc = static_cast<float*>(d.grad_krsc.p);
+  void* ws = d.dnn_workspace.p;
+  const size_t wsb = d.dnn_workspace.bytes;
+  if (!c.filter.asked) {
+    auto find = [&](cudnnTensorDescriptor_t xd, cudnnTensorDescriptor_t yd, cudnnFilterDescriptor_t wd) {
+      return [&d, &c, x, dy, dkrsc, ws, wsb, xd, yd, wd](int req, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+        return cudnnFindConvolutionBackwardFilterAlgorithmEx(d.dnn, xd, x, yd, dy, c.conv, wd, dkrsc, req, n, perf, ws,
+                                                             wsb);
+      };
+    };
+    const auto nhwc = find(c.x, c.y, c.w), nchw = find(c.xc, c.yc, c.wc);
+    choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        c.filter, d.conv_policy, c.conv, d.may_time(), filter_algo_name,
+        [&](int req, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+          return cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.dnn, c.x, c.y, c.conv, c.w, req, n, perf);
+        },
+        nhwc, c.xc ? &nchw : nullptr,
+        [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
+          return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.dnn, c.x, c.y, c.conv, c.w, a, bytes);
+        });
+  }
+  if (dx && !c.data.asked) {
+    // The kernel in KRSC for the timing runs (the call below transposes it again, in order).
+    kernels::transpose(w, kkc, filters, krsc, stream_);
+    auto find = [&](cudnnFilterDescriptor_t wd, cudnnTensorDescriptor_t yd, cudnnTensorDescriptor_t xd) {
+      return [&d, &c, krsc, dy, dx, ws, wsb, wd, yd, xd](int req, int* n, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+        return cudnnFindConvolutionBackwardDataAlgorithmEx(d.dnn, wd, krsc, yd, dy, c.conv, xd, dx, req, n, perf, ws,
+                                                           wsb);
+      };
+    };
+    const auto nhwc = find(c.w, c.y, c.x), nchw = find(c.wc, c.yc, c.xc);
+    choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+        c.data, d.conv_policy, c.conv, d.may_time(), data_algo_name,
+        [&](int req, int* n, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+          return cudnnGetConvolutionBackwardDataAlgorithm_v7(d.dnn, c.w, c.y, c.conv, c.x, req, n, perf);
+        },
+        nhwc, c.xc ? &nchw : nullptr,
+        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(d.dnn, c.w, c.y, c.conv, c.x, a, bytes);
+        });
+  }
+  if (!c.filter.found || (dx && !c.data.found)) return false;
   const float one = 1.f, zero = 0.f;
   check(cudnnSetConvolutionMathType(c.conv, c.filter.math), "cudnnSetConvolutionMathType");
-  check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, c.filter.algo, d.dnn_workspace.p,
-                                       d.dnn_workspace.bytes, &zero, c.w, dkrsc),
+  check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, c.filter.algo, ws, wsb, &zero, c.w, dkrsc),
         "cudnnConvolutionBackwardFilter");
   kernels::transpose(dkrsc, filters, kkc, dw, stream_);  // (F, kh, kw, C) -> (kh, kw, C, F)
   if (dx) {
     kernels::transpose(w, kkc, filters, krsc, stream_);
     check(cudnnSetConvolutionMathType(c.conv, c.data.math), "cudnnSetConvolutionMathType");
-    check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, c.data.algo, d.dnn_workspace.p,
-                                       d.dnn_workspace.bytes, &zero, c.x, dx),
+    check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, c.data.algo, ws, wsb, &zero, c.x, dx),
           "cudnnConvolutionBackwardData");
   }
   return true;
@@ -763,51 +921,30 @@ double Device::seconds(size_t from, size_t to) const {
 void Device::clear_marks() { impl_->marks_used = 0; }
 
 namespace {
-const char* fwd_algo_name(cudnnConvolutionFwdAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "implicit_gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "implicit_precomp_gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "direct";
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "fft_tiling";
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "winograd";
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    default: return "?";
-  }
-}
-const char* filter_algo_name(cudnnConvolutionBwdFilterAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return "algo_0";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return "algo_1";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return "algo_3";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return "fft_tiling";
-    default: return "?";
-  }
-}
-const char* data_algo_name(cudnnConvolutionBwdDataAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return "algo_0";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return "algo_1";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return "fft_tiling";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return "winograd";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    default: return "?";
-  }
-}
 template <class Algo>
 std::string choice_text(const ConvPlan::Choice<Algo>& c, const char* (*name)(Algo)) {
   if (!c.asked) return "not asked";
   if (!c.found) return "none fits: im2col + GEMM";
-  return std::string(name(c.algo)) + (c.math == CUDNN_FMA_MATH ? "" : " (tensor cores, TF32)");
+  return std::string(name(c.algo)) + (c.math == CUDNN_FMA_MATH ? "" : " (TF32)") + (c.timed ? ", timed" : "");
+}
+// A direction's timed candidates, fastest first: "name 0.123 ms", marked when cuDNN computes it
+// on tensor cores (TF32) or adds with atomics (nondeterministic), and when the policy refuses it.
+void timed_text(std::string& out, const char* direction, const char* layout, const std::vector<ConvPlan::Timed>& ts) {
+  if (ts.empty()) return;
+  out += std::string("      ") + direction + " " + layout + ":";
+  char item[128];
+  for (const ConvPlan::Timed& t : ts) {
+    std::snprintf(item, sizeof item, " %s%s%s %.3f ms%s,", t.name, t.math == CUDNN_FMA_MATH ? "" : " (TF32)",
+                  t.deterministic ? "" : " (nondeterministic)", static_cast<double>(t.ms), t.admitted ? "" : " [refused]");
+    out += item;
+  }
+  out.back() = '\n';
 }
 }  // namespace
 
 std::string Device::describe_convolutions() const {
   std::string out;
+  const ConvPolicy& p = impl_->conv_policy;
   impl_->conv_plans.for_each([&](const auto& k, const ConvPlan& c) {
     // k: batch, H, W, C, kh, kw, sh, sw, pt, pl, Ho, Wo, filters (conv_plan's key)
     char line[200];
@@ -825,7 +962,17 @@ std::string Device::describe_convolutions() const {
     }
     out += "forward " + choice_text(c.forward, fwd_algo_name) + ", filter " + choice_text(c.filter, filter_algo_name) +
            ", data " + choice_text(c.data, data_algo_name) + "\n";
+    timed_text(out, "forward", "NHWC", c.forward.nhwc);
+    timed_text(out, "forward", "NCHW", c.forward.nchw);
+    timed_text(out, "filter", "NHWC", c.filter.nhwc);
+    timed_text(out, "filter", "NCHW", c.filter.nchw);
+    timed_text(out, "data", "NHWC", c.data.nhwc);
+    timed_text(out, "data", "NCHW", c.data.nchw);
   });
+  if (!out.empty() && (p.autotune || p.survey))
+    out = std::string("    (chosen ") + (p.autotune ? "by time" : "by cuDNN's heuristics") + ", among " +
+          (p.deterministic ? "deterministic" : "all") + " algorithms in " + (p.tf32 ? "FP32 or TF32" : "FP32") +
+          "; times: cudnnFind*Ex, each candidate once, at the window's first use)\n" + out;
   return out;
 }
 

@@ -28,7 +28,7 @@ struct HostGraph : Device::Graph {
 };
 }  // namespace
 
-Device::Device(const Communicator& comm, const Host&, double, bool) : impl_(std::make_unique<Impl>()) {
+Device::Device(const Communicator& comm, const Host&, const DeviceOptions&) : impl_(std::make_unique<Impl>()) {
   impl_->comm = comm;
 }
 Device::~Device() = default;

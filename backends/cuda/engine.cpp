@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <set>
 
 namespace skyforge::cuda {
 
@@ -98,6 +99,10 @@ struct CudaProfile {
   std::vector<double> fwd, bwd;
   double loss = 0, allreduce = 0, optimizer = 0, total = 0;
   uint64_t steps = 0, samples = 0;
+  // The first step of each batch size is left out: it holds the one-time costs (cuDNN's and
+  // cuBLAS' loading, plans, the timing of convolution algorithms).
+  std::set<uint32_t> seen;
+  uint64_t first_steps = 0;
   static bool enabled() {
     const char* e = std::getenv("SKYFORGE_CUDA_PROFILE");
     return e && *e && std::strcmp(e, "0") != 0;
@@ -139,7 +144,13 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     invalid("unknown optimizer '" + optimizer_ + "' (known: adam, sgd)");
   }
 
-  dev_ = std::make_unique<Device>(comm_, host, eopt_.collective_timeout_s, eopt_.tf32);
+  DeviceOptions dopt;
+  dopt.collective_timeout_s = eopt_.collective_timeout_s;
+  dopt.tf32 = eopt_.tf32;
+  dopt.deterministic = eopt_.deterministic;
+  dopt.autotune = eopt_.autotune;
+  dopt.survey = CudaProfile::enabled();  // the profile lists every convolution algorithm's time
+  dev_ = std::make_unique<Device>(comm_, host, dopt);
 
   // Every layer through the schema: options with defaults, output shape, parameter count.
   Shape shape = input_shape_;
@@ -277,6 +288,12 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
 void CudaEngine::profile_step(uint32_t batch) {
   CudaProfile& p = *prof_;
   dev_->synchronize();
+  if (p.seen.insert(batch).second) {
+    ++p.first_steps;
+    p.spans.clear();
+    dev_->clear_marks();
+    return;
+  }
   for (const CudaProfile::Span& s : p.spans) {
     const double t = dev_->seconds(s.from, s.to);
     using Part = CudaProfile::Part;
@@ -307,9 +324,10 @@ CudaEngine::~CudaEngine() {
   if (!prof_ || prof_->steps == 0) return;
   const CudaProfile& p = *prof_;
   const double us = 1e6 / static_cast<double>(p.steps);
-  std::fprintf(stderr, "skyforge cuda profile (rank %u, %s build): %llu train steps, %.1f samples/step, every step "
-               "eager (graphs off while profiling); mean device us per step\n", comm_.rank(), Device::build_name(),
-               static_cast<unsigned long long>(p.steps), static_cast<double>(p.samples) / static_cast<double>(p.steps));
+  std::fprintf(stderr, "skyforge cuda profile (rank %u, %s build): %llu train steps (and %llu left out: the first "
+               "of each batch size), %.1f samples/step, every step eager (graphs off while profiling); mean device us "
+               "per step\n", comm_.rank(), Device::build_name(), static_cast<unsigned long long>(p.steps),
+               static_cast<unsigned long long>(p.first_steps), static_cast<double>(p.samples) / static_cast<double>(p.steps));
   std::fprintf(stderr, "  %-5s %-60s %10s %10s\n", "layer", "", "forward", "backward");
   double f = 0, b = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {

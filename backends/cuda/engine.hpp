@@ -34,6 +34,12 @@ struct EngineOptions {
   // TF32 on tensor cores for GEMMs and convolutions (the CUDA build on Ampere or newer):
   // faster, about 1e-3 from FP32 rather than at rounding level (docs/compute-backends.md, "TF32").
   bool tf32 = false;
+  // cuDNN's convolution algorithms (docs/compute-backends.md, "Convolution algorithms"):
+  // deterministic ones only (false: also those that add with atomics, PyTorch's default), and
+  // chosen by cuDNN's heuristics or, with autotune, by timing the candidates at a window's
+  // first eager use (torch.backends.cudnn.benchmark).
+  bool deterministic = true;
+  bool autotune = false;
 };
 
 // How the engine's bound-data steps ran (tests and the bench read it).

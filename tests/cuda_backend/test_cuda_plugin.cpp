@@ -48,13 +48,17 @@ TEST_F(CudaPlugin, WithoutADeviceItIsListedValidatesAndRunStopsBeforeProvisionin
   auto with_options = [&](const std::string& name, const std::string& options) {
     return write(name, text + "\n[[plugins]]\nname = \"cuda\"\n" + options);
   };
-  const std::string good = "tf32 = true\ncuda_graphs = false\nbucket_cap_mb = 16\n";
+  const std::string good = "tf32 = true\ncuda_graphs = false\nbucket_cap_mb = 16\ndeterministic = false\nautotune = true\n";
   o = skyforge({"validate", with_options("opts.toml", good).string()}, 30);
   EXPECT_EQ(o.exit_code, 0) << o.err;
   o = skyforge({"validate", with_options("bad.toml", "tf32 = \"yes\"\n").string()}, 30);
   EXPECT_EQ(o.exit_code, 2) << o.out;
   const std::regex refused(R"(bad\.toml:\d+:8: \[\[plugins\]\] cuda tf32: expected a boolean, got a string \("yes"\))");
   EXPECT_TRUE(std::regex_search(o.err, refused)) << o.err;
+  o = skyforge({"validate", with_options("bad2.toml", "autotune = 1\n").string()}, 30);
+  EXPECT_EQ(o.exit_code, 2) << o.out;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(bad2\.toml:\d+:12: \[\[plugins\]\] cuda autotune: expected a boolean)")))
+      << o.err;
 
   o = skyforge({"run", m.string()}, 60);
   if (o.exit_code == 0) GTEST_SKIP() << "this machine has a usable CUDA device: the job ran on it";

@@ -184,6 +184,26 @@ TEST(Gpu, ConvnetTrainsLikeCpu) {
   EXPECT_LE(worst_param, 1e-4);  // the convnets' documented tolerance (docs/compute-backends.md)
 }
 
+// autotune = true, deterministic = false (docs/compute-backends.md, "Convolution algorithms"):
+// each direction of each window takes the fastest FP32 algorithm cuDNN timed, atomics allowed.
+// Only the order of the additions changes, so the FP32 lockstep tolerance holds.
+TEST(Gpu, AutotunedNondeterministicConvnetTrainsLikeCpu) {
+  std::string why;
+  ModelSpec m = convnet(4);
+  m.optimizer = "sgd";
+  m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
+  cu::EngineOptions o;
+  o.autotune = true;
+  o.deterministic = false;
+  auto g = try_make(m, &why, o);
+  if (!g) GTEST_SKIP() << why;
+  const auto [worst_loss, worst_param] = lockstep_with_cpu(m, *g);
+  std::printf("convnet autotuned, atomics allowed, on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n",
+              worst_loss, worst_param);
+  EXPECT_LE(worst_loss, 1e-4);
+  EXPECT_LE(worst_param, 1e-4);
+}
+
 // tf32 = true (docs/compute-backends.md, "TF32"): GEMMs and convolutions may round their inputs
 // to TF32 (10 mantissa bits), so a step is about 1e-3 from FP32, not at rounding level; the same lockstep
 // check as above with that tolerance.
