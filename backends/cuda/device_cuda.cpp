@@ -223,39 +223,75 @@ class PlanCache {
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
+// One direction of a convolution as cuDNN's legacy API has it: every function takes its three
+// descriptors in the same order (a, b, the convolution, d), and Find*Ex their buffers beside them.
+template <class A, class B, class D, class Algo, class Perf>
+struct ConvDirection {
+  cudnnStatus_t (*heuristic)(cudnnHandle_t, A, B, cudnnConvolutionDescriptor_t, D, int, int*, Perf*);  // _v7
+  cudnnStatus_t (*find)(cudnnHandle_t, A, const void*, B, const void*, cudnnConvolutionDescriptor_t, D, void*, int,
+                        int*, Perf*, void*, size_t);  // Find*Ex
+  cudnnStatus_t (*workspace)(cudnnHandle_t, A, B, cudnnConvolutionDescriptor_t, D, Algo, size_t*);
+  const char* (*name)(Algo);
+};
+const ConvDirection<cudnnTensorDescriptor_t, cudnnFilterDescriptor_t, cudnnTensorDescriptor_t, cudnnConvolutionFwdAlgo_t,
+                    cudnnConvolutionFwdAlgoPerf_t>
+    kForward{cudnnGetConvolutionForwardAlgorithm_v7, cudnnFindConvolutionForwardAlgorithmEx,
+             cudnnGetConvolutionForwardWorkspaceSize, fwd_algo_name};
+const ConvDirection<cudnnTensorDescriptor_t, cudnnTensorDescriptor_t, cudnnFilterDescriptor_t,
+                    cudnnConvolutionBwdFilterAlgo_t, cudnnConvolutionBwdFilterAlgoPerf_t>
+    kFilter{cudnnGetConvolutionBackwardFilterAlgorithm_v7, cudnnFindConvolutionBackwardFilterAlgorithmEx,
+            cudnnGetConvolutionBackwardFilterWorkspaceSize, filter_algo_name};
+const ConvDirection<cudnnFilterDescriptor_t, cudnnTensorDescriptor_t, cudnnTensorDescriptor_t,
+                    cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdDataAlgoPerf_t>
+    kData{cudnnGetConvolutionBackwardDataAlgorithm_v7, cudnnFindConvolutionBackwardDataAlgorithmEx,
+          cudnnGetConvolutionBackwardDataWorkspaceSize, data_algo_name};
+
+// Where one call of a direction reads and writes: the descriptors in NHWC (the engine's layout)
+// and in NCHW (a survey's, or null), the buffers, cuDNN's workspace.
+template <class A, class B, class D>
+struct ConvCall {
+  A a, a_nchw;
+  B b, b_nchw;
+  D d, d_nchw;
+  const void* pa;
+  const void* pb;
+  void* pd;
+  void* ws;
+  size_t ws_bytes;
+};
+
 // One direction's algorithm, chosen once per plan (docs/compute-backends.md, "Convolution
-// algorithms"). The callables ask cuDNN, each as (requested, &returned, perf):
-//   heuristic  its _v7 ranking (no kernel runs);
-//   find       its Find*Ex over the engine's own buffers in NHWC (every candidate runs and is
-//              timed; what it writes is overwritten by the call that follows);
-//   find_nchw  the same in NCHW, for a survey (or null: no survey);
-//   workspace  (algo, &bytes): the workspace the algorithm needs, asked of cuDNN for it (the
-//              heuristic's figure is an estimate).
-// can_time: cuDNN may run kernels now (not inside a capture; the device is idle). With
-// autotune, the fastest admitted candidate that ran; else, or when none did, the first admitted
-// one the heuristic ranks whose workspace fits. A survey only records the times.
-template <class Perf, class Algo, class Heuristic, class Find, class FindNchw, class Workspace>
-void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, cudnnConvolutionDescriptor_t conv, bool can_time,
-            const char* (*name)(Algo), const Heuristic& heuristic, const Find& find, const FindNchw* find_nchw,
-            const Workspace& workspace) {
+// algorithms"). can_time: cuDNN may run kernels now (not inside a capture; the device idle).
+// With autotune, the fastest admitted candidate Find*Ex timed over the call's own buffers
+// (what it writes there is overwritten by the call that follows); else, or when none ran, the
+// first admitted one the heuristic ranks whose workspace, asked of cuDNN for it (the
+// heuristic's figure is an estimate), fits. A survey times every candidate in both layouts and
+// only records them.
+template <class A, class B, class D, class Algo, class Perf>
+void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnnHandle_t h,
+            cudnnConvolutionDescriptor_t conv, const ConvDirection<A, B, D, Algo, Perf>& dir,
+            const ConvCall<A, B, D>& call) {
   if (c.asked) return;
   c.asked = true;
   constexpr int kMax = 16;  // more than cuDNN has algorithms in any direction, with math variants
   Perf perf[kMax];
   int n = 0;
-  auto timed = [&](const auto& run, std::vector<ConvPlan::Timed>& into) {
+  auto timed = [&](A a, B b, D d, std::vector<ConvPlan::Timed>& into) {
     n = 0;
     check(cudnnSetConvolutionMathType(conv, p.asked()), "cudnnSetConvolutionMathType");
-    if (run(kMax, &n, perf) != CUDNN_STATUS_SUCCESS) n = 0;  // nothing timed: the heuristics decide
+    if (dir.find(h, a, call.pa, b, call.pb, conv, d, call.pd, kMax, &n, perf, call.ws, call.ws_bytes) !=
+        CUDNN_STATUS_SUCCESS)
+      n = 0;             // nothing timed: the heuristics decide
     cudaGetLastError();  // a candidate that failed to launch must not fail the next kernel's check
     for (int i = 0; i < n; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS)
-        into.push_back({name(perf[i].algo), perf[i].mathType, perf[i].time, perf[i].determinism == CUDNN_DETERMINISTIC,
+        into.push_back({dir.name(perf[i].algo), perf[i].mathType, perf[i].time,
+                        perf[i].determinism == CUDNN_DETERMINISTIC,
                         p.admits(perf[i].status, perf[i].determinism, perf[i].mathType)});
   };
-  if (can_time && p.survey && find_nchw) timed(*find_nchw, c.nchw);
+  if (can_time && p.survey && call.a_nchw) timed(call.a_nchw, call.b_nchw, call.d_nchw, c.nchw);
   if (can_time && (p.autotune || p.survey)) {
-    timed(find, c.nhwc);
+    timed(call.a, call.b, call.d, c.nhwc);
     for (int i = 0; p.autotune && i < n; ++i) {  // fastest first
       if (!p.admits(perf[i].status, perf[i].determinism, perf[i].mathType) || perf[i].memory > kDnnWorkspace) continue;
       c.found = c.timed = true;
@@ -267,12 +303,13 @@ void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, cudnnConvolutionDesc
   // A heuristic that fails for this window leaves it to im2col + GEMM, as one with no fit does.
   n = 0;
   check(cudnnSetConvolutionMathType(conv, p.asked()), "cudnnSetConvolutionMathType");
-  if (heuristic(kMax, &n, perf) != CUDNN_STATUS_SUCCESS) return;
+  if (dir.heuristic(h, call.a, call.b, conv, call.d, kMax, &n, perf) != CUDNN_STATUS_SUCCESS) return;
   for (int i = 0; i < n; ++i) {
     if (!p.admits(perf[i].status, perf[i].determinism, perf[i].mathType)) continue;
     size_t bytes = 0;
     check(cudnnSetConvolutionMathType(conv, perf[i].mathType), "cudnnSetConvolutionMathType");
-    if (workspace(perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) {
+    if (dir.workspace(h, call.a, call.b, conv, call.d, perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS &&
+        bytes <= kDnnWorkspace) {
       c.found = true;
       c.algo = perf[i].algo;
       c.math = perf[i].mathType;
@@ -751,22 +788,10 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
   kernels::transpose(w, kkc, filters, krsc, stream_);  // (kh, kw, C, F) -> (F, kh, kw, C)
   void* ws = d.dnn_workspace.p;
   const size_t wsb = d.dnn_workspace.bytes;
-  auto find = [&](cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd, cudnnTensorDescriptor_t yd) {
-    return [&d, &c, x, krsc, y, ws, wsb, xd, wd, yd](int req, int* n, cudnnConvolutionFwdAlgoPerf_t* perf) {
-      return cudnnFindConvolutionForwardAlgorithmEx(d.dnn, xd, x, wd, krsc, c.conv, yd, y, req, n, perf, ws, wsb);
-    };
-  };
-  const auto nhwc = find(c.x, c.w, c.y), nchw = find(c.xc, c.wc, c.yc);
   if (!c.forward.asked)
-    choose<cudnnConvolutionFwdAlgoPerf_t>(
-        c.forward, d.conv_policy, c.conv, d.may_time(), fwd_algo_name,
-        [&](int req, int* n, cudnnConvolutionFwdAlgoPerf_t* perf) {
-          return cudnnGetConvolutionForwardAlgorithm_v7(d.dnn, c.x, c.w, c.conv, c.y, req, n, perf);
-        },
-        nhwc, c.xc ? &nchw : nullptr,
-        [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
-          return cudnnGetConvolutionForwardWorkspaceSize(d.dnn, c.x, c.w, c.conv, c.y, a, bytes);
-        });
+    choose(c.forward, d.conv_policy, d.may_time(), d.dnn, c.conv, kForward,
+           ConvCall<cudnnTensorDescriptor_t, cudnnFilterDescriptor_t, cudnnTensorDescriptor_t>{
+               c.x, c.xc, c.w, c.wc, c.y, c.yc, x, krsc, y, ws, wsb});
   if (!c.forward.found) return false;
   const float one = 1.f, zero = 0.f;
   check(cudnnSetConvolutionMathType(c.conv, c.forward.math), "cudnnSetConvolutionMathType");
@@ -789,43 +814,16 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
   auto* dkrsc = static_cast<float*>(d.grad_krsc.p);
   void* ws = d.dnn_workspace.p;
   const size_t wsb = d.dnn_workspace.bytes;
-  if (!c.filter.asked) {
-    auto find = [&](cudnnTensorDescriptor_t xd, cudnnTensorDescriptor_t yd, cudnnFilterDescriptor_t wd) {
-      return [&d, &c, x, dy, dkrsc, ws, wsb, xd, yd, wd](int req, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-        return cudnnFindConvolutionBackwardFilterAlgorithmEx(d.dnn, xd, x, yd, dy, c.conv, wd, dkrsc, req, n, perf, ws,
-                                                             wsb);
-      };
-    };
-    const auto nhwc = find(c.x, c.y, c.w), nchw = find(c.xc, c.yc, c.wc);
-    choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-        c.filter, d.conv_policy, c.conv, d.may_time(), filter_algo_name,
-        [&](int req, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-          return cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.dnn, c.x, c.y, c.conv, c.w, req, n, perf);
-        },
-        nhwc, c.xc ? &nchw : nullptr,
-        [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
-          return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.dnn, c.x, c.y, c.conv, c.w, a, bytes);
-        });
-  }
+  if (!c.filter.asked)
+    choose(c.filter, d.conv_policy, d.may_time(), d.dnn, c.conv, kFilter,
+           ConvCall<cudnnTensorDescriptor_t, cudnnTensorDescriptor_t, cudnnFilterDescriptor_t>{
+               c.x, c.xc, c.y, c.yc, c.w, c.wc, x, dy, dkrsc, ws, wsb});
   if (dx && !c.data.asked) {
     // The kernel in KRSC for the timing runs (the call below transposes it again, in order).
     kernels::transpose(w, kkc, filters, krsc, stream_);
-    auto find = [&](cudnnFilterDescriptor_t wd, cudnnTensorDescriptor_t yd, cudnnTensorDescriptor_t xd) {
-      return [&d, &c, krsc, dy, dx, ws, wsb, wd, yd, xd](int req, int* n, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
-        return cudnnFindConvolutionBackwardDataAlgorithmEx(d.dnn, wd, krsc, yd, dy, c.conv, xd, dx, req, n, perf, ws,
-                                                           wsb);
-      };
-    };
-    const auto nhwc = find(c.w, c.y, c.x), nchw = find(c.wc, c.yc, c.xc);
-    choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-        c.data, d.conv_policy, c.conv, d.may_time(), data_algo_name,
-        [&](int req, int* n, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
-          return cudnnGetConvolutionBackwardDataAlgorithm_v7(d.dnn, c.w, c.y, c.conv, c.x, req, n, perf);
-        },
-        nhwc, c.xc ? &nchw : nullptr,
-        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(d.dnn, c.w, c.y, c.conv, c.x, a, bytes);
-        });
+    choose(c.data, d.conv_policy, d.may_time(), d.dnn, c.conv, kData,
+           ConvCall<cudnnFilterDescriptor_t, cudnnTensorDescriptor_t, cudnnTensorDescriptor_t>{
+               c.w, c.wc, c.y, c.yc, c.x, c.xc, krsc, dy, dx, ws, wsb});
   }
   if (!c.filter.found || (dx && !c.data.found)) return false;
   const float one = 1.f, zero = 0.f;
