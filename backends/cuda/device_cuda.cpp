@@ -491,6 +491,7 @@ struct Device::Impl {
     if (nccl) wait_until([this] { return cudaStreamQuery(collectives); }, what);
   }
   bool may_time();
+  ConvPlan* conv_setup(const kernels::WindowShape& g, size_t filters);
   // Until query() stops saying cudaErrorNotReady (a stream or an event of it), the same way.
   template <class Query>
   void wait_until(const Query& query, const char* what) {
@@ -761,6 +762,16 @@ ConvPlan& conv_plan(PlanCache<ConvPlan, 13>& cache, const kernels::WindowShape& 
 }
 }  // namespace
 
+// A window's plan, with cuDNN's workspace and the KRSC kernel its calls use grown to fit (outside
+// captures only: every shape runs eager first), or null where cuDNN cannot express the window.
+ConvPlan* Device::Impl::conv_setup(const kernels::WindowShape& g, size_t filters) {
+  ConvPlan& c = conv_plan(conv_plans, g, filters, conv_policy);
+  if (!c.ok) return nullptr;
+  grow(dnn_workspace, kDnnWorkspace, "conv2d workspace");  // once: every algorithm taken fits
+  grow(kernel_krsc, g.col_width() * filters * sizeof(float), "conv2d kernel");
+  return &c;
+}
+
 // Whether cuDNN may run kernels to time its candidates now (autotune, survey): never inside a
 // capture (a plan is new there only if the cache started over); first, the device's work is
 // waited for, watched, as Find*Ex's own synchronizations would not be.
@@ -779,11 +790,10 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
     check(cudnnCreate(&d.dnn), "cudnnCreate");
     check(cudnnSetStream(d.dnn, d.stream), "cudnnSetStream");
   }
-  ConvPlan& c = conv_plan(d.conv_plans, g, filters, d.conv_policy);
-  if (!c.ok) return false;
+  ConvPlan* plan = d.conv_setup(g, filters);
+  if (!plan) return false;
+  ConvPlan& c = *plan;
   const size_t kkc = g.col_width();
-  d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");  // once: every algorithm taken fits
-  d.grow(d.kernel_krsc, kkc * filters * sizeof(float), "conv2d kernel");
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
   kernels::transpose(w, kkc, filters, krsc, stream_);  // (kh, kw, C, F) -> (F, kh, kw, C)
   void* ws = d.dnn_workspace.p;
@@ -804,11 +814,10 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
                            const float* dy, float* dw, float* dx) {
   Impl& d = *impl_;
   if (!d.dnn) return false;
-  ConvPlan& c = conv_plan(d.conv_plans, g, filters, d.conv_policy);
-  if (!c.ok) return false;
+  ConvPlan* plan = d.conv_setup(g, filters);
+  if (!plan) return false;
+  ConvPlan& c = *plan;
   const size_t kkc = g.col_width();
-  d.grow(d.dnn_workspace, kDnnWorkspace, "conv2d workspace");
-  d.grow(d.kernel_krsc, kkc * filters * sizeof(float), "conv2d kernel");
   d.grow(d.grad_krsc, kkc * filters * sizeof(float), "conv2d kernel gradient");
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
   auto* dkrsc = static_cast<float*>(d.grad_krsc.p);

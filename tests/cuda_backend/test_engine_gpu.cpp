@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <thread>
 #include <utility>
 
@@ -155,15 +154,16 @@ TEST(Gpu, ALostPeerAbortsTheCommunicatorInsteadOfHanging) {
 // the cpu backend's state before each step), 10 steps of SGD + momentum.
 namespace {
 // The convnet on the GPU with options o, 10 steps of batch 32, taking the cpu backend's state
-// before each: the worst relative loss difference and the worst parameter difference (printed,
-// with what), or nothing, with *why set, on a machine without a usable device.
-std::optional<std::pair<double, double>> convnet_lockstep_with_cpu(const cu::EngineOptions& o, const char* what,
-                                                                   std::string* why) {
+// before each: the worst relative loss difference and the worst parameter difference, printed
+// with what, within the tolerances (the test skips on a machine without a usable device).
+void expect_convnet_lockstep_with_cpu(const cu::EngineOptions& o, const char* what, double loss_tolerance,
+                                      double param_tolerance) {
+  std::string why;
   ModelSpec m = convnet(4);
   m.optimizer = "sgd";
   m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
-  auto g = try_make(m, why, o);
-  if (!g) return std::nullopt;
+  auto g = try_make(m, &why, o);
+  if (!g) GTEST_SKIP() << why;
   auto c = skyforge::cpu::make_engine(m, Communicator{});
   double worst_loss = 0, worst_param = 0;
   for (int s = 0; s < 10; ++s) {
@@ -176,43 +176,30 @@ std::optional<std::pair<double, double>> convnet_lockstep_with_cpu(const cu::Eng
   }
   std::printf("convnet %s on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n", what, worst_loss,
               worst_param);
-  return std::pair{worst_loss, worst_param};
+  EXPECT_LE(worst_loss, loss_tolerance);
+  EXPECT_LE(worst_param, param_tolerance);
 }
 }  // namespace
 
 // FP32, deterministic algorithms chosen by cuDNN's heuristics (the defaults): the convnets'
 // documented tolerance (docs/compute-backends.md), 1e-4 on the loss and the parameters.
-TEST(Gpu, ConvnetTrainsLikeCpu) {
-  std::string why;
-  const auto worst = convnet_lockstep_with_cpu({}, "in FP32", &why);
-  if (!worst) GTEST_SKIP() << why;
-  EXPECT_LE(worst->first, 1e-4);
-  EXPECT_LE(worst->second, 1e-4);
-}
+TEST(Gpu, ConvnetTrainsLikeCpu) { expect_convnet_lockstep_with_cpu({}, "in FP32", 1e-4, 1e-4); }
 
 // autotune = true, deterministic = false (docs/compute-backends.md, "Convolution algorithms"):
 // each direction of each window takes the fastest FP32 algorithm cuDNN timed, atomics allowed.
 // Only the order of the additions changes, so the FP32 tolerance holds.
 TEST(Gpu, AutotunedNondeterministicConvnetTrainsLikeCpu) {
-  std::string why;
   cu::EngineOptions o;
   o.autotune = true;
   o.deterministic = false;
-  const auto worst = convnet_lockstep_with_cpu(o, "autotuned, atomics allowed,", &why);
-  if (!worst) GTEST_SKIP() << why;
-  EXPECT_LE(worst->first, 1e-4);
-  EXPECT_LE(worst->second, 1e-4);
+  expect_convnet_lockstep_with_cpu(o, "autotuned, atomics allowed,", 1e-4, 1e-4);
 }
 
 // tf32 = true (docs/compute-backends.md, "TF32"): GEMMs and convolutions may round their inputs
 // to TF32 (10 mantissa bits), so a step is about 1e-3 from FP32, not at rounding level: 1e-2 on
 // the loss, 1e-3 on the parameters.
 TEST(Gpu, Tf32ConvnetStaysNearFp32) {
-  std::string why;
   cu::EngineOptions o;
   o.tf32 = true;
-  const auto worst = convnet_lockstep_with_cpu(o, "with tf32", &why);
-  if (!worst) GTEST_SKIP() << why;
-  EXPECT_LE(worst->first, 1e-2);
-  EXPECT_LE(worst->second, 1e-3);
+  expect_convnet_lockstep_with_cpu(o, "with tf32", 1e-2, 1e-3);
 }
