@@ -288,7 +288,10 @@ def main(base, args, models, epochs, skyforge):
         configs = [c for c in configs if c[0] in keep]
     batches = BATCHES
     if args.batches:
-        batches = tuple(int(b) for b in args.batches.split(",") if b.strip())
+        try:
+            batches = tuple(int(b) for b in args.batches.split(",") if b.strip())
+        except ValueError:
+            batches = ()
         if not batches or min(batches) < 1:
             print("train_vs_pytorch --backend cuda: --batches: positive batch sizes, comma-separated", file=sys.stderr)
             return 2

@@ -196,9 +196,11 @@ struct ConvPlan {
   }
 };
 
-// Plans by shape. A run meets a handful of shapes (the batch, an epoch's last batch, the
-// evaluation batch); past kMaxPlans the cache starts over rather than grow without bound
-// (plans hold no device memory, and a captured graph keeps nothing of them).
+// Plans by shape. A run meets a few shapes per layer (the batch, an epoch's last batch, the
+// evaluation batch), so a deep model holds hundreds of plans; past kMaxPlans the cache starts
+// over rather than grow without bound (plans hold host descriptors only, no device memory, and
+// a captured graph keeps nothing of them). A plan re-made inside a capture cannot time cuDNN's
+// candidates, so with autotune it takes the heuristics' choice: past kMaxPlans windows only.
 template <class Plan, size_t N>
 class PlanCache {
  public:
@@ -219,7 +221,7 @@ class PlanCache {
   }
 
  private:
-  static constexpr size_t kMaxPlans = 64;
+  static constexpr size_t kMaxPlans = 1024;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
@@ -932,16 +934,17 @@ template <class Algo>
 std::string choice_text(const ConvPlan::Choice<Algo>& c, const char* (*name)(Algo)) {
   if (!c.asked) return "not asked";
   if (!c.found) return "none fits: im2col + GEMM";
-  return std::string(name(c.algo)) + (c.math == CUDNN_FMA_MATH ? "" : " (TF32)") + (c.timed ? ", timed" : "");
+  return std::string(name(c.algo)) + (c.math == CUDNN_FMA_MATH ? "" : " (tensor ops)") + (c.timed ? ", timed" : "");
 }
-// A direction's timed candidates, fastest first: "name 0.123 ms", marked when cuDNN computes it
-// on tensor cores (TF32) or adds with atomics (nondeterministic), and when the policy refuses it.
+// A direction's timed candidates, fastest first: "name 0.123 ms", marked when cuDNN ranks it
+// under tensor-op math (TF32 on tensor cores for FP32 data) or it adds with atomics
+// (nondeterministic), and when the policy refuses it.
 void timed_text(std::string& out, const char* direction, const char* layout, const std::vector<ConvPlan::Timed>& ts) {
   if (ts.empty()) return;
   out += std::string("      ") + direction + " " + layout + ":";
   char item[128];
   for (const ConvPlan::Timed& t : ts) {
-    std::snprintf(item, sizeof item, " %s%s%s %.3f ms%s,", t.name, t.math == CUDNN_FMA_MATH ? "" : " (TF32)",
+    std::snprintf(item, sizeof item, " %s%s%s %.3f ms%s,", t.name, t.math == CUDNN_FMA_MATH ? "" : " (tensor ops)",
                   t.deterministic ? "" : " (nondeterministic)", static_cast<double>(t.ms), t.admitted ? "" : " [refused]");
     out += item;
   }

@@ -321,8 +321,16 @@ CudaEngine::~CudaEngine() {
     dev_->synchronize();
   } catch (const std::exception&) {  // already failed, or aborted now: nothing left to wait for
   }
-  if (!prof_ || prof_->steps == 0) return;
+  if (!prof_) return;
   const CudaProfile& p = *prof_;
+  const std::string convs = dev_->describe_convolutions();
+  if (p.steps == 0) {  // every step was its batch size's first: nothing to average, the algorithms still said
+    std::fprintf(stderr, "skyforge cuda profile (rank %u, %s build): no train step after the first of its batch size "
+                 "(%llu left out); nothing timed\n", comm_.rank(), Device::build_name(),
+                 static_cast<unsigned long long>(p.first_steps));
+    if (!convs.empty()) std::fprintf(stderr, "  conv2d windows:\n%s", convs.c_str());
+    return;
+  }
   const double us = 1e6 / static_cast<double>(p.steps);
   std::fprintf(stderr, "skyforge cuda profile (rank %u, %s build): %llu train steps (and %llu left out: the first "
                "of each batch size), %.1f samples/step, every step eager (graphs off while profiling); mean device us "
@@ -343,7 +351,6 @@ CudaEngine::~CudaEngine() {
   std::fprintf(stderr, "  %-66s %10.1f\n", "waiting for the gradient allreduce", p.allreduce * us);
   std::fprintf(stderr, "  %-66s %10.1f\n", "optimizer", p.optimizer * us);
   std::fprintf(stderr, "  %-66s %10.1f\n", "train step total", p.total * us);
-  const std::string convs = dev_->describe_convolutions();
   if (!convs.empty()) std::fprintf(stderr, "  conv2d windows:\n%s", convs.c_str());
 }
 
