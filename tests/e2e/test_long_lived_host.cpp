@@ -67,6 +67,18 @@ std::string slurp(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// A process's argv (NUL-separated), or what could be read of it: the process may end while it
+// is read (read() then fails with ESRCH, which an ifstream turns into an exception).
+std::string cmdline_of(const fs::path& proc_entry) {
+  std::string text;
+  const int fd = ::open((proc_entry / "cmdline").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return text;
+}
+
 // The pool secret (32 random bytes a run makes, hex) reaches each worker through the environment
 // of the process its provider starts, and nowhere else: not in any process's argv while the run
 // is on, not in anything the run prints — output or error, of a run that succeeds and one that
@@ -106,13 +118,17 @@ TEST(LongLivedHost, ThePoolSecretIsInNoArgvNoOutputNoErrorAndNoLog) {
   ::dup2(file, 1);
   ::dup2(file, 2);
   std::string argv_seen;
-  std::thread scan([&] {  // every process's argv while the first run is on
+  // Every process's argv while the first run is on. Processes come and go under it: nothing
+  // here throws (an exception on this thread would end the test process, its message going to
+  // the file above), and a jthread is joined however the test leaves.
+  std::jthread scan([&] {
     for (auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
          std::chrono::steady_clock::now() < until;) {
-      for (const auto& e : fs::directory_iterator("/proc")) {
-        const std::string name = e.path().filename();
+      std::error_code ec;
+      for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename();
         if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-        argv_seen += slurp(e.path() / "cmdline") + "\n";
+        argv_seen += cmdline_of(it->path()) + "\n";
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
