@@ -125,34 +125,44 @@ constexpr size_t kDnnWorkspace = size_t{64} << 20;
 struct ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
-  // The same window in NCHW (KCRS filters), made for a survey only: to time cuDNN's algorithms
-  // in the other layout over the same buffers (the engine's tensors are NHWC).
-  cudnnTensorDescriptor_t xc = nullptr, yc = nullptr;
+  // The same window in NCHW (KCRS filters), made for autotune and surveys: cuDNN's algorithms
+  // are timed in that layout too, and with autotune a direction may run in it, its tensors
+  // transformed to NCHW scratch and back around the call (the engine's tensors are NHWC).
+  // wk: the kernel as it lies in the parameters (Keras' kh, kw, C, F) described as an
+  // (F, C, kh, kw) tensor with those strides; wt: the same dimensions packed (KCRS), so that
+  // cudnnTransformTensor converts between the two.
+  cudnnTensorDescriptor_t xc = nullptr, yc = nullptr, wk = nullptr, wt = nullptr;
   cudnnFilterDescriptor_t wc = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   bool ok = false;
-  // One candidate cuDNN timed (cudnnFind*Ex): its name, math type, milliseconds, determinism,
-  // and whether the policy admits it.
+  // One candidate cuDNN timed (cudnnFind*Ex): its name and algorithm, math type,
+  // milliseconds, workspace, determinism, and whether the policy admits it.
   struct Timed {
     const char* name;
+    int algo;
     cudnnMathType_t math;
     float ms;
+    size_t memory;
     bool deterministic, admitted;
   };
   // An algorithm: not asked yet, none fits (the engine runs im2col + GEMM), or this one, with
   // the math type it was ranked or timed under (set on the descriptor before each call);
-  // timed: chosen by its time (autotune), else by cuDNN's heuristics. nhwc, nchw: every
-  // candidate that ran, fastest first (autotune, survey).
+  // timed: chosen by its time (autotune), else by cuDNN's heuristics; nchw: run in NCHW, with
+  // its tensors transformed around the call (autotune only). nhwc, nchw_timed: every candidate
+  // that ran in each layout, fastest first, and transforms_ms what the NCHW transforms of
+  // this direction took (< 0: not timed) (autotune, survey).
   template <class Algo>
   struct Choice {
-    bool asked = false, found = false, timed = false;
+    bool asked = false, found = false, timed = false, nchw = false;
     Algo algo{};
     cudnnMathType_t math = CUDNN_FMA_MATH;
-    std::vector<Timed> nhwc, nchw;
+    std::vector<Timed> nhwc, nchw_timed;
+    float transforms_ms = -1;
   };
   Choice<cudnnConvolutionFwdAlgo_t> forward;
   Choice<cudnnConvolutionBwdFilterAlgo_t> filter;
   Choice<cudnnConvolutionBwdDataAlgo_t> data;
+  size_t x_elems = 0, y_elems = 0;  // n·C·H·W, n·F·Ho·Wo
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
@@ -164,6 +174,8 @@ struct ConvPlan {
     const int n = static_cast<int>(g.batch), f = static_cast<int>(filters), C = static_cast<int>(g.C);
     const int H = static_cast<int>(g.H), W = static_cast<int>(g.W), Ho = static_cast<int>(g.Ho),
               Wo = static_cast<int>(g.Wo), kh = static_cast<int>(g.kh), kw = static_cast<int>(g.kw);
+    x_elems = size_t{g.batch} * g.C * g.H * g.W;
+    y_elems = size_t{g.batch} * filters * g.Ho * g.Wo;
     auto tensors = [&](cudnnTensorFormat_t layout, cudnnTensorDescriptor_t& tx, cudnnTensorDescriptor_t& ty,
                        cudnnFilterDescriptor_t& tw) {
       check(cudnnCreateTensorDescriptor(&tx), "cudnnCreateTensorDescriptor");
@@ -174,7 +186,16 @@ struct ConvPlan {
       check(cudnnSetFilter4dDescriptor(tw, CUDNN_DATA_FLOAT, layout, f, C, kh, kw), "cudnnSetFilter4dDescriptor");
     };
     tensors(CUDNN_TENSOR_NHWC, x, y, w);
-    if (policy.survey) tensors(CUDNN_TENSOR_NCHW, xc, yc, wc);
+    if (policy.survey || policy.autotune) {
+      tensors(CUDNN_TENSOR_NCHW, xc, yc, wc);
+      check(cudnnCreateTensorDescriptor(&wk), "cudnnCreateTensorDescriptor");
+      check(cudnnCreateTensorDescriptor(&wt), "cudnnCreateTensorDescriptor");
+      // Keras' kernel[i][j][c][f] is at ((i·kw + j)·C + c)·F + f.
+      check(cudnnSetTensor4dDescriptorEx(wk, CUDNN_DATA_FLOAT, f, C, kh, kw, 1, f, kw * C * f, C * f),
+            "cudnnSetTensor4dDescriptorEx");
+      check(cudnnSetTensor4dDescriptor(wt, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, f, C, kh, kw),
+            "cudnnSetTensor4dDescriptor");
+    }
     check(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor");
     check(cudnnSetConvolution2dDescriptor(conv, static_cast<int>(g.pt), static_cast<int>(g.pl),
                                           static_cast<int>(g.sh), static_cast<int>(g.sw), 1, 1,
@@ -191,7 +212,7 @@ struct ConvPlan {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
     for (cudnnFilterDescriptor_t d : {w, wc})
       if (d) cudnnDestroyFilterDescriptor(d);
-    for (cudnnTensorDescriptor_t d : {x, y, xc, yc})
+    for (cudnnTensorDescriptor_t d : {x, y, xc, yc, wk, wt})
       if (d) cudnnDestroyTensorDescriptor(d);
   }
 };
@@ -265,14 +286,16 @@ struct ConvCall {
 // One direction's algorithm, chosen once per plan (docs/compute-backends.md, "Convolution
 // algorithms"). can_time: cuDNN may run kernels now (not inside a capture; the device idle).
 // With autotune, the fastest admitted candidate Find*Ex timed over the call's own buffers
-// (what it writes there is overwritten by the call that follows); else, or when none ran, the
-// first admitted one the heuristic ranks whose workspace, asked of cuDNN for it (the
-// heuristic's figure is an estimate), fits. A survey times every candidate in both layouts and
+// (what it writes there is overwritten by the call that follows), in NHWC, or in NCHW when
+// that candidate's time plus nchw_transforms() (the milliseconds this direction's tensors take
+// to reach NCHW and come back) is less; else, or when none ran, the first admitted NHWC one the
+// heuristic ranks whose workspace, asked of cuDNN for it (the heuristic's figure is an
+// estimate), fits. A survey times every candidate in both layouts, and the transforms, and
 // only records them.
-template <class A, class B, class D, class Algo, class Perf>
+template <class A, class B, class D, class Algo, class Perf, class Transforms>
 void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnnHandle_t h,
             cudnnConvolutionDescriptor_t conv, const ConvDirection<A, B, D, Algo, Perf>& dir,
-            const ConvCall<A, B, D>& call) {
+            const ConvCall<A, B, D>& call, const Transforms& nchw_transforms) {
   if (c.asked) return;
   c.asked = true;
   constexpr int kMax = 16;  // more than cuDNN has algorithms in any direction, with math variants
@@ -287,19 +310,36 @@ void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnn
     cudaGetLastError();  // a candidate that failed to launch must not fail the next kernel's check
     for (int i = 0; i < n; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS)
-        into.push_back({dir.name(perf[i].algo), perf[i].mathType, perf[i].time,
-                        perf[i].determinism == CUDNN_DETERMINISTIC,
+        into.push_back({dir.name(perf[i].algo), static_cast<int>(perf[i].algo), perf[i].mathType, perf[i].time,
+                        perf[i].memory, perf[i].determinism == CUDNN_DETERMINISTIC,
                         p.admits(perf[i].status, perf[i].determinism, perf[i].mathType)});
   };
-  if (can_time && p.survey && call.a_nchw) timed(call.a_nchw, call.b_nchw, call.d_nchw, c.nchw);
+  // The fastest admitted candidate that fits, or null.
+  auto fastest = [](const std::vector<ConvPlan::Timed>& ts) {
+    const ConvPlan::Timed* best = nullptr;
+    for (const ConvPlan::Timed& t : ts)
+      if (t.admitted && t.memory <= kDnnWorkspace && (!best || t.ms < best->ms)) best = &t;
+    return best;
+  };
   if (can_time && (p.autotune || p.survey)) {
+    if (call.a_nchw) {
+      timed(call.a_nchw, call.b_nchw, call.d_nchw, c.nchw_timed);
+      c.transforms_ms = nchw_transforms();
+    }
     timed(call.a, call.b, call.d, c.nhwc);
-    for (int i = 0; p.autotune && i < n; ++i) {  // fastest first
-      if (!p.admits(perf[i].status, perf[i].determinism, perf[i].mathType) || perf[i].memory > kDnnWorkspace) continue;
-      c.found = c.timed = true;
-      c.algo = perf[i].algo;
-      c.math = perf[i].mathType;
-      return;
+    if (p.autotune) {
+      const ConvPlan::Timed* best = fastest(c.nhwc);
+      if (const ConvPlan::Timed* other = fastest(c.nchw_timed);
+          other && c.transforms_ms >= 0 && (!best || other->ms + c.transforms_ms < best->ms)) {
+        best = other;
+        c.nchw = true;
+      }
+      if (best) {
+        c.found = c.timed = true;
+        c.algo = static_cast<Algo>(best->algo);
+        c.math = best->math;
+        return;
+      }
     }
   }
   // A heuristic that fails for this window leaves it to im2col + GEMM, as one with no fit does.
@@ -340,6 +380,9 @@ struct Device::Impl {
     size_t bytes = 0;
   };
   Grown dnn_workspace, kernel_krsc, grad_krsc;
+  // A direction run in NCHW (autotune): its input-shaped and output-shaped tensors there
+  // (the forward's x and y; the backward's x or dx, and dy), shared by every window.
+  Grown nchw_in, nchw_out;
   std::vector<void*> retired;
   std::vector<cudaEvent_t> marks;  // SKYFORGE_CUDA_PROFILE's timing marks, reused
   size_t marks_used = 0;
@@ -405,7 +448,7 @@ struct Device::Impl {
     lt_plans.clear();
     conv_plans.clear();
     if (dnn) cudnnDestroy(dnn);
-    for (Grown* g : {&dnn_workspace, &kernel_krsc, &grad_krsc})
+    for (Grown* g : {&dnn_workspace, &kernel_krsc, &grad_krsc, &nchw_in, &nchw_out})
       if (g->p) cudaFree(g->p);
     for (void* p : retired) cudaFree(p);
     if (lt) cublasLtDestroy(lt);
@@ -494,6 +537,51 @@ struct Device::Impl {
   }
   bool may_time();
   ConvPlan* conv_setup(const kernels::WindowShape& g, size_t filters);
+  // The NCHW scratch for a window's input-shaped and output-shaped tensors.
+  float* nchw_x(const ConvPlan& c) {
+    grow(nchw_in, c.x_elems * sizeof(float), "conv2d NCHW scratch");
+    return static_cast<float*>(nchw_in.p);
+  }
+  float* nchw_y(const ConvPlan& c) {
+    grow(nchw_out, c.y_elems * sizeof(float), "conv2d NCHW scratch");
+    return static_cast<float*>(nchw_out.p);
+  }
+  // dst (described by dd) = src (described by sd): the same dimensions, another layout.
+  void transform(cudnnTensorDescriptor_t sd, const void* src, cudnnTensorDescriptor_t dd, void* dst) {
+    const float one = 1.f, zero = 0.f;
+    check(cudnnTransformTensor(dnn, &one, sd, src, &zero, dd, dst), "cudnnTransformTensor");
+  }
+  // The device milliseconds of a direction's NCHW transforms, work() on the stream: its second
+  // run (the first loads what it loads), with the device idle (after may_time(): nothing else
+  // is waited for); -1 where cuDNN cannot do them (then NCHW is no option for the direction).
+  template <class Work>
+  float transforms_ms(const Work& work) {
+    try {
+      return time_ms(work);
+    } catch (const Error&) {
+      return -1;
+    }
+  }
+  template <class Work>
+  float time_ms(const Work& work) {
+    work();
+    struct Events {
+      cudaEvent_t from = nullptr, to = nullptr;
+      ~Events() {
+        if (from) cudaEventDestroy(from);
+        if (to) cudaEventDestroy(to);
+      }
+    } e;
+    check(cudaEventCreate(&e.from), "cudaEventCreate");
+    check(cudaEventCreate(&e.to), "cudaEventCreate");
+    check(cudaEventRecord(e.from, stream), "cudaEventRecord");
+    work();
+    check(cudaEventRecord(e.to, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(e.to), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e.from, e.to), "cudaEventElapsedTime");
+    return ms;
+  }
   // Until query() stops saying cudaErrorNotReady (a stream or an event of it), the same way.
   template <class Query>
   void wait_until(const Query& query, const char* what) {
@@ -795,18 +883,34 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
   ConvPlan* plan = d.conv_setup(g, filters);
   if (!plan) return false;
   ConvPlan& c = *plan;
-  const size_t kkc = g.col_width();
   auto* krsc = static_cast<float*>(d.kernel_krsc.p);
-  kernels::transpose(w, kkc, filters, krsc, stream_);  // (kh, kw, C, F) -> (F, kh, kw, C)
   void* ws = d.dnn_workspace.p;
   const size_t wsb = d.dnn_workspace.bytes;
   if (!c.forward.asked)
     choose(c.forward, d.conv_policy, d.may_time(), d.dnn, c.conv, kForward,
            ConvCall<cudnnTensorDescriptor_t, cudnnFilterDescriptor_t, cudnnTensorDescriptor_t>{
-               c.x, c.xc, c.w, c.wc, c.y, c.yc, x, krsc, y, ws, wsb});
+               c.x, c.xc, c.w, c.wc, c.y, c.yc, x, krsc, y, ws, wsb},
+           [&] {  // x and the kernel to NCHW, y back (what it writes, the call below overwrites)
+             float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
+             return d.transforms_ms([&] {
+               d.transform(c.x, x, c.xc, xc);
+               d.transform(c.wk, w, c.wt, krsc);
+               d.transform(c.yc, yc, c.y, y);
+             });
+           });
   if (!c.forward.found) return false;
   const float one = 1.f, zero = 0.f;
   check(cudnnSetConvolutionMathType(c.conv, c.forward.math), "cudnnSetConvolutionMathType");
+  if (c.forward.nchw) {
+    float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
+    d.transform(c.x, x, c.xc, xc);
+    d.transform(c.wk, w, c.wt, krsc);  // (kh, kw, C, F) -> (F, C, kh, kw)
+    check(cudnnConvolutionForward(d.dnn, &one, c.xc, xc, c.wc, krsc, c.conv, c.forward.algo, ws, wsb, &zero, c.yc, yc),
+          "cudnnConvolutionForward");
+    d.transform(c.yc, yc, c.y, y);
+    return true;
+  }
+  kernels::transpose(w, g.col_width(), filters, krsc, stream_);  // (kh, kw, C, F) -> (F, kh, kw, C)
   check(cudnnConvolutionForward(d.dnn, &one, c.x, x, c.w, krsc, c.conv, c.forward.algo, ws, wsb, &zero, c.y, y),
         "cudnnConvolutionForward");
   return true;
@@ -825,29 +929,65 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
   auto* dkrsc = static_cast<float*>(d.grad_krsc.p);
   void* ws = d.dnn_workspace.p;
   const size_t wsb = d.dnn_workspace.bytes;
+  // The timing runs of the NCHW transforms write dw and dx from scratch: the calls below
+  // overwrite both.
   if (!c.filter.asked)
     choose(c.filter, d.conv_policy, d.may_time(), d.dnn, c.conv, kFilter,
            ConvCall<cudnnTensorDescriptor_t, cudnnTensorDescriptor_t, cudnnFilterDescriptor_t>{
-               c.x, c.xc, c.y, c.yc, c.w, c.wc, x, dy, dkrsc, ws, wsb});
-  if (dx && !c.data.asked) {
-    // The kernel in KRSC for the timing runs (the call below transposes it again, in order).
-    kernels::transpose(w, kkc, filters, krsc, stream_);
+               c.x, c.xc, c.y, c.yc, c.w, c.wc, x, dy, dkrsc, ws, wsb},
+           [&] {  // x and dy to NCHW, the kernel's gradient back
+             float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
+             return d.transforms_ms([&] {
+               d.transform(c.x, x, c.xc, xc);
+               d.transform(c.y, dy, c.yc, yc);
+               d.transform(c.wt, dkrsc, c.wk, dw);
+             });
+           });
+  if (dx && !c.data.asked)
     choose(c.data, d.conv_policy, d.may_time(), d.dnn, c.conv, kData,
            ConvCall<cudnnFilterDescriptor_t, cudnnTensorDescriptor_t, cudnnTensorDescriptor_t>{
-               c.w, c.wc, c.y, c.yc, c.x, c.xc, krsc, dy, dx, ws, wsb});
-  }
+               c.w, c.wc, c.y, c.yc, c.x, c.xc, krsc, dy, dx, ws, wsb},
+           [&] {  // dy and the kernel to NCHW, dx back
+             float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
+             return d.transforms_ms([&] {
+               d.transform(c.y, dy, c.yc, yc);
+               d.transform(c.wk, w, c.wt, krsc);
+               d.transform(c.xc, xc, c.x, dx);
+             });
+           });
   if (!c.filter.found || (dx && !c.data.found)) return false;
   const float one = 1.f, zero = 0.f;
+  const bool data_nchw = dx && c.data.nchw;
+  float* xc = c.filter.nchw || data_nchw ? d.nchw_x(c) : nullptr;
+  float* yc = c.filter.nchw || data_nchw ? d.nchw_y(c) : nullptr;
   check(cudnnSetConvolutionMathType(c.conv, c.filter.math), "cudnnSetConvolutionMathType");
-  check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, c.filter.algo, ws, wsb, &zero, c.w, dkrsc),
-        "cudnnConvolutionBackwardFilter");
-  kernels::transpose(dkrsc, filters, kkc, dw, stream_);  // (F, kh, kw, C) -> (kh, kw, C, F)
-  if (dx) {
-    kernels::transpose(w, kkc, filters, krsc, stream_);
-    check(cudnnSetConvolutionMathType(c.conv, c.data.math), "cudnnSetConvolutionMathType");
-    check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, c.data.algo, ws, wsb, &zero, c.x, dx),
-          "cudnnConvolutionBackwardData");
+  if (c.filter.nchw) {
+    d.transform(c.x, x, c.xc, xc);
+    d.transform(c.y, dy, c.yc, yc);  // also the data gradient's, below
+    check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.xc, xc, c.yc, yc, c.conv, c.filter.algo, ws, wsb, &zero, c.wc,
+                                         dkrsc),
+          "cudnnConvolutionBackwardFilter");
+    d.transform(c.wt, dkrsc, c.wk, dw);  // (F, C, kh, kw) -> (kh, kw, C, F)
+  } else {
+    check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, c.filter.algo, ws, wsb, &zero, c.w,
+                                         dkrsc),
+          "cudnnConvolutionBackwardFilter");
+    kernels::transpose(dkrsc, filters, kkc, dw, stream_);  // (F, kh, kw, C) -> (kh, kw, C, F)
   }
+  if (!dx) return true;
+  check(cudnnSetConvolutionMathType(c.conv, c.data.math), "cudnnSetConvolutionMathType");
+  if (data_nchw) {
+    if (!c.filter.nchw) d.transform(c.y, dy, c.yc, yc);
+    d.transform(c.wk, w, c.wt, krsc);
+    // dx in NCHW into the input-shaped scratch: the filter gradient, in stream order, is done with it.
+    check(cudnnConvolutionBackwardData(d.dnn, &one, c.wc, krsc, c.yc, yc, c.conv, c.data.algo, ws, wsb, &zero, c.xc, xc),
+          "cudnnConvolutionBackwardData");
+    d.transform(c.xc, xc, c.x, dx);
+    return true;
+  }
+  kernels::transpose(w, kkc, filters, krsc, stream_);
+  check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, c.data.algo, ws, wsb, &zero, c.x, dx),
+        "cudnnConvolutionBackwardData");
   return true;
 }
 
@@ -934,14 +1074,22 @@ template <class Algo>
 std::string choice_text(const ConvPlan::Choice<Algo>& c, const char* (*name)(Algo)) {
   if (!c.asked) return "not asked";
   if (!c.found) return "none fits: im2col + GEMM";
-  return std::string(name(c.algo)) + (c.math == CUDNN_FMA_MATH ? "" : " (tensor ops)") + (c.timed ? ", timed" : "");
+  return std::string(name(c.algo)) + (c.math == CUDNN_FMA_MATH ? "" : " (tensor ops)") + (c.nchw ? " in NCHW" : "") +
+         (c.timed ? ", timed" : "");
 }
 // A direction's timed candidates, fastest first: "name 0.123 ms", marked when cuDNN ranks it
 // under tensor-op math (TF32 on tensor cores for FP32 data) or it adds with atomics
 // (nondeterministic), and when the policy refuses it.
-void timed_text(std::string& out, const char* direction, const char* layout, const std::vector<ConvPlan::Timed>& ts) {
+void timed_text(std::string& out, const char* direction, const char* layout, const std::vector<ConvPlan::Timed>& ts,
+                float transforms_ms = -1) {
   if (ts.empty()) return;
-  out += std::string("      ") + direction + " " + layout + ":";
+  out += std::string("      ") + direction + " " + layout;
+  if (transforms_ms >= 0) {
+    char t[64];
+    std::snprintf(t, sizeof t, " (+ %.3f ms of transforms)", static_cast<double>(transforms_ms));
+    out += t;
+  }
+  out += ":";
   char item[128];
   for (const ConvPlan::Timed& t : ts) {
     std::snprintf(item, sizeof item, " %s%s%s %.3f ms%s,", t.name, t.math == CUDNN_FMA_MATH ? "" : " (tensor ops)",
@@ -973,11 +1121,11 @@ std::string Device::describe_convolutions() const {
     out += "forward " + choice_text(c.forward, fwd_algo_name) + ", filter " + choice_text(c.filter, filter_algo_name) +
            ", data " + choice_text(c.data, data_algo_name) + "\n";
     timed_text(out, "forward", "NHWC", c.forward.nhwc);
-    timed_text(out, "forward", "NCHW", c.forward.nchw);
+    timed_text(out, "forward", "NCHW", c.forward.nchw_timed, c.forward.transforms_ms);
     timed_text(out, "filter", "NHWC", c.filter.nhwc);
-    timed_text(out, "filter", "NCHW", c.filter.nchw);
+    timed_text(out, "filter", "NCHW", c.filter.nchw_timed, c.filter.transforms_ms);
     timed_text(out, "data", "NHWC", c.data.nhwc);
-    timed_text(out, "data", "NCHW", c.data.nchw);
+    timed_text(out, "data", "NCHW", c.data.nchw_timed, c.data.transforms_ms);
   });
   if (!out.empty() && (p.autotune || p.survey))
     out = std::string("    (chosen ") + (p.autotune ? "by time" : "by cuDNN's heuristics") + ", among " +
