@@ -7,9 +7,13 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
   skyforge cuda 1 GPU     `skyforge run` of the example with backend = "cuda", [pool]
                           accelerator = "cuda", nodes = 1.
   skyforge cuda 1 GPU tf32  the same with the plugin's tf32 = true (TF32 tensor cores).
+  skyforge cuda 1 GPU nchw  (convnet) conv_layout = "nchw": cuDNN's convolutions in NCHW, their
+                          tensors transformed around each call (PyTorch eager no TF32's layout
+                          and precision).
   skyforge cuda 1 GPU tf32 autotuned  (convnet) tf32 = true, deterministic = false, autotune =
                           true: every convolution's fastest cuDNN algorithm, timed at its first
-                          step, atomics allowed (docs/compute-backends.md, "Convolution algorithms").
+                          step in NHWC and in NCHW (transforms included), atomics allowed
+                          (docs/compute-backends.md, "Convolution algorithms").
   skyforge cuda N GPUs    the same with nodes = N (every GPU of the machine, when N >= 2): one
                           node per GPU, data-parallel over NCCL.
   PyTorch eager 1 GPU     a plain loop with the dataset on the device (uploaded once), batches
@@ -23,7 +27,8 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
   PyTorch compile 1 GPU   the same model under torch.compile (when this torch has it), one
                           static graph per batch shape (dynamic=False).
 
---configs picks rows by key (sky1, sky1tf32, sky1fast, skyN, torch, fp32, torchbench, compile)
+--configs picks rows by key (sky1, sky1tf32, sky1nchw, sky1fast, skyN, torch, fp32, torchbench,
+compile)
 and --batches the batch sizes, for a short run; the ratio column needs the torch row.
 
 Every configuration trains one epoch more than the figure covers, and that first epoch is left
@@ -269,6 +274,8 @@ def main(base, args, models, epochs, skyforge):
     # torch.backends.cudnn settings, the models it runs: None for every one)
     configs = [("sky1", "skyforge cuda 1 GPU", "skyforge", 1, False, {}, None),
                ("sky1tf32", "skyforge cuda 1 GPU tf32", "skyforge", 1, False, {"tf32": "true"}, None),
+               ("sky1nchw", "skyforge cuda 1 GPU nchw", "skyforge", 1, False, {"conv_layout": '"nchw"'},
+                ("convnet",)),
                ("sky1fast", "skyforge cuda 1 GPU tf32 autotuned", "skyforge", 1, False,
                 {"tf32": "true", "deterministic": "false", "autotune": "true"}, ("convnet",))]
     if gpus >= 2:

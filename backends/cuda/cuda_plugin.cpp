@@ -20,6 +20,14 @@ class CudaBackend : public skyforge::ComputeBackend {
     opts_.tf32 = options().get_bool("tf32", false);
     opts_.deterministic = options().get_bool("deterministic", true);
     opts_.autotune = options().get_bool("autotune", false);
+    using Layout = skyforge::cuda::DeviceOptions::ConvLayout;
+    const std::string layout = options().get("conv_layout", "auto");
+    if (layout == "auto") opts_.conv_layout = Layout::automatic;
+    else if (layout == "nhwc") opts_.conv_layout = Layout::nhwc;
+    else if (layout == "nchw") opts_.conv_layout = Layout::nchw;
+    else
+      throw skyforge::Error("option 'conv_layout': expected \"auto\", \"nhwc\" or \"nchw\", got \"" + layout + "\"",
+                            SF_ERR_INVALID);
   }
   void probe() override { skyforge::cuda::Device::probe(); }
   std::unique_ptr<skyforge::Engine> create_engine(const skyforge::ModelSpec& spec,

@@ -33,6 +33,11 @@ struct DeviceOptions {
   bool deterministic = true;
   bool autotune = false;
   bool survey = false;
+  // The layout cuDNN's convolutions run in ("Convolution algorithms"): the engine's tensors are
+  // NHWC; in NCHW a direction's tensors are transformed there and back around its call.
+  // automatic: NHWC, or with autotune whichever is faster, transforms included.
+  enum class ConvLayout { automatic, nhwc, nchw };
+  ConvLayout conv_layout = ConvLayout::automatic;
 };
 
 class Device {

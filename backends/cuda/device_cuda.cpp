@@ -107,6 +107,10 @@ const char* data_algo_name(cudnnConvolutionBwdDataAlgo_t a) {
 // How cuDNN's convolution algorithms are chosen (DeviceOptions).
 struct ConvPolicy {
   bool tf32 = false, deterministic = true, autotune = false, survey = false;
+  DeviceOptions::ConvLayout layout = DeviceOptions::ConvLayout::automatic;
+  bool nchw_only() const { return layout == DeviceOptions::ConvLayout::nchw; }
+  // Whether a direction may run in NCHW: pinned there, or timed against NHWC.
+  bool may_nchw() const { return nchw_only() || (autotune && layout == DeviceOptions::ConvLayout::automatic); }
   // The math type the descriptor is set to before asking: FMA (FP32), or tensor ops with tf32.
   cudnnMathType_t asked() const { return tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH; }
   // Whether a candidate may run: it succeeded, adds deterministically unless that is waived,
@@ -186,7 +190,7 @@ struct ConvPlan {
       check(cudnnSetFilter4dDescriptor(tw, CUDNN_DATA_FLOAT, layout, f, C, kh, kw), "cudnnSetFilter4dDescriptor");
     };
     tensors(CUDNN_TENSOR_NHWC, x, y, w);
-    if (policy.survey || policy.autotune) {
+    if (policy.survey || policy.may_nchw()) {
       tensors(CUDNN_TENSOR_NCHW, xc, yc, wc);
       check(cudnnCreateTensorDescriptor(&wk), "cudnnCreateTensorDescriptor");
       check(cudnnCreateTensorDescriptor(&wt), "cudnnCreateTensorDescriptor");
@@ -321,6 +325,8 @@ void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnn
       if (t.admitted && t.memory <= kDnnWorkspace && (!best || t.ms < best->ms)) best = &t;
     return best;
   };
+  // Pinned to NCHW, the transforms are what the layout costs, not a reason against it.
+  const bool nchw_only = p.nchw_only() && call.a_nchw;
   if (can_time && (p.autotune || p.survey)) {
     if (call.a_nchw) {
       timed(call.a_nchw, call.b_nchw, call.d_nchw, c.nchw_timed);
@@ -328,9 +334,9 @@ void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnn
     }
     timed(call.a, call.b, call.d, c.nhwc);
     if (p.autotune) {
-      const ConvPlan::Timed* best = fastest(c.nhwc);
-      if (const ConvPlan::Timed* other = fastest(c.nchw_timed);
-          other && c.transforms_ms >= 0 && (!best || other->ms + c.transforms_ms < best->ms)) {
+      const ConvPlan::Timed* best = nchw_only ? nullptr : fastest(c.nhwc);
+      if (const ConvPlan::Timed* other = p.may_nchw() ? fastest(c.nchw_timed) : nullptr;
+          other && c.transforms_ms >= 0 && (nchw_only || !best || other->ms + c.transforms_ms < best->ms)) {
         best = other;
         c.nchw = true;
       }
@@ -344,15 +350,18 @@ void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnn
   }
   // A heuristic that fails for this window leaves it to im2col + GEMM, as one with no fit does.
   n = 0;
+  const A a = nchw_only ? call.a_nchw : call.a;
+  const B b = nchw_only ? call.b_nchw : call.b;
+  const D d = nchw_only ? call.d_nchw : call.d;
   check(cudnnSetConvolutionMathType(conv, p.asked()), "cudnnSetConvolutionMathType");
-  if (dir.heuristic(h, call.a, call.b, conv, call.d, kMax, &n, perf) != CUDNN_STATUS_SUCCESS) return;
+  if (dir.heuristic(h, a, b, conv, d, kMax, &n, perf) != CUDNN_STATUS_SUCCESS) return;
   for (int i = 0; i < n; ++i) {
     if (!p.admits(perf[i].status, perf[i].determinism, perf[i].mathType)) continue;
     size_t bytes = 0;
     check(cudnnSetConvolutionMathType(conv, perf[i].mathType), "cudnnSetConvolutionMathType");
-    if (dir.workspace(h, call.a, call.b, conv, call.d, perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS &&
-        bytes <= kDnnWorkspace) {
+    if (dir.workspace(h, a, b, conv, d, perf[i].algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kDnnWorkspace) {
       c.found = true;
+      c.nchw = nchw_only;
       c.algo = perf[i].algo;
       c.math = perf[i].mathType;
       return;
@@ -645,7 +654,7 @@ Device::Device(const Communicator& comm, const Host& host, const DeviceOptions& 
     : impl_(std::make_unique<Impl>()) {
   probe();
   impl_->options = options;
-  impl_->conv_policy = {options.tf32, options.deterministic, options.autotune, options.survey};
+  impl_->conv_policy = {options.tf32, options.deterministic, options.autotune, options.survey, options.conv_layout};
   impl_->timeout =
       std::chrono::milliseconds(static_cast<int64_t>(std::max(options.collective_timeout_s, 0.001) * 1000.0));
   // One GPU per rank. The local provider gives each node its own (CUDA_VISIBLE_DEVICES), so a
@@ -1127,10 +1136,12 @@ std::string Device::describe_convolutions() const {
     timed_text(out, "data", "NHWC", c.data.nhwc);
     timed_text(out, "data", "NCHW", c.data.nchw_timed, c.data.transforms_ms);
   });
-  if (!out.empty() && (p.autotune || p.survey))
+  if (!out.empty() && (p.autotune || p.survey || p.nchw_only()))
     out = std::string("    (chosen ") + (p.autotune ? "by time" : "by cuDNN's heuristics") + ", among " +
           (p.deterministic ? "deterministic" : "all") + " algorithms in " + (p.tf32 ? "FP32 or TF32" : "FP32") +
-          "; times: cudnnFind*Ex, each candidate once, at the window's first use)\n" + out;
+          ", in " + (p.nchw_only() ? "NCHW" : p.may_nchw() ? "NHWC or NCHW" : "NHWC") +
+          (p.autotune || p.survey ? "; times: cudnnFind*Ex, each candidate once, at the window's first use)\n" : ")\n") +
+          out;
   return out;
 }
 

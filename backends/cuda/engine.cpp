@@ -149,6 +149,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   dopt.tf32 = eopt_.tf32;
   dopt.deterministic = eopt_.deterministic;
   dopt.autotune = eopt_.autotune;
+  dopt.conv_layout = eopt_.conv_layout;
   dopt.survey = CudaProfile::enabled();  // the profile lists every convolution algorithm's time
   dev_ = std::make_unique<Device>(comm_, host, dopt);
 

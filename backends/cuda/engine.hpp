@@ -40,6 +40,8 @@ struct EngineOptions {
   // first eager use (torch.backends.cudnn.benchmark).
   bool deterministic = true;
   bool autotune = false;
+  // The layout they run in (conv_layout: "auto", "nhwc", "nchw"; DeviceOptions::ConvLayout).
+  DeviceOptions::ConvLayout conv_layout = DeviceOptions::ConvLayout::automatic;
 };
 
 // How the engine's bound-data steps ran (tests and the bench read it).

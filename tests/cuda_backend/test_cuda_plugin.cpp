@@ -48,7 +48,8 @@ TEST_F(CudaPlugin, WithoutADeviceItIsListedValidatesAndRunStopsBeforeProvisionin
   auto with_options = [&](const std::string& name, const std::string& options) {
     return write(name, text + "\n[[plugins]]\nname = \"cuda\"\n" + options);
   };
-  const std::string good = "tf32 = true\ncuda_graphs = false\nbucket_cap_mb = 16\ndeterministic = false\nautotune = true\n";
+  const std::string good = "tf32 = true\ncuda_graphs = false\nbucket_cap_mb = 16\ndeterministic = false\nautotune = true\n"
+                           "conv_layout = \"nchw\"\n";
   o = skyforge({"validate", with_options("opts.toml", good).string()}, 30);
   EXPECT_EQ(o.exit_code, 0) << o.err;
   o = skyforge({"validate", with_options("bad.toml", "tf32 = \"yes\"\n").string()}, 30);
@@ -58,6 +59,11 @@ TEST_F(CudaPlugin, WithoutADeviceItIsListedValidatesAndRunStopsBeforeProvisionin
   o = skyforge({"validate", with_options("bad2.toml", "autotune = 1\n").string()}, 30);
   EXPECT_EQ(o.exit_code, 2) << o.out;
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(bad2\.toml:\d+:12: \[\[plugins\]\] cuda autotune: expected a boolean)")))
+      << o.err;
+  o = skyforge({"validate", with_options("bad3.toml", "conv_layout = \"NCHW\"\n").string()}, 30);
+  EXPECT_EQ(o.exit_code, 2) << o.out;
+  EXPECT_TRUE(std::regex_search(
+      o.err, std::regex(R"(bad3\.toml:\d+:15: \[\[plugins\]\] cuda conv_layout: 'NCHW' is not one of: auto, nhwc, nchw)")))
       << o.err;
 
   o = skyforge({"run", m.string()}, 60);

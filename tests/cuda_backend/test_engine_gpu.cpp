@@ -197,6 +197,16 @@ TEST(Gpu, AutotunedNondeterministicConvnetTrainsLikeCpu) {
   expect_convnet_lockstep_with_cpu(o, "autotuned, atomics allowed,", 1e-4, 1e-4);
 }
 
+// conv_layout = "nchw" (docs/compute-backends.md, "Convolution algorithms"): every cuDNN call in
+// NCHW, its tensors and kernel transformed there and back (cudnnTransformTensor), the heuristics'
+// deterministic FP32 algorithms: a layout change moves values without rounding them, so the FP32
+// tolerance holds.
+TEST(Gpu, ConvnetInNchwTrainsLikeCpu) {
+  cu::EngineOptions o;
+  o.conv_layout = cu::DeviceOptions::ConvLayout::nchw;
+  expect_convnet_lockstep_with_cpu(o, "with its convolutions in NCHW", 1e-4, 1e-4);
+}
+
 // tf32 = true (docs/compute-backends.md, "TF32"): GEMMs and convolutions may round their inputs
 // to TF32 (10 mantissa bits), so a step is about 1e-3 from FP32, not at rounding level: 1e-2 on
 // the loss, 1e-3 on the parameters.
