@@ -332,7 +332,7 @@ void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnn
       timed(call.a_nchw, call.b_nchw, call.d_nchw, c.nchw_timed);
       c.transforms_ms = nchw_transforms();
     }
-    timed(call.a, call.b, call.d, c.nhwc);
+    if (!nchw_only || p.survey) timed(call.a, call.b, call.d, c.nhwc);
     if (p.autotune) {
       const ConvPlan::Timed* best = nchw_only ? nullptr : fastest(c.nhwc);
       if (const ConvPlan::Timed* other = p.may_nchw() ? fastest(c.nchw_timed) : nullptr;
@@ -561,8 +561,9 @@ struct Device::Impl {
     check(cudnnTransformTensor(dnn, &one, sd, src, &zero, dd, dst), "cudnnTransformTensor");
   }
   // The device milliseconds of a direction's NCHW transforms, work() on the stream: its second
-  // run (the first loads what it loads), with the device idle (after may_time(): nothing else
-  // is waited for); -1 where cuDNN cannot do them (then NCHW is no option for the direction).
+  // run (the first loads what it loads, and grows the scratch), with the device idle (after
+  // may_time(): nothing else is waited for); -1 where they cannot be done (cuDNN refuses them,
+  // or the scratch does not fit in memory): then NCHW is no option for the direction.
   template <class Work>
   float transforms_ms(const Work& work) {
     try {
@@ -900,8 +901,8 @@ bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const f
            ConvCall<cudnnTensorDescriptor_t, cudnnFilterDescriptor_t, cudnnTensorDescriptor_t>{
                c.x, c.xc, c.w, c.wc, c.y, c.yc, x, krsc, y, ws, wsb},
            [&] {  // x and the kernel to NCHW, y back (what it writes, the call below overwrites)
-             float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
              return d.transforms_ms([&] {
+               float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
                d.transform(c.x, x, c.xc, xc);
                d.transform(c.wk, w, c.wt, krsc);
                d.transform(c.yc, yc, c.y, y);
@@ -945,8 +946,8 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
            ConvCall<cudnnTensorDescriptor_t, cudnnTensorDescriptor_t, cudnnFilterDescriptor_t>{
                c.x, c.xc, c.y, c.yc, c.w, c.wc, x, dy, dkrsc, ws, wsb},
            [&] {  // x and dy to NCHW, the kernel's gradient back
-             float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
              return d.transforms_ms([&] {
+               float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
                d.transform(c.x, x, c.xc, xc);
                d.transform(c.y, dy, c.yc, yc);
                d.transform(c.wt, dkrsc, c.wk, dw);
@@ -957,8 +958,8 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
            ConvCall<cudnnFilterDescriptor_t, cudnnTensorDescriptor_t, cudnnTensorDescriptor_t>{
                c.w, c.wc, c.y, c.yc, c.x, c.xc, krsc, dy, dx, ws, wsb},
            [&] {  // dy and the kernel to NCHW, dx back
-             float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
              return d.transforms_ms([&] {
+               float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
                d.transform(c.y, dy, c.yc, yc);
                d.transform(c.wk, w, c.wt, krsc);
                d.transform(c.xc, xc, c.x, dx);
