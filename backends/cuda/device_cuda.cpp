@@ -274,7 +274,8 @@ const ConvDirection<cudnnFilterDescriptor_t, cudnnTensorDescriptor_t, cudnnTenso
           cudnnGetConvolutionBackwardDataWorkspaceSize, data_algo_name};
 
 // Where one call of a direction reads and writes: the descriptors in NHWC (the engine's layout)
-// and in NCHW (a survey's, or null), the buffers, cuDNN's workspace.
+// and in NCHW (null unless a survey or the layout policy may use them), the buffers, cuDNN's
+// workspace.
 template <class A, class B, class D>
 struct ConvCall {
   A a, a_nchw;
@@ -287,15 +288,16 @@ struct ConvCall {
   size_t ws_bytes;
 };
 
-// One direction's algorithm, chosen once per plan (docs/compute-backends.md, "Convolution
-// algorithms"). can_time: cuDNN may run kernels now (not inside a capture; the device idle).
-// With autotune, the fastest admitted candidate Find*Ex timed over the call's own buffers
-// (what it writes there is overwritten by the call that follows), in NHWC, or in NCHW when
-// that candidate's time plus nchw_transforms() (the milliseconds this direction's tensors take
-// to reach NCHW and come back) is less; else, or when none ran, the first admitted NHWC one the
-// heuristic ranks whose workspace, asked of cuDNN for it (the heuristic's figure is an
-// estimate), fits. A survey times every candidate in both layouts, and the transforms, and
-// only records them.
+// One direction's algorithm and layout, chosen once per plan (docs/compute-backends.md,
+// "Convolution algorithms"). can_time: cuDNN may run kernels now (not inside a capture; the
+// device idle). With autotune, the fastest admitted candidate Find*Ex timed over the call's own
+// buffers (what it writes there is overwritten by the call that follows): in NHWC, or in NCHW
+// when the layout is pinned there, or (auto) when that candidate's time plus nchw_transforms()
+// (the milliseconds this direction's tensors take to reach NCHW and come back, -1 where they
+// cannot) is less. Else, or when none ran, the first admitted one the heuristic ranks, in NHWC
+// or the pinned NCHW, whose workspace, asked of cuDNN for it (the heuristic's figure is an
+// estimate), fits. A survey times every candidate in both layouts, and the transforms, and only
+// records them.
 template <class A, class B, class D, class Algo, class Perf, class Transforms>
 void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnnHandle_t h,
             cudnnConvolutionDescriptor_t conv, const ConvDirection<A, B, D, Algo, Perf>& dir,

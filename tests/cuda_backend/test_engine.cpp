@@ -900,4 +900,18 @@ TEST(CudaEngine, ProfileTimesEveryLayerOfEagerStepsAndChangesNoResult) {
   ASSERT_TRUE(std::regex_search(table, total, std::regex(R"(train step total +([0-9.]+)\n)"))) << table;
   EXPECT_GT(std::stod(layers[1]), 0.0);
   EXPECT_GE(std::stod(total[1]) + 1e-3, std::stod(layers[1]) + std::stod(layers[2]));
+
+  // A run whose every step was its batch size's first has nothing to average, and says so.
+  ::setenv("SKYFORGE_CUDA_PROFILE", "1", 1);
+  auto once = std::make_unique<cu::CudaEngine>(m, Communicator{});
+  ::unsetenv("SKYFORGE_CUDA_PROFILE");
+  const Batch b = make_batch(50, 16, f);
+  once->train_step(b.x.data(), b.y.data(), 16);
+  testing::internal::CaptureStderr();
+  once.reset();
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("skyforge cuda profile (rank 0, host build): no train step after the first of its batch size "
+                      "(1 left out); nothing timed"),
+            std::string::npos)
+      << said;
 }
