@@ -89,8 +89,9 @@ class Device {
   // conv2d on the device's own convolutions (cuDNN in the CUDA build), window g with g.batch
   // set, w in Keras' layout (kh, kw, C, filters), no bias. false: not done (the host build; a
   // padding cuDNN cannot express, since it pads both sides alike; no algorithm that fits the
-  // workspace): the engine then runs im2col + GEMM. conv_backward: dw (Keras' layout, overwritten)
-  // and, if dx is not null, the input's gradient (overwritten).
+  // workspace): the engine then runs im2col + GEMM. conv_backward: dw (Keras' layout, overwritten;
+  // null when the engine takes it itself, kernels::conv_filter_grad for a thin window) and, if dx
+  // is not null, the input's gradient (overwritten).
   bool conv_forward(const kernels::WindowShape& g, size_t filters, const float* x, const float* w, float* y);
   bool conv_backward(const kernels::WindowShape& g, size_t filters, const float* x, const float* w, const float* dy,
                      float* dw, float* dx);

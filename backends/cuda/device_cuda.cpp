@@ -166,6 +166,10 @@ struct ConvPlan {
   Choice<cudnnConvolutionFwdAlgo_t> forward;
   Choice<cudnnConvolutionBwdFilterAlgo_t> filter;
   Choice<cudnnConvolutionBwdDataAlgo_t> data;
+  // The engine takes the kernel gradient itself (Device::conv_backward without dw: a thin
+  // window, kernels::conv_filter_grad); reduction_ms: that reduction's time, in a survey.
+  bool filter_by_engine = false;
+  float reduction_ms = -1;
   size_t x_elems = 0, y_elems = 0;  // n·C·H·W, n·F·Ho·Wo
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
@@ -943,7 +947,11 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
   const size_t wsb = d.dnn_workspace.bytes;
   // The timing runs of the NCHW transforms write dw and dx from scratch: the calls below
   // overwrite both.
-  if (!c.filter.asked)
+  // No dw: the engine takes the kernel gradient itself (a thin window: kernels::conv_filter_grad);
+  // a survey still times cuDNN's candidates and the engine's reduction beside them.
+  c.filter_by_engine = !dw;
+  float* dw_timed = dw ? dw : krsc;  // where the survey's timing runs write (krsc is rewritten below)
+  if (!c.filter.asked && (dw || d.conv_policy.survey))
     choose(c.filter, d.conv_policy, d.may_time(), d.dnn, c.conv, kFilter,
            ConvCall<cudnnTensorDescriptor_t, cudnnTensorDescriptor_t, cudnnFilterDescriptor_t>{
                c.x, c.xc, c.y, c.yc, c.w, c.wc, x, dy, dkrsc, ws, wsb},
@@ -952,9 +960,13 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
                float *xc = d.nchw_x(c), *yc = d.nchw_y(c);
                d.transform(c.x, x, c.xc, xc);
                d.transform(c.y, dy, c.yc, yc);
-               d.transform(c.wt, dkrsc, c.wk, dw);
+               d.transform(c.wt, dkrsc, c.wk, dw_timed);
              });
            });
+  if (d.conv_policy.survey && c.reduction_ms < 0 &&
+      kernels::conv_filter_grad_workspace(g, filters) * sizeof(double) <= wsb && d.may_time())
+    c.reduction_ms = d.time_ms(
+        [&] { kernels::conv_filter_grad(x, dy, g, filters, dkrsc, static_cast<double*>(ws), stream_); });
   if (dx && !c.data.asked)
     choose(c.data, d.conv_policy, d.may_time(), d.dnn, c.conv, kData,
            ConvCall<cudnnFilterDescriptor_t, cudnnTensorDescriptor_t, cudnnTensorDescriptor_t>{
@@ -967,29 +979,31 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
                d.transform(c.xc, xc, c.x, dx);
              });
            });
-  if (!c.filter.found || (dx && !c.data.found)) return false;
+  if ((dw && !c.filter.found) || (dx && !c.data.found)) return false;
   const float one = 1.f, zero = 0.f;
-  const bool data_nchw = dx && c.data.nchw;
-  float* xc = c.filter.nchw || data_nchw ? d.nchw_x(c) : nullptr;
-  float* yc = c.filter.nchw || data_nchw ? d.nchw_y(c) : nullptr;
-  check(cudnnSetConvolutionMathType(c.conv, c.filter.math), "cudnnSetConvolutionMathType");
-  if (c.filter.nchw) {
-    d.transform(c.x, x, c.xc, xc);
-    d.transform(c.y, dy, c.yc, yc);  // also the data gradient's, below
-    check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.xc, xc, c.yc, yc, c.conv, c.filter.algo, ws, wsb, &zero, c.wc,
-                                         dkrsc),
-          "cudnnConvolutionBackwardFilter");
-    d.transform(c.wt, dkrsc, c.wk, dw);  // (F, C, kh, kw) -> (kh, kw, C, F)
-  } else {
-    check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, c.filter.algo, ws, wsb, &zero, c.w,
-                                         dkrsc),
-          "cudnnConvolutionBackwardFilter");
-    kernels::transpose(dkrsc, filters, kkc, dw, stream_);  // (F, kh, kw, C) -> (kh, kw, C, F)
+  const bool filter_nchw = dw && c.filter.nchw, data_nchw = dx && c.data.nchw;
+  float* xc = filter_nchw || data_nchw ? d.nchw_x(c) : nullptr;
+  float* yc = filter_nchw || data_nchw ? d.nchw_y(c) : nullptr;
+  if (dw) {
+    check(cudnnSetConvolutionMathType(c.conv, c.filter.math), "cudnnSetConvolutionMathType");
+    if (filter_nchw) {
+      d.transform(c.x, x, c.xc, xc);
+      d.transform(c.y, dy, c.yc, yc);  // also the data gradient's, below
+      check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.xc, xc, c.yc, yc, c.conv, c.filter.algo, ws, wsb, &zero,
+                                           c.wc, dkrsc),
+            "cudnnConvolutionBackwardFilter");
+      d.transform(c.wt, dkrsc, c.wk, dw);  // (F, C, kh, kw) -> (kh, kw, C, F)
+    } else {
+      check(cudnnConvolutionBackwardFilter(d.dnn, &one, c.x, x, c.y, dy, c.conv, c.filter.algo, ws, wsb, &zero, c.w,
+                                           dkrsc),
+            "cudnnConvolutionBackwardFilter");
+      kernels::transpose(dkrsc, filters, kkc, dw, stream_);  // (F, kh, kw, C) -> (kh, kw, C, F)
+    }
   }
   if (!dx) return true;
   check(cudnnSetConvolutionMathType(c.conv, c.data.math), "cudnnSetConvolutionMathType");
   if (data_nchw) {
-    if (!c.filter.nchw) d.transform(c.y, dy, c.yc, yc);
+    if (!filter_nchw) d.transform(c.y, dy, c.yc, yc);
     d.transform(c.wk, w, c.wt, krsc);
     // dx in NCHW into the input-shaped scratch: the filter gradient, in stream order, is done with it.
     check(cudnnConvolutionBackwardData(d.dnn, &one, c.wc, krsc, c.yc, yc, c.conv, c.data.algo, ws, wsb, &zero, c.xc, xc),
@@ -1082,6 +1096,8 @@ double Device::seconds(size_t from, size_t to) const {
 void Device::clear_marks() { impl_->marks_used = 0; }
 
 namespace {
+constexpr const char* kEngineReduction = "the engine's column reduction (deterministic)";
+
 template <class Algo>
 std::string choice_text(const ConvPlan::Choice<Algo>& c, const char* (*name)(Algo)) {
   if (!c.asked) return "not asked";
@@ -1130,12 +1146,18 @@ std::string Device::describe_convolutions() const {
       out += "im2col + GEMM (cuDNN cannot pad this window)\n";
       return;
     }
-    out += "forward " + choice_text(c.forward, fwd_algo_name) + ", filter " + choice_text(c.filter, filter_algo_name) +
-           ", data " + choice_text(c.data, data_algo_name) + "\n";
+    out += "forward " + choice_text(c.forward, fwd_algo_name) + ", filter " +
+           (c.filter_by_engine ? std::string(kEngineReduction) : choice_text(c.filter, filter_algo_name)) + ", data " +
+           choice_text(c.data, data_algo_name) + "\n";
     timed_text(out, "forward", "NHWC", c.forward.nhwc);
     timed_text(out, "forward", "NCHW", c.forward.nchw_timed, c.forward.transforms_ms);
     timed_text(out, "filter", "NHWC", c.filter.nhwc);
     timed_text(out, "filter", "NCHW", c.filter.nchw_timed, c.filter.transforms_ms);
+    if (c.reduction_ms >= 0) {
+      char t[96];
+      std::snprintf(t, sizeof t, "      filter, %s: %.3f ms\n", kEngineReduction, static_cast<double>(c.reduction_ms));
+      out += t;
+    }
     timed_text(out, "data", "NHWC", c.data.nhwc);
     timed_text(out, "data", "NCHW", c.data.nchw_timed, c.data.transforms_ms);
   });

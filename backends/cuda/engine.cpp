@@ -382,6 +382,7 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
       g.batch = batch;
       l->col.reset();  // col_of makes it at capacity when the layer needs one
       ws = std::max(ws, k::reduce_workspace(g.positions(), l->units));
+      if (k::thin_window(g)) ws = std::max(ws, k::conv_filter_grad_workspace(g, l->units));
     }
     if (l->kind == Kind::max_pool) l->arg = Buffer<int32_t>(*dev_, size_t{batch} * n);
   }
@@ -559,18 +560,23 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
           break;
         }
         case Kind::conv2d: {
-          // On cuDNN when the forward was (Device::conv_backward); else dW = col^T dy with the
-          // forward's col (made here if the forward ran on cuDNN), dcol = dy W^T into the same
-          // buffer, then col2im.
+          // A thin window's dW as a column reduction (kernels::conv_filter_grad, on any device:
+          // cuDNN's deterministic algorithms are slowest there). The rest on cuDNN when the
+          // forward was (Device::conv_backward); else dW = col^T dy with the forward's col (made
+          // here if the forward ran on cuDNN), dcol = dy W^T into the same buffer, then col2im.
           k::WindowShape gw = l.win;
           gw.batch = batch;
           const size_t M = gw.positions(), kkc = gw.col_width();
           k::activation_backward(l.out_ptr, dy, M, l.units, l.act, s);
           if (l.use_bias) k::bias_grad(dy, M, l.units, g + kkc * l.units, ws_.get(), s);
-          if (l.direct && dev_->conv_backward(gw, l.units, in, p, dy, g, dx)) break;
-          float* col = col_of(l);
-          if (l.direct) k::im2col(in, col, gw, s);  // the forward had no col
-          dev_->gemm(true, false, kkc, l.units, M, 1.f, col, kkc, dy, l.units, 0.f, g, l.units);
+          const bool thin = k::thin_window(gw);
+          if (thin) k::conv_filter_grad(in, dy, gw, l.units, g, ws_.get(), s);
+          if (l.direct && dev_->conv_backward(gw, l.units, in, p, dy, thin ? nullptr : g, dx)) break;
+          float* col = thin && !dx ? nullptr : col_of(l);
+          if (!thin) {
+            if (l.direct) k::im2col(in, col, gw, s);  // the forward had no col
+            dev_->gemm(true, false, kkc, l.units, M, 1.f, col, kkc, dy, l.units, 0.f, g, l.units);
+          }
           if (dx) {
             dev_->gemm(false, true, M, kkc, l.units, 1.f, dy, l.units, p, l.units, 0.f, col, kkc);
             k::col2im(col, dx, gw, s);

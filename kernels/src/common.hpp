@@ -20,13 +20,14 @@ inline void require(bool ok, const char* what, const char* msg) {
 
 // Column sums in deterministic stages (reduce.hpp): stage 1 into the workspace's first part,
 // middle stages taking turns between its second part and its first, then the totals.
-template <int Q, class Term, class Finish>
-void column_reduce(Stream s, size_t rows, size_t cols, const Term& term, const Finish& finish, double* ws,
+// stage1: K * cols calls that leave partial k of quantity q for column c at
+// ws[(q * K + k) * cols + c] (ColumnPartials, or a kernel's own first stage with that layout).
+template <int Q, class Stage1, class Finish>
+void reduce_stages(Stream s, size_t cols, size_t K, const Stage1& stage1, const Finish& finish, double* ws,
                    const char* what) {
   static_assert(Q >= 1 && Q <= 2, "the workspace holds two quantities' partials");
   require(ws != nullptr, what, "needs a workspace of reduce_workspace(rows, cols) doubles");
-  size_t K = reduce_split(rows, cols);
-  for_n(s, K * cols, ColumnPartials<Q, Term>{term, rows, cols, K, ws}, what);
+  for_n(s, K * cols, stage1, what);
   double *in = ws, *spare = ws + 2 * K * cols;
   while (K > kReduceFanIn) {
     const size_t next = reduce_next(K);
@@ -37,6 +38,13 @@ void column_reduce(Stream s, size_t rows, size_t cols, const Term& term, const F
     K = next;
   }
   for_n(s, cols, ColumnTotals<Q, Finish>{finish, cols, K, in}, what);
+}
+
+template <int Q, class Term, class Finish>
+void column_reduce(Stream s, size_t rows, size_t cols, const Term& term, const Finish& finish, double* ws,
+                   const char* what) {
+  const size_t K = reduce_split(rows, cols);
+  reduce_stages<Q>(s, cols, K, ColumnPartials<Q, Term>{term, rows, cols, K, ws}, finish, ws, what);
 }
 
 // Where per-column results go in a workspace, after column_reduce's partials.

@@ -25,6 +25,16 @@ void col2im(const float* col, float* dx, const WindowShape& g, Stream s) {
   for_n(s, g.batch * g.H * g.W * g.C, Col2ImElem{col, dx, g}, "col2im");
 }
 
+void conv_filter_grad(const float* x, const float* dy, const WindowShape& g, size_t filters, float* dw, double* ws,
+                      Stream s) {
+  constexpr const char* what = "conv_filter_grad";
+  impl::check_window(g, what);
+  impl::require(filters > 0, what, "filters must be at least 1");
+  const size_t cols = g.col_width() * filters;
+  const size_t K = reduce_split(g.positions(), cols);  // at least 1: with no position, dw is 0
+  impl::reduce_stages<1>(s, cols, K, ConvFilterPartials{x, dy, g, filters, cols, K, ws}, StoreFloat{dw}, ws, what);
+}
+
 void global_avg_pool_forward(const float* x, float* y, size_t batch, size_t hw, size_t C, Stream s) {
   impl::require(hw > 0, "global_avg_pool_forward", "hw must be at least 1");
   for_n(s, batch * C, GapForwardElem{x, y, hw, C}, "global_avg_pool_forward");

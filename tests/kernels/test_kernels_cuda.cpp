@@ -6,9 +6,12 @@
 #include "reference.hpp"
 
 #include <skyforge/kernels/optimizer.hpp>
+#include <skyforge/kernels/window.hpp>
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <utility>
 
 namespace sk = skyforge::kernels;
 
@@ -114,6 +117,42 @@ TEST_F(Gpu, BatchNormTrainingForward) {
   near(dy.host(), ref.y, 1e-5, "y");
   near(mean.host(), ref.mean, 1e-5, "mean");
   near(var.host(), ref.var, 1e-5, "var");
+}
+
+// conv_filter_grad's stages as the host build runs them (common.hpp's reduce_stages), from the
+// same functors (the host library cannot link beside this one: the same symbols).
+std::vector<float> host_conv_filter_grad(const std::vector<float>& x, const std::vector<float>& dy,
+                                         const sk::WindowShape& g, size_t filters) {
+  const size_t cols = g.col_width() * filters;
+  size_t K = sk::reduce_split(g.positions(), cols);
+  std::vector<double> ws(sk::conv_filter_grad_workspace(g, filters));
+  const sk::ConvFilterPartials first{x.data(), dy.data(), g, filters, cols, K, ws.data()};
+  for (size_t i = 0; i < K * cols; ++i) first(i);
+  double *in = ws.data(), *spare = ws.data() + 2 * K * cols;
+  for (; K > sk::kReduceFanIn; std::swap(in, spare)) {
+    const size_t next = sk::reduce_next(K);
+    const sk::ColumnPartials<1, sk::PartialsTerm<1>> middle{{in, K, cols}, K, cols, next, spare};
+    for (size_t i = 0; i < next * cols; ++i) middle(i);
+    K = next;
+  }
+  std::vector<float> dw(cols);
+  const sk::ColumnTotals<1, sk::StoreFloat> last{{dw.data()}, cols, K, in};
+  for (size_t c = 0; c < cols; ++c) last(c);
+  return dw;
+}
+
+// The seed convnet's thin first layer at batch 1024 (802,816 positions, 108 outputs): products
+// exact in double and sums in one order, so the GPU's kernel gradient is the host's bit for bit.
+TEST_F(Gpu, ConvFilterGradIsTheHostBuildBitForBit) {
+  sk::WindowShape g;
+  g.batch = 1024, g.H = g.W = 28, g.C = 1, g.kh = g.kw = 3, g.pt = g.pl = 1, g.Ho = g.Wo = 28;
+  const size_t filters = 12;
+  const auto x = kref::randn(g.batch * g.H * g.W * g.C, 7), dy = kref::randn(g.positions() * filters, 8);
+  Dev<float> dx(x), ddy(dy), dw(g.col_width() * filters);
+  Dev<double> ws(sk::conv_filter_grad_workspace(g, filters));
+  sk::conv_filter_grad(dx.get(), ddy.get(), g, filters, dw.get(), ws.get(), s_);
+  sync();
+  EXPECT_EQ(dw.host(), host_conv_filter_grad(x, dy, g, filters));
 }
 
 TEST_F(Gpu, MultiTensorAdamMatchesTheHostRule) {

@@ -3,8 +3,11 @@
 #include "reference.hpp"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace sk = skyforge::kernels;
@@ -87,6 +90,80 @@ TEST(Window, Col2ImIsTheAdjointOfIm2Col) {
     });
     for (size_t j = 0; j < nx; ++j) ASSERT_NEAR(dx[j], ref[j], 1e-5 * (1 + std::fabs(ref[j]))) << j;
   }
+}
+
+// The kernel gradient of conv2d from its definition, in double: dw[(ky, kx, c), f] = sum over
+// the col entries (n, oy, ox, ky, kx, c) of x under them times dy[n, oy, ox, f].
+std::vector<double> conv_filter_grad_ref(const std::vector<float>& x, const std::vector<float>& dy,
+                                         const sk::WindowShape& g, size_t filters) {
+  const size_t kkc = g.col_width();
+  std::vector<double> ref(kkc * filters, 0.0);
+  each_col(g, [&](size_t i, size_t n, uint32_t oy, uint32_t ox, uint32_t ky, uint32_t kx, uint32_t c) {
+    const double v = x_at(x, g, n, oy, ox, ky, kx, c);
+    const size_t pos = i / kkc, k = i % kkc;
+    for (size_t f = 0; f < filters; ++f) ref[k * filters + f] += v * dy[pos * filters + f];
+  });
+  return ref;
+}
+
+std::vector<float> run_conv_filter_grad(const std::vector<float>& x, const std::vector<float>& dy,
+                                        const sk::WindowShape& g, size_t filters) {
+  std::vector<double> ws(sk::conv_filter_grad_workspace(g, filters), -1.0);
+  std::vector<float> dw(g.col_width() * filters, 7.f);
+  sk::conv_filter_grad(x.data(), dy.data(), g, filters, dw.data(), ws.data());
+  return dw;
+}
+
+// The thin first layer of the seed convnet (28x28x1, 3x3, 'same'), and windows with strides,
+// padding and several channels: every entry is the double-precision sum rounded to float.
+TEST(Window, ConvFilterGradMatchesDefinition) {
+  std::vector<sk::WindowShape> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.push_back(shape(40, 28, 28, 1, 3, 3, 1, 1, true));  // 31,360 positions: several reduce stages
+  for (const auto& g : shapes)
+    for (size_t filters : {1, 5, 12}) {
+      const auto x = kref::randn(g.batch * g.H * g.W * g.C, 31), dy = kref::randn(g.positions() * filters, 32);
+      const auto dw = run_conv_filter_grad(x, dy, g, filters);
+      const auto ref = conv_filter_grad_ref(x, dy, g, filters);
+      for (size_t i = 0; i < dw.size(); ++i)
+        ASSERT_NEAR(dw[i], ref[i], 1e-6 * (1 + std::fabs(ref[i]))) << "window " << g.H << "x" << g.W << "x" << g.C
+                                                                    << ", filters " << filters << ", entry " << i;
+    }
+}
+
+// The split depends on the shape only: one thread or several give the same bits.
+TEST(Window, ConvFilterGradIsTheSameAtAnyThreadCount) {
+  const auto g = shape(16, 28, 28, 1, 3, 3, 1, 1, true);
+  const size_t filters = 12;
+  const auto x = kref::randn(g.batch * g.H * g.W * g.C, 33), dy = kref::randn(g.positions() * filters, 34);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const auto a = run_conv_filter_grad(x, dy, g, filters);
+  omp_set_num_threads(std::max(2, before));
+  const auto b = run_conv_filter_grad(x, dy, g, filters);
+  omp_set_num_threads(before);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+// No position: a zero gradient. No workspace, no filters or a bad window: refused before anything runs.
+TEST(Window, ConvFilterGradEdges) {
+  auto g = shape(0, 5, 5, 2, 3, 3, 1, 1, true);
+  const std::vector<float> none;
+  EXPECT_EQ(run_conv_filter_grad(none, none, g, 3), std::vector<float>(g.col_width() * 3, 0.f));
+  g.batch = 1;
+  std::vector<float> x(g.H * g.W * g.C), dy(g.positions() * 3), dw(g.col_width() * 3);
+  EXPECT_THROW(sk::conv_filter_grad(x.data(), dy.data(), g, 3, dw.data(), nullptr), std::invalid_argument);
+  std::vector<double> ws(sk::conv_filter_grad_workspace(g, 3));
+  EXPECT_THROW(sk::conv_filter_grad(x.data(), dy.data(), g, 0, dw.data(), ws.data()), std::invalid_argument);
+  g.sw = 0;
+  EXPECT_THROW(sk::conv_filter_grad(x.data(), dy.data(), g, 3, dw.data(), ws.data()), std::invalid_argument);
+}
+
+// Which windows are thin (the engine's rule for its own kernel gradient).
+TEST(Window, ThinWindowsReadAtMost32ValuesPerPosition) {
+  EXPECT_TRUE(sk::thin_window(shape(1, 28, 28, 1, 3, 3, 1, 1, true)));   // the seed convnet's first layer
+  EXPECT_TRUE(sk::thin_window(shape(1, 32, 32, 3, 3, 3, 1, 1, true)));   // 3x3 over RGB: 27
+  EXPECT_FALSE(sk::thin_window(shape(1, 28, 28, 12, 6, 6, 2, 2, true)));  // its second: 432
+  EXPECT_FALSE(sk::thin_window(shape(1, 32, 32, 4, 3, 3, 1, 1, true)));  // 36
 }
 
 TEST(Window, GlobalAveragePooling) {

@@ -155,6 +155,13 @@ void batchnorm_backward(const float* x, const float* relu_y, const float* dy, fl
 // it (overwrites dx). Dimensions must be >= 1, strides >= 1, Ho/Wo those of the schema.
 void im2col(const float* x, float* col, const WindowShape& g, Stream s = {});
 void col2im(const float* col, float* dx, const WindowShape& g, Stream s = {});
+// conv2d's kernel gradient without a GEMM: dw[ky, kx, c, f] (Keras' layout, overwritten) = the
+// sum over every position p of x under (ky, kx, c) at p times dy[p, f], products and sums in
+// double in a shape-only order (window.hpp, ConvFilterPartials): deterministic, and bit-identical
+// between the two builds. For thin windows (thin_window), where it is the fastest deterministic
+// way; any window works. ws: conv_filter_grad_workspace(g, filters) doubles.
+void conv_filter_grad(const float* x, const float* dy, const WindowShape& g, size_t filters, float* dw, double* ws,
+                      Stream s = {});
 // Global average pooling: y[n, c] = mean over the hw positions of x[n, :, c]; the backward
 // dx[n, p, c] = dy[n, c] / hw (overwrites dx).
 void global_avg_pool_forward(const float* x, float* y, size_t batch, size_t hw, size_t C, Stream s = {});

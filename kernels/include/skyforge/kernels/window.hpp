@@ -4,6 +4,7 @@
 #pragma once
 
 #include "hd.hpp"
+#include "reduce.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -61,6 +62,58 @@ struct Col2ImElem {
     dx[i] = s;
   }
 };
+
+// conv2d's kernel gradient as a column reduction (reduce.hpp) of a virtual [positions, kh * kw *
+// C * F] matrix whose row p, column ((ky, kx, c), f) is x under (ky, kx, c) at position p times
+// dy[p, f]: each product and sum in double, split by shape only, so it is deterministic on every
+// backend, thread count and GPU. Stage 1: partial k of column col adds rows k, k + K, k + 2K, ...
+// in that order (ColumnPartials' rule); a position's (n, oy, ox) is carried from row to row by
+// adding K's, so the loop divides nothing. The later stages are reduce.hpp's.
+struct ConvFilterPartials {
+  const float* x;
+  const float* dy;
+  WindowShape g;
+  size_t filters, cols, K;  // cols = g.col_width() * filters
+  double* part;
+  SF_HD void operator()(size_t i) const {
+    const size_t k = i / cols, col = i % cols;
+    const size_t f = col % filters, kkc = col / filters;
+    const uint32_t c = static_cast<uint32_t>(kkc % g.C), kx = static_cast<uint32_t>(kkc / g.C % g.kw),
+                   ky = static_cast<uint32_t>(kkc / g.C / g.kw);
+    const size_t plane = size_t{g.Ho} * g.Wo, rows = g.positions();
+    size_t n = k / plane;
+    uint32_t oy = static_cast<uint32_t>(k / g.Wo % g.Ho), ox = static_cast<uint32_t>(k % g.Wo);
+    const size_t dn = K / plane;
+    const uint32_t doy = static_cast<uint32_t>(K / g.Wo % g.Ho), dox = static_cast<uint32_t>(K % g.Wo);
+    double acc = 0.0;
+    for (size_t r = k; r < rows; r += K) {
+      const int64_t y = int64_t{oy} * g.sh - g.pt + ky, xx = int64_t{ox} * g.sw - g.pl + kx;
+      if (y >= 0 && xx >= 0 && y < g.H && xx < g.W)
+        acc += static_cast<double>(x[((n * g.H + static_cast<size_t>(y)) * g.W + static_cast<size_t>(xx)) * g.C + c]) *
+               static_cast<double>(dy[r * filters + f]);
+      ox += dox;  // (n, oy, ox) += (dn, doy, dox), with carries
+      if (ox >= g.Wo) ox -= g.Wo, ++oy;
+      oy += doy;
+      if (oy >= g.Ho) oy -= g.Ho, ++n;
+      n += dn;
+    }
+    part[k * cols + col] = acc;
+  }
+};
+
+// Doubles of workspace conv_filter_grad needs (launch.hpp): reduce_workspace's for the virtual
+// matrix. Never decreasing in the batch.
+SF_HD inline size_t conv_filter_grad_workspace(const WindowShape& g, size_t filters) {
+  return reduce_workspace(g.positions(), g.col_width() * filters);
+}
+
+// A window thin enough that conv_filter_grad is the engine's way to its kernel gradient, on any
+// device: at most kThinWindow inputs per position (a first layer over one to three channels:
+// 3x3 over RGB is 27). There each position adds into few outputs and a GEMM's reduction
+// dimension is the whole batch of positions, which cuDNN's deterministic algorithms run slowly
+// (docs/compute-backends.md, "Convolution algorithms", has the figures).
+inline constexpr size_t kThinWindow = 32;
+SF_HD inline bool thin_window(const WindowShape& g) { return g.col_width() <= kThinWindow; }
 
 // Element (n, c) of [batch, C]: the mean over the hw positions of [batch, hw, C], summed in float
 // in position order and scaled by 1/hw, as the cpu backend does.
