@@ -85,17 +85,26 @@ struct ConvFilterPartials {
     uint32_t oy = static_cast<uint32_t>(k / g.Wo % g.Ho), ox = static_cast<uint32_t>(k % g.Wo);
     const size_t dn = K / plane;
     const uint32_t doy = static_cast<uint32_t>(K / g.Wo % g.Ho), dox = static_cast<uint32_t>(K % g.Wo);
+    // kRows rows' loads are issued before their products are added (in row order), so that a
+    // GPU thread waits for kRows loads at once, not one after another. An x in the padding, and
+    // a row past the last, read as 0: adding a zero product leaves the sum as skipping it would
+    // (the sum is never -0).
+    constexpr int kRows = 8;
     double acc = 0.0;
-    for (size_t r = k; r < rows; r += K) {
-      const int64_t y = int64_t{oy} * g.sh - g.pt + ky, xx = int64_t{ox} * g.sw - g.pl + kx;
-      if (y >= 0 && xx >= 0 && y < g.H && xx < g.W)
-        acc += static_cast<double>(x[((n * g.H + static_cast<size_t>(y)) * g.W + static_cast<size_t>(xx)) * g.C + c]) *
-               static_cast<double>(dy[r * filters + f]);
-      ox += dox;  // (n, oy, ox) += (dn, doy, dox), with carries
-      if (ox >= g.Wo) ox -= g.Wo, ++oy;
-      oy += doy;
-      if (oy >= g.Ho) oy -= g.Ho, ++n;
-      n += dn;
+    for (size_t r = k; r < rows;) {
+      float xv[kRows], dv[kRows];
+      for (int j = 0; j < kRows; ++j, r += K) {
+        const int64_t y = int64_t{oy} * g.sh - g.pt + ky, xx = int64_t{ox} * g.sw - g.pl + kx;
+        const bool live = r < rows, inside = live && y >= 0 && xx >= 0 && y < g.H && xx < g.W;
+        xv[j] = inside ? x[((n * g.H + static_cast<size_t>(y)) * g.W + static_cast<size_t>(xx)) * g.C + c] : 0.f;
+        dv[j] = live ? dy[r * filters + f] : 0.f;
+        ox += dox;  // (n, oy, ox) += (dn, doy, dox), with carries
+        if (ox >= g.Wo) ox -= g.Wo, ++oy;
+        oy += doy;
+        if (oy >= g.Ho) oy -= g.Ho, ++n;
+        n += dn;
+      }
+      for (int j = 0; j < kRows; ++j) acc += static_cast<double>(xv[j]) * static_cast<double>(dv[j]);
     }
     part[k * cols + col] = acc;
   }
