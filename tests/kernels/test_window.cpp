@@ -144,7 +144,8 @@ TEST(Window, ConvFilterGradIsTheSameAtAnyThreadCount) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
-// No position: a zero gradient. No workspace, no filters or a bad window: refused before anything runs.
+// No position: a zero gradient. No workspace, no filters, too many elements or a bad window:
+// refused before anything runs.
 TEST(Window, ConvFilterGradEdges) {
   auto g = shape(0, 5, 5, 2, 3, 3, 1, 1, true);
   const std::vector<float> none;
@@ -154,6 +155,9 @@ TEST(Window, ConvFilterGradEdges) {
   EXPECT_THROW(sk::conv_filter_grad(x.data(), dy.data(), g, 3, dw.data(), nullptr), std::invalid_argument);
   std::vector<double> ws(sk::conv_filter_grad_workspace(g, 3));
   EXPECT_THROW(sk::conv_filter_grad(x.data(), dy.data(), g, 0, dw.data(), ws.data()), std::invalid_argument);
+  auto big = g;
+  big.batch = size_t{1} << 31;  // 2^31 x 25 positions: beyond its 32-bit indexing (refused before any read)
+  EXPECT_THROW(sk::conv_filter_grad(x.data(), dy.data(), big, 3, dw.data(), ws.data()), std::invalid_argument);
   g.sw = 0;
   EXPECT_THROW(sk::conv_filter_grad(x.data(), dy.data(), g, 3, dw.data(), ws.data()), std::invalid_argument);
 }

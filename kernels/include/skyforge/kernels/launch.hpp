@@ -159,7 +159,8 @@ void col2im(const float* col, float* dx, const WindowShape& g, Stream s = {});
 // sum over every position p of x under (ky, kx, c) at p times dy[p, f], products and sums in
 // double in a shape-only order (window.hpp, ConvFilterPartials): deterministic, and bit-identical
 // between the two builds. For thin windows (thin_window), where it is the fastest deterministic
-// way; any window works. ws: conv_filter_grad_workspace(g, filters) doubles.
+// way; any window works, x and dy each below 2^31 elements. ws: conv_filter_grad_workspace(g,
+// filters) doubles.
 void conv_filter_grad(const float* x, const float* dy, const WindowShape& g, size_t filters, float* dw, double* ws,
                       Stream s = {});
 // Global average pooling: y[n, c] = mean over the hw positions of x[n, :, c]; the backward

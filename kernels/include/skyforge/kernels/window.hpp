@@ -68,7 +68,8 @@ struct Col2ImElem {
 // dy[p, f]: each product and sum in double, split by shape only, so it is deterministic on every
 // backend, thread count and GPU. Stage 1: partial k of column col adds rows k, k + K, k + 2K, ...
 // in that order (ColumnPartials' rule); a position's (n, oy, ox) is carried from row to row by
-// adding K's, so the loop divides nothing. The later stages are reduce.hpp's.
+// adding K's, so the loop divides nothing, and indexes in 32 bits (x and dy hold fewer than 2^31
+// elements; K <= 2^17, so r stays below 2^32 past the last row). The later stages are reduce.hpp's.
 struct ConvFilterPartials {
   const float* x;
   const float* dy;
@@ -77,27 +78,27 @@ struct ConvFilterPartials {
   double* part;
   SF_HD void operator()(size_t i) const {
     const size_t k = i / cols, col = i % cols;
-    const size_t f = col % filters, kkc = col / filters;
-    const uint32_t c = static_cast<uint32_t>(kkc % g.C), kx = static_cast<uint32_t>(kkc / g.C % g.kw),
-                   ky = static_cast<uint32_t>(kkc / g.C / g.kw);
-    const size_t plane = size_t{g.Ho} * g.Wo, rows = g.positions();
-    size_t n = k / plane;
-    uint32_t oy = static_cast<uint32_t>(k / g.Wo % g.Ho), ox = static_cast<uint32_t>(k % g.Wo);
-    const size_t dn = K / plane;
-    const uint32_t doy = static_cast<uint32_t>(K / g.Wo % g.Ho), dox = static_cast<uint32_t>(K % g.Wo);
+    const uint32_t f = static_cast<uint32_t>(col % filters), kkc = static_cast<uint32_t>(col / filters);
+    const uint32_t c = kkc % g.C, kx = kkc / g.C % g.kw, ky = kkc / g.C / g.kw;
+    const uint32_t plane = g.Ho * g.Wo, rows = static_cast<uint32_t>(g.positions()), F = static_cast<uint32_t>(filters);
+    const uint32_t step = static_cast<uint32_t>(K), WC = g.W * g.C, HWC = g.H * WC;
+    uint32_t n = static_cast<uint32_t>(k) / plane, oy = static_cast<uint32_t>(k) / g.Wo % g.Ho,
+             ox = static_cast<uint32_t>(k) % g.Wo;
+    const uint32_t dn = step / plane, doy = step / g.Wo % g.Ho, dox = step % g.Wo;
     // kRows rows' loads are issued before their products are added (in row order), so that a
     // GPU thread waits for kRows loads at once, not one after another. An x in the padding, and
     // a row past the last, read as 0: adding a zero product leaves the sum as skipping it would
     // (the sum is never -0).
     constexpr int kRows = 8;
     double acc = 0.0;
-    for (size_t r = k; r < rows;) {
+    for (uint32_t r = static_cast<uint32_t>(k); r < rows;) {
       float xv[kRows], dv[kRows];
-      for (int j = 0; j < kRows; ++j, r += K) {
-        const int64_t y = int64_t{oy} * g.sh - g.pt + ky, xx = int64_t{ox} * g.sw - g.pl + kx;
-        const bool live = r < rows, inside = live && y >= 0 && xx >= 0 && y < g.H && xx < g.W;
-        xv[j] = inside ? x[((n * g.H + static_cast<size_t>(y)) * g.W + static_cast<size_t>(xx)) * g.C + c] : 0.f;
-        dv[j] = live ? dy[r * filters + f] : 0.f;
+      for (int j = 0; j < kRows; ++j, r += step) {
+        // y or x before the image wraps to a large unsigned value: outside, as one past its end is.
+        const uint32_t y = oy * g.sh + ky - g.pt, xx = ox * g.sw + kx - g.pl;
+        const bool live = r < rows, inside = live && y < g.H && xx < g.W;
+        xv[j] = inside ? x[n * HWC + y * WC + xx * g.C + c] : 0.f;
+        dv[j] = live ? dy[r * F + f] : 0.f;
         ox += dox;  // (n, oy, ox) += (dn, doy, dox), with carries
         if (ox >= g.Wo) ox -= g.Wo, ++oy;
         oy += doy;
