@@ -963,7 +963,10 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
                d.transform(c.wt, dkrsc, c.wk, dw_timed);
              });
            });
-  if (d.conv_policy.survey && c.reduction_ms < 0 &&
+  // Timed where it takes milliseconds at most (up to 2^32 products; the convnet's widest window
+  // at batch 1024, 1.0e9 of them, took 2.7 ms on an H100): a wide layer's would take seconds.
+  constexpr size_t kMaxSurveyedProducts = size_t{1} << 32;
+  if (d.conv_policy.survey && c.reduction_ms < 0 && g.positions() * kkc * filters <= kMaxSurveyedProducts &&
       kernels::conv_filter_grad_workspace(g, filters) * sizeof(double) <= wsb && d.may_time())
     c.reduction_ms = d.time_ms(
         [&] { kernels::conv_filter_grad(x, dy, g, filters, dkrsc, static_cast<double*>(ws), stream_); });
@@ -1143,7 +1146,9 @@ std::string Device::describe_convolutions() const {
                   static_cast<unsigned long long>(k[7]));
     out += line;
     if (!c.ok) {
-      out += "im2col + GEMM (cuDNN cannot pad this window)\n";
+      const bool thin = k[3] * k[4] * k[5] <= kernels::kThinWindow;  // C * kh * kw
+      out += std::string("im2col + GEMM (cuDNN cannot pad this window)") +
+             (thin ? ", the weight gradient " + std::string(kEngineReduction) : std::string()) + "\n";
       return;
     }
     out += "forward " + choice_text(c.forward, fwd_algo_name) + ", filter " +

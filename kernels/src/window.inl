@@ -30,8 +30,10 @@ void conv_filter_grad(const float* x, const float* dy, const WindowShape& g, siz
   constexpr const char* what = "conv_filter_grad";
   impl::check_window(g, what);
   impl::require(filters > 0, what, "filters must be at least 1");
-  impl::require(g.batch * g.H * g.W * g.C < (size_t{1} << 31) && g.positions() * filters < (size_t{1} << 31), what,
-                "x and dy must each hold fewer than 2^31 elements");
+  constexpr size_t kLimit = size_t{1} << 31;  // its first stage indexes in 32 bits
+  impl::require(size_t{g.H} * g.W * g.C < kLimit && size_t{g.Ho} * g.Wo * filters < kLimit &&
+                    g.batch * g.H * g.W * g.C < kLimit && g.positions() * filters < kLimit,
+                what, "x and dy must each hold fewer than 2^31 elements");
   const size_t cols = g.col_width() * filters;
   const size_t K = reduce_split(g.positions(), cols);  // at least 1: with no position, dw is 0
   impl::reduce_stages<1>(s, cols, K, ConvFilterPartials{x, dy, g, filters, cols, K, ws}, StoreFloat{dw}, ws, what);

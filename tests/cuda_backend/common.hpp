@@ -42,4 +42,21 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   return m;
 }
 
+// Thin windows (at most 32 values a position) take their weight gradient from the engine's
+// column reduction (kernels::conv_filter_grad): a first one (1x1 over 2 channels), one that
+// needs its input gradient too (3x3 'same' over 3), a wide strided one whose trailing padding
+// cuDNN cannot express, and a thin strided 'valid' one after it.
+inline ModelSpec thin_convnet(uint64_t seed) {
+  ModelSpec m;
+  m.input_shape = {14, 14, 2};
+  m.layers = {layer("conv2d", {{"filters", "3"}, {"kernel_size", "1"}, {"activation", "relu"}}),
+              layer("conv2d", {{"filters", "4"}, {"kernel_size", "3"}, {"padding", "same"}, {"activation", "relu"}}),
+              layer("conv2d", {{"filters", "5"}, {"kernel_size", "3"}, {"strides", "2"}, {"padding", "same"}}),
+              layer("conv2d", {{"filters", "3"}, {"kernel_size", "2"}, {"strides", "2"}, {"activation", "relu"}}),
+              layer("flatten"),
+              layer("dense", {{"units", "10"}})};
+  m.seed = seed;
+  return m;
+}
+
 }  // namespace cuda_test

@@ -184,6 +184,11 @@ TEST(CudaEngine, PoolingConvnetTrainsLikeCpu) {
   expect_agreement("pooling convnet adam", m, 16, kConvParamTol);
 }
 
+// Thin windows take their weight gradient from the engine's column reduction (thin_convnet).
+TEST(CudaEngine, ThinConvolutionsTrainLikeCpu) {
+  expect_agreement("thin convolutions adam", thin_convnet(17), 16, kConvParamTol);
+}
+
 TEST(CudaEngine, BatchNormModelTrainsLikeCpu) {
   // Its first dense's bias feeds batch_normalization, which cancels it: that bias's gradient is 0
   // up to rounding, and Adam's step m / (sqrt(v) + eps) scales the rounding up (measured in

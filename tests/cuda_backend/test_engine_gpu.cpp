@@ -153,31 +153,37 @@ TEST(Gpu, ALostPeerAbortsTheCommunicatorInsteadOfHanging) {
 // normalization, dropout, pooling) follows the cpu backend in lockstep (the GPU engine takes
 // the cpu backend's state before each step), 10 steps of SGD + momentum.
 namespace {
-// The convnet on the GPU with options o, 10 steps of batch 32, taking the cpu backend's state
-// before each: the worst relative loss difference and the worst parameter difference, printed
-// with what, within the tolerances (the test skips on a machine without a usable device).
-void expect_convnet_lockstep_with_cpu(const cu::EngineOptions& o, const char* what, double loss_tolerance,
-                                      double param_tolerance) {
+// Model m on the GPU with options o, 10 steps of batch 32 of SGD + momentum, taking the cpu
+// backend's state before each: the worst relative loss difference and the worst parameter
+// difference, printed with what, within the tolerances (the test skips on a machine without a
+// usable device).
+void expect_lockstep_with_cpu(ModelSpec m, const cu::EngineOptions& o, const char* what, double loss_tolerance,
+                              double param_tolerance) {
   std::string why;
-  ModelSpec m = convnet(4);
   m.optimizer = "sgd";
   m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}});
   auto g = try_make(m, &why, o);
   if (!g) GTEST_SKIP() << why;
   auto c = skyforge::cpu::make_engine(m, Communicator{});
+  const size_t features = size_t{m.input_shape[0]} * m.input_shape[1] * m.input_shape[2];
   double worst_loss = 0, worst_param = 0;
   for (int s = 0; s < 10; ++s) {
-    const Batch b = make_batch(300 + s, 32, 784);
+    const Batch b = make_batch(300 + s, 32, features);
     g->load_state(c->state_dict());
     const double lc = c->train_step(b.x.data(), b.y.data(), 32).loss;
     const double lg = g->train_step(b.x.data(), b.y.data(), 32).loss;
     worst_loss = std::max(worst_loss, std::fabs(lg - lc) / lc);
     worst_param = std::max(worst_param, max_abs_diff(params_of(*c), params_of(*g)));
   }
-  std::printf("convnet %s on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n", what, worst_loss,
+  std::printf("%s on the GPU vs cpu, in lockstep: loss %.3g (relative), params %.3g\n", what, worst_loss,
               worst_param);
   EXPECT_LE(worst_loss, loss_tolerance);
   EXPECT_LE(worst_param, param_tolerance);
+}
+
+void expect_convnet_lockstep_with_cpu(const cu::EngineOptions& o, const char* what, double loss_tolerance,
+                                      double param_tolerance) {
+  expect_lockstep_with_cpu(convnet(4), o, (std::string("convnet ") + what).c_str(), loss_tolerance, param_tolerance);
 }
 }  // namespace
 
@@ -214,6 +220,17 @@ TEST(Gpu, AutotunedConvnetInNchwTrainsLikeCpu) {
   o.autotune = true;
   o.conv_layout = cu::DeviceOptions::ConvLayout::nchw;
   expect_convnet_lockstep_with_cpu(o, "autotuned, in NCHW,", 1e-4, 1e-4);
+}
+
+// Thin windows' weight gradients from the engine's column reduction (kernels::conv_filter_grad),
+// cuDNN computing only their input gradients (Device::conv_backward without dw) where it can pad
+// them, in NHWC and pinned to NCHW (there the data gradient converts dy itself: no filter
+// gradient did), beside a window cuDNN cannot pad (im2col + GEMM).
+TEST(Gpu, ThinConvolutionsTrainLikeCpu) {
+  expect_lockstep_with_cpu(thin_convnet(17), {}, "thin convolutions", 1e-4, 1e-4);
+  cu::EngineOptions o;
+  o.conv_layout = cu::DeviceOptions::ConvLayout::nchw;
+  expect_lockstep_with_cpu(thin_convnet(17), o, "thin convolutions in NCHW", 1e-4, 1e-4);
 }
 
 // tf32 = true (docs/compute-backends.md, "TF32"): GEMMs and convolutions may round their inputs

@@ -141,18 +141,32 @@ std::vector<float> host_conv_filter_grad(const std::vector<float>& x, const std:
   return dw;
 }
 
-// The seed convnet's thin first layer at batch 1024 (802,816 positions, 108 outputs): products
-// exact in double and sums in one order, so the GPU's kernel gradient is the host's bit for bit.
+// Products exact in double and sums in one order: the GPU's kernel gradient is the host's bit
+// for bit. The seed convnet's thin first layer at batch 1024 (802,816 positions, 108 outputs),
+// a strided window whose last row and column run one past the image, and a wide one padded by
+// 2 on every side.
 TEST_F(Gpu, ConvFilterGradIsTheHostBuildBitForBit) {
-  sk::WindowShape g;
-  g.batch = 1024, g.H = g.W = 28, g.C = 1, g.kh = g.kw = 3, g.pt = g.pl = 1, g.Ho = g.Wo = 28;
-  const size_t filters = 12;
-  const auto x = kref::randn(g.batch * g.H * g.W * g.C, 7), dy = kref::randn(g.positions() * filters, 8);
-  Dev<float> dx(x), ddy(dy), dw(g.col_width() * filters);
-  Dev<double> ws(sk::conv_filter_grad_workspace(g, filters));
-  sk::conv_filter_grad(dx.get(), ddy.get(), g, filters, dw.get(), ws.get(), s_);
-  sync();
-  EXPECT_EQ(dw.host(), host_conv_filter_grad(x, dy, g, filters));
+  auto window = [](size_t batch, uint32_t H, uint32_t W, uint32_t C, uint32_t k, uint32_t s, uint32_t pad,
+                   uint32_t Ho, uint32_t Wo) {
+    sk::WindowShape g;
+    g.batch = batch, g.H = H, g.W = W, g.C = C, g.kh = g.kw = k, g.sh = g.sw = s, g.pt = g.pl = pad;
+    g.Ho = Ho, g.Wo = Wo;
+    return g;
+  };
+  struct Case {
+    sk::WindowShape g;
+    size_t filters;
+  };
+  for (const Case& t : {Case{window(1024, 28, 28, 1, 3, 1, 1, 28, 28), 12}, Case{window(37, 14, 14, 3, 3, 2, 0, 7, 7), 5},
+                        Case{window(9, 14, 14, 12, 6, 2, 2, 7, 7), 24}}) {
+    const sk::WindowShape& g = t.g;
+    const auto x = kref::randn(g.batch * g.H * g.W * g.C, 7), dy = kref::randn(g.positions() * t.filters, 8);
+    Dev<float> dx(x), ddy(dy), dw(g.col_width() * t.filters);
+    Dev<double> ws(sk::conv_filter_grad_workspace(g, t.filters));
+    sk::conv_filter_grad(dx.get(), ddy.get(), g, t.filters, dw.get(), ws.get(), s_);
+    sync();
+    EXPECT_EQ(dw.host(), host_conv_filter_grad(x, dy, g, t.filters)) << g.H << "x" << g.W << "x" << g.C;
+  }
 }
 
 TEST_F(Gpu, MultiTensorAdamMatchesTheHostRule) {

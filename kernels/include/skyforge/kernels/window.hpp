@@ -87,8 +87,8 @@ struct ConvFilterPartials {
     const uint32_t dn = step / plane, doy = step / g.Wo % g.Ho, dox = step % g.Wo;
     // kRows rows' loads are issued before their products are added (in row order), so that a
     // GPU thread waits for kRows loads at once, not one after another. An x in the padding, and
-    // a row past the last, read as 0: adding a zero product leaves the sum as skipping it would
-    // (the sum is never -0).
+    // a row past the last, read as 0: for a finite dy, adding a zero product leaves the sum as
+    // skipping it would (the sum is never -0; an infinite dy makes NaN, as im2col + GEMM does).
     constexpr int kRows = 8;
     double acc = 0.0;
     for (uint32_t r = static_cast<uint32_t>(k); r < rows;) {
