@@ -10,6 +10,10 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
   skyforge cuda 1 GPU nchw  (convnet) conv_layout = "nchw": cuDNN's convolutions in NCHW, their
                           tensors transformed around each call (PyTorch eager no TF32's layout
                           and precision).
+  skyforge cuda 1 GPU autotuned  (convnet) autotune = true, FP32, deterministic: each
+                          convolution's fastest deterministic cuDNN algorithm, timed at its first
+                          step, or the engine's im2col + GEMM backward (cuBLAS) where that was
+                          faster than cuDNN's chosen backward.
   skyforge cuda 1 GPU tf32 autotuned  (convnet) tf32 = true, deterministic = false, autotune =
                           true: every convolution's fastest cuDNN algorithm, timed at its first
                           step in NHWC and in NCHW (transforms included), atomics allowed
@@ -21,13 +25,16 @@ For each model (mlp, convnet: the examples, as the CPU bench checks them) and gl
   PyTorch eager no TF32   the same with torch.backends.cudnn.allow_tf32 = False: PyTorch's
                           convolutions in full FP32, as skyforge's are (PyTorch's default lets
                           cuDNN round their inputs to TF32; its matmuls are FP32 by default).
+  PyTorch eager no TF32 deterministic  (convnet) the same with torch.backends.cudnn.deterministic
+                          = True: cuDNN's deterministic algorithms only, as skyforge's default
+                          (same precision, same determinism).
   PyTorch eager cudnn.benchmark  (convnet) eager with torch.backends.cudnn.benchmark = True:
                           PyTorch's own timed choice of cuDNN algorithms, the peer of the
                           autotuned row.
   PyTorch compile 1 GPU   the same model under torch.compile (when this torch has it), one
                           static graph per batch shape (dynamic=False).
 
---configs picks rows by key (sky1, sky1tf32, sky1nchw, sky1fast, skyN, torch, fp32, torchbench,
+--configs picks rows by key (sky1, sky1tf32, sky1nchw, sky1tune, sky1fast, skyN, torch, fp32, fp32det, torchbench,
 compile)
 and --batches the batch sizes, for a short run; the ratio column needs the torch row.
 
@@ -183,6 +190,7 @@ def run_torch(base, spec):
             "test_accuracy": correct / yte.shape[0],
             "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32, "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
             "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
 
 
@@ -276,12 +284,16 @@ def main(base, args, models, epochs, skyforge):
                ("sky1tf32", "skyforge cuda 1 GPU tf32", "skyforge", 1, False, {"tf32": "true"}, None),
                ("sky1nchw", "skyforge cuda 1 GPU nchw", "skyforge", 1, False, {"conv_layout": '"nchw"'},
                 ("convnet",)),
+               ("sky1tune", "skyforge cuda 1 GPU autotuned", "skyforge", 1, False, {"autotune": "true"},
+                ("convnet",)),
                ("sky1fast", "skyforge cuda 1 GPU tf32 autotuned", "skyforge", 1, False,
                 {"tf32": "true", "deterministic": "false", "autotune": "true"}, ("convnet",))]
     if gpus >= 2:
         configs.append(("skyN", f"skyforge cuda {gpus} GPUs", "skyforge", gpus, False, {}, None))
     configs += [("torch", "PyTorch eager 1 GPU", "torch", 1, False, {}, None),
                 ("fp32", "PyTorch eager no TF32 1 GPU", "torch", 1, False, {"allow_tf32": False}, None),
+                ("fp32det", "PyTorch eager no TF32 deterministic", "torch", 1, False,
+                 {"allow_tf32": False, "deterministic": True}, ("convnet",)),
                 ("torchbench", "PyTorch eager cudnn.benchmark", "torch", 1, False, {"benchmark": True}, ("convnet",))]
     if hasattr(torch, "compile"):
         configs.append(("compile", "PyTorch torch.compile 1 GPU", "torch", 1, True, {}, None))

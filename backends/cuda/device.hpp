@@ -149,6 +149,24 @@ class Device {
   kernels::Stream stream_{};
 };
 
+// conv2d's backward as im2col + GEMM + col2im on d's GEMMs and the kernels: the engine's way
+// where the device's own convolutions are not used, and a candidate the CUDA build times against
+// cuDNN's with autotune ("Convolution algorithms"). dw (Keras' layout, overwritten) = col^T dy
+// unless dw is null, col = im2col(x) made here unless col_has_x; then, if dx is not null,
+// col = dy w^T and dx = col2im(col) (overwritten). col: g.positions() x g.col_width() floats.
+inline void conv_backward_gemm(Device& d, const kernels::WindowShape& g, size_t filters, const float* x,
+                               const float* w, const float* dy, float* col, bool col_has_x, float* dw, float* dx) {
+  const size_t M = g.positions(), kkc = g.col_width();
+  if (dw) {
+    if (!col_has_x) kernels::im2col(x, col, g, d.stream());
+    d.gemm(true, false, kkc, filters, M, 1.f, col, kkc, dy, filters, 0.f, dw, filters);
+  }
+  if (dx) {
+    d.gemm(false, true, M, kkc, filters, 1.f, dy, filters, w, filters, 0.f, col, kkc);
+    kernels::col2im(col, dx, g, d.stream());
+  }
+}
+
 // A typed buffer of device memory.
 template <class T>
 class Buffer {

@@ -170,6 +170,12 @@ struct ConvPlan {
   // window, kernels::conv_filter_grad); reduction_ms: that reduction's time, in a survey.
   bool filter_by_engine = false;
   float reduction_ms = -1;
+  // The engine's im2col + GEMM backward (conv_backward_gemm) for the directions asked of the
+  // first backward call, timed with autotune or in a survey (gemm_ms; < 0: not timed) beside what
+  // cuDNN's chosen algorithms took (cudnn_ms; < 0: not all of them timed); by_gemm: autotune
+  // found it faster, and conv_backward leaves the backward to the engine.
+  bool gemm_asked = false, by_gemm = false;
+  float gemm_ms = -1, cudnn_ms = -1;
   size_t x_elems = 0, y_elems = 0;  // n·C·H·W, n·F·Ho·Wo
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
@@ -375,6 +381,16 @@ void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnn
   }
 }
 
+// What a direction's chosen algorithm took where its candidates were timed (autotune, survey),
+// with its NCHW transforms, or -1.
+template <class Algo>
+float chosen_ms(const ConvPlan::Choice<Algo>& c) {
+  if (!c.found) return -1;
+  for (const ConvPlan::Timed& t : c.nchw ? c.nchw_timed : c.nhwc)
+    if (t.algo == static_cast<int>(c.algo) && t.math == c.math) return t.ms + (c.nchw ? c.transforms_ms : 0.f);
+  return -1;
+}
+
 }  // namespace
 
 struct Device::Impl {
@@ -398,6 +414,7 @@ struct Device::Impl {
   // A direction run in NCHW (autotune): its input-shaped and output-shaped tensors there
   // (the forward's x and y; the backward's x or dx, and dy), shared by every window.
   Grown nchw_in, nchw_out;
+  Grown gemm_col;  // the im2col + GEMM candidate's col while autotune or a survey times it
   std::vector<void*> retired;
   std::vector<cudaEvent_t> marks;  // SKYFORGE_CUDA_PROFILE's timing marks, reused
   size_t marks_used = 0;
@@ -552,6 +569,8 @@ struct Device::Impl {
   }
   bool may_time();
   ConvPlan* conv_setup(const kernels::WindowShape& g, size_t filters);
+  void time_backward_gemm(Device& dev, ConvPlan& c, const kernels::WindowShape& g, size_t filters, const float* x,
+                          const float* w, const float* dy, bool dw, bool dx);
   // The NCHW scratch for a window's input-shaped and output-shaped tensors.
   float* nchw_x(const ConvPlan& c) {
     grow(nchw_in, c.x_elems * sizeof(float), "conv2d NCHW scratch");
@@ -982,6 +1001,8 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
                d.transform(c.xc, xc, c.x, dx);
              });
            });
+  if (!c.gemm_asked) d.time_backward_gemm(*this, c, g, filters, x, w, dy, dw != nullptr, dx != nullptr);
+  if (c.by_gemm) return false;  // the engine's im2col + GEMM, faster here
   if ((dw && !c.filter.found) || (dx && !c.data.found)) return false;
   const float one = 1.f, zero = 0.f;
   const bool filter_nchw = dw && c.filter.nchw, data_nchw = dx && c.data.nchw;
@@ -1018,6 +1039,35 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
   check(cudnnConvolutionBackwardData(d.dnn, &one, c.w, krsc, c.y, dy, c.conv, c.data.algo, ws, wsb, &zero, c.x, dx),
         "cudnnConvolutionBackwardData");
   return true;
+}
+
+// With autotune or in a survey, at a window's first backward: the engine's im2col + GEMM for the
+// directions asked (conv_backward_gemm: cuBLAS, deterministic), timed into scratch: the col (at
+// most kMaxGemmCol bytes: larger, or out of memory, it is not a candidate), the kernel-gradient
+// scratch for dw, the NCHW input-shaped scratch for dx. With autotune it replaces cuDNN's
+// algorithms for this window when faster than all of them together, as timed.
+void Device::Impl::time_backward_gemm(Device& dev, ConvPlan& c, const kernels::WindowShape& g, size_t filters,
+                                      const float* x, const float* w, const float* dy, bool dw, bool dx) {
+  Impl& d = *this;
+  c.gemm_asked = true;
+  constexpr size_t kMaxGemmCol = size_t{1} << 30;
+  const size_t col_bytes = g.positions() * g.col_width() * sizeof(float);
+  if (!(d.conv_policy.autotune || d.conv_policy.survey) || (!dw && !dx) || col_bytes > kMaxGemmCol || !d.may_time())
+    return;
+  try {
+    d.grow(d.gemm_col, col_bytes, "conv2d im2col scratch");
+    float* dx_scratch = dx ? d.nchw_x(c) : nullptr;
+    auto* dw_scratch = dw ? static_cast<float*>(d.grad_krsc.p) : nullptr;
+    c.gemm_ms = d.time_ms([&] {
+      conv_backward_gemm(dev, g, filters, x, w, dy, static_cast<float*>(d.gemm_col.p), false, dw_scratch, dx_scratch);
+    });
+  } catch (const Error&) {
+    cudaGetLastError();  // no memory for the scratch (not a sticky error): cuDNN's algorithms stay
+    return;
+  }
+  const float f = dw ? chosen_ms(c.filter) : 0.f, dd = dx ? chosen_ms(c.data) : 0.f;
+  if (f >= 0 && dd >= 0) c.cudnn_ms = f + dd;
+  c.by_gemm = d.conv_policy.autotune && c.cudnn_ms >= 0 && c.gemm_ms < c.cudnn_ms;
 }
 
 void Device::allreduce_sum(float* p, size_t n) { impl_->allreduce(p, n, ncclFloat32); }
@@ -1151,9 +1201,14 @@ std::string Device::describe_convolutions() const {
              (thin ? ", the weight gradient " + std::string(kEngineReduction) : std::string()) + "\n";
       return;
     }
-    out += "forward " + choice_text(c.forward, fwd_algo_name) + ", filter " +
-           (c.filter_by_engine ? std::string(kEngineReduction) : choice_text(c.filter, filter_algo_name)) + ", data " +
-           choice_text(c.data, data_algo_name) + "\n";
+    out += "forward " + choice_text(c.forward, fwd_algo_name) + ", " +
+           (c.by_gemm ? std::string("backward the engine's im2col + GEMM, timed") +
+                            (c.filter_by_engine ? std::string(" (filter ") + kEngineReduction + ")" : std::string())
+                      : "filter " +
+                            (c.filter_by_engine ? std::string(kEngineReduction)
+                                                : choice_text(c.filter, filter_algo_name)) +
+                            ", data " + choice_text(c.data, data_algo_name)) +
+           "\n";
     timed_text(out, "forward", "NHWC", c.forward.nhwc);
     timed_text(out, "forward", "NCHW", c.forward.nchw_timed, c.forward.transforms_ms);
     timed_text(out, "filter", "NHWC", c.filter.nhwc);
@@ -1165,6 +1220,15 @@ std::string Device::describe_convolutions() const {
     }
     timed_text(out, "data", "NHWC", c.data.nhwc);
     timed_text(out, "data", "NCHW", c.data.nchw_timed, c.data.transforms_ms);
+    if (c.gemm_ms >= 0) {
+      char t[160];
+      if (c.cudnn_ms >= 0)
+        std::snprintf(t, sizeof t, "      backward, the engine's im2col + GEMM: %.3f ms (cuDNN's chosen: %.3f ms)\n",
+                      static_cast<double>(c.gemm_ms), static_cast<double>(c.cudnn_ms));
+      else
+        std::snprintf(t, sizeof t, "      backward, the engine's im2col + GEMM: %.3f ms\n", static_cast<double>(c.gemm_ms));
+      out += t;
+    }
   });
   if (!out.empty() && (p.autotune || p.survey || p.nchw_only()))
     out = std::string("    (chosen ") + (p.autotune ? "by time" : "by cuDNN's heuristics") + ", among " +

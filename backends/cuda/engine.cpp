@@ -572,15 +572,8 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
           const bool thin = k::thin_window(gw);
           if (thin) k::conv_filter_grad(in, dy, gw, l.units, g, ws_.get(), s);
           if (l.direct && dev_->conv_backward(gw, l.units, in, p, dy, thin ? nullptr : g, dx)) break;
-          float* col = thin && !dx ? nullptr : col_of(l);
-          if (!thin) {
-            if (l.direct) k::im2col(in, col, gw, s);  // the forward had no col
-            dev_->gemm(true, false, kkc, l.units, M, 1.f, col, kkc, dy, l.units, 0.f, g, l.units);
-          }
-          if (dx) {
-            dev_->gemm(false, true, M, kkc, l.units, 1.f, dy, l.units, p, l.units, 0.f, col, kkc);
-            k::col2im(col, dx, gw, s);
-          }
+          conv_backward_gemm(*dev_, gw, l.units, in, p, dy, thin && !dx ? nullptr : col_of(l), !l.direct,
+                             thin ? nullptr : g, dx);  // the forward left its col unless it ran direct
           break;
         }
         case Kind::max_pool:

@@ -203,6 +203,15 @@ TEST(Gpu, AutotunedNondeterministicConvnetTrainsLikeCpu) {
   expect_convnet_lockstep_with_cpu(o, "autotuned, atomics allowed,", 1e-4, 1e-4);
 }
 
+// autotune = true in FP32 with deterministic algorithms only: cuDNN's timed choice, or the
+// engine's im2col + GEMM backward where that was faster than cuDNN's chosen backward (both
+// deterministic: the FP32 tolerance).
+TEST(Gpu, AutotunedConvnetTrainsLikeCpu) {
+  cu::EngineOptions o;
+  o.autotune = true;
+  expect_convnet_lockstep_with_cpu(o, "autotuned, deterministic,", 1e-4, 1e-4);
+}
+
 // conv_layout = "nchw" (docs/compute-backends.md, "Convolution algorithms"): every cuDNN call in
 // NCHW, its tensors and kernel transformed there and back (cudnnTransformTensor), the heuristics'
 // deterministic FP32 algorithms: a layout change moves values without rounding them, so the FP32
