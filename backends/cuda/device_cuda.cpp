@@ -385,7 +385,7 @@ void choose(ConvPlan::Choice<Algo>& c, const ConvPolicy& p, bool can_time, cudnn
 // with its NCHW transforms, or -1.
 template <class Algo>
 float chosen_ms(const ConvPlan::Choice<Algo>& c) {
-  if (!c.found) return -1;
+  if (!c.found || (c.nchw && c.transforms_ms < 0)) return -1;
   for (const ConvPlan::Timed& t : c.nchw ? c.nchw_timed : c.nhwc)
     if (t.algo == static_cast<int>(c.algo) && t.math == c.math) return t.ms + (c.nchw ? c.transforms_ms : 0.f);
   return -1;
@@ -414,7 +414,6 @@ struct Device::Impl {
   // A direction run in NCHW (autotune): its input-shaped and output-shaped tensors there
   // (the forward's x and y; the backward's x or dx, and dy), shared by every window.
   Grown nchw_in, nchw_out;
-  Grown gemm_col;  // the im2col + GEMM candidate's col while autotune or a survey times it
   std::vector<void*> retired;
   std::vector<cudaEvent_t> marks;  // SKYFORGE_CUDA_PROFILE's timing marks, reused
   size_t marks_used = 0;
@@ -1042,29 +1041,41 @@ bool Device::conv_backward(const kernels::WindowShape& g, size_t filters, const 
 }
 
 // With autotune or in a survey, at a window's first backward: the engine's im2col + GEMM for the
-// directions asked (conv_backward_gemm: cuBLAS, deterministic), timed into scratch: the col (at
-// most kMaxGemmCol bytes: larger, or out of memory, it is not a candidate), the kernel-gradient
-// scratch for dw, the NCHW input-shaped scratch for dx. With autotune it replaces cuDNN's
-// algorithms for this window when faster than all of them together, as timed.
+// directions asked (conv_backward_gemm: cuBLAS, deterministic), timed into scratch: a col of its
+// own (at most kMaxGemmCol bytes: larger, or not allocatable, it is not a candidate; freed once
+// timed: only eager work has seen it), the kernel-gradient scratch for dw, the NCHW input-shaped
+// scratch for dx. Not where cuDNN has no algorithm (the engine takes the backward anyway). With
+// autotune it replaces cuDNN's algorithms for this window when faster than all of them together,
+// as timed.
 void Device::Impl::time_backward_gemm(Device& dev, ConvPlan& c, const kernels::WindowShape& g, size_t filters,
                                       const float* x, const float* w, const float* dy, bool dw, bool dx) {
   Impl& d = *this;
   c.gemm_asked = true;
   constexpr size_t kMaxGemmCol = size_t{1} << 30;
   const size_t col_bytes = g.positions() * g.col_width() * sizeof(float);
-  if (!(d.conv_policy.autotune || d.conv_policy.survey) || (!dw && !dx) || col_bytes > kMaxGemmCol || !d.may_time())
+  if (!(d.conv_policy.autotune || d.conv_policy.survey) || (!dw && !dx) || (dw && !c.filter.found) ||
+      (dx && !c.data.found) || col_bytes > kMaxGemmCol || !d.may_time())
     return;
+  float* dx_scratch = nullptr;
   try {
-    d.grow(d.gemm_col, col_bytes, "conv2d im2col scratch");
-    float* dx_scratch = dx ? d.nchw_x(c) : nullptr;
-    auto* dw_scratch = dw ? static_cast<float*>(d.grad_krsc.p) : nullptr;
-    c.gemm_ms = d.time_ms([&] {
-      conv_backward_gemm(dev, g, filters, x, w, dy, static_cast<float*>(d.gemm_col.p), false, dw_scratch, dx_scratch);
-    });
+    if (dx) dx_scratch = d.nchw_x(c);
   } catch (const Error&) {
-    cudaGetLastError();  // no memory for the scratch (not a sticky error): cuDNN's algorithms stay
+    return;  // no memory for it: cuDNN's algorithms stay
+  }
+  struct Col {
+    void* p = nullptr;
+    ~Col() {
+      if (p) cudaFree(p);  // the stream is idle: time_ms waited for its last event
+    }
+  } col;
+  if (cudaMalloc(&col.p, col_bytes) != cudaSuccess) {
+    cudaGetLastError();  // out of memory is not sticky: cuDNN's algorithms stay
+    col.p = nullptr;
     return;
   }
+  auto* dw_scratch = dw ? static_cast<float*>(d.grad_krsc.p) : nullptr;
+  c.gemm_ms = d.time_ms(
+      [&] { conv_backward_gemm(dev, g, filters, x, w, dy, static_cast<float*>(col.p), false, dw_scratch, dx_scratch); });
   const float f = dw ? chosen_ms(c.filter) : 0.f, dd = dx ? chosen_ms(c.data) : 0.f;
   if (f >= 0 && dd >= 0) c.cudnn_ms = f + dd;
   c.by_gemm = d.conv_policy.autotune && c.cudnn_ms >= 0 && c.gemm_ms < c.cudnn_ms;
