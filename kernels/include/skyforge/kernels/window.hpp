@@ -121,7 +121,7 @@ SF_HD inline size_t conv_filter_grad_workspace(const WindowShape& g, size_t filt
 // device: at most kThinWindow inputs per position (a first layer over one to three channels:
 // 3x3 over RGB is 27). There each position adds into few outputs and a GEMM's reduction
 // dimension is the whole batch of positions, which cuDNN's deterministic algorithms run slowly
-// (docs/compute-backends.md, "Convolution algorithms", has the figures).
+// (docs/compute-backends.md, "Thin windows", has the figures).
 inline constexpr size_t kThinWindow = 32;
 SF_HD inline bool thin_window(const WindowShape& g) { return g.col_width() <= kThinWindow; }
 
