@@ -34,6 +34,7 @@ enum class Type : uint16_t {
   Shutdown = 17,    // host -> worker
   Ready = 18,       // worker -> host: plugins loaded, around_app entered
   Progress = 19,    // worker -> host: its collectives so far and its app's status (the host's watchdog)
+  OutputAck = 20,   // host -> worker: how much of its job's output the host has written (flow control)
   // rendezvous store
   KvSet = 30,
   KvGet = 31,
@@ -155,6 +156,21 @@ struct RunResult {
   template <class A>
   void serialize(A& a, unsigned) {
     a & node & ok & exit_code & value & error;
+  }
+};
+
+// Output flow control (docs/architecture.md, "Output"): a worker forwards its job's stdout and
+// stderr (Log streams 1 and 2) at most kOutputWindow bytes of Log text ahead of what the host has
+// acknowledged; beyond that it stops reading the job's pipes, so the job blocks in its own write()
+// as on a stalled terminal, while heartbeats go on. The host acknowledges the bytes it is done
+// with (written to its stdout/stderr, or not shown by the output policy) as a running total, at
+// least every quarter window. Stream 3 (the worker's own log) is not counted.
+constexpr uint64_t kOutputWindow = uint64_t{1} << 20;
+struct OutputAck {
+  uint64_t bytes = 0;  // Log text bytes of streams 1 and 2 since the connection began
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & bytes;
   }
 };
 

@@ -48,6 +48,7 @@ bool known_type(uint16_t t) {
     case Type::Shutdown:
     case Type::Ready:
     case Type::Progress:
+    case Type::OutputAck:
     case Type::KvSet:
     case Type::KvGet:
     case Type::KvAdd:

@@ -50,7 +50,7 @@
 namespace skyforge::net {
 
 constexpr uint32_t kMagic = 0x46594B53;  // bytes 'S' 'K' 'Y' 'F' read as a little-endian u32
-constexpr uint16_t kProtocolVersion = 4;  // 2: Job holds a NodeIdentity; its mode is a byte (JobMode); 3: TaskBatch.tasks; 4: Progress.status
+constexpr uint16_t kProtocolVersion = 5;  // 2: Job holds a NodeIdentity; its mode is a byte (JobMode); 3: TaskBatch.tasks; 4: Progress.status; 5: OutputAck (a worker stops forwarding output without it; an older host never sends it)
 constexpr size_t kHeaderSize = 12;
 constexpr uint32_t kDefaultMaxFrame = 16u << 20;  // bound on one frame's payload, in bytes
 constexpr size_t kNonceSize = 32;
