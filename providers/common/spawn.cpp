@@ -38,7 +38,7 @@ struct ChildError {
   int step;
   int err;
 };
-enum Step { kSetns = 1, kSetsid, kChdir, kDup, kExec, kDeathSignal };
+enum Step { kSetns = 1, kSetsid, kChdir, kDup, kExec, kDeathSignal, kCgroup };
 
 const char* step_name(int step) {
   switch (step) {
@@ -48,6 +48,7 @@ const char* step_name(int step) {
     case kDup: return "cannot set up standard streams";
     case kExec: return "cannot execute";
     case kDeathSignal: return "cannot set the parent-death signal";
+    case kCgroup: return "cannot join the node's cgroup";
     default: return "failed before exec";
   }
 }
@@ -76,6 +77,7 @@ bool wire(int src, int target) {
   for (int sig = 1; sig < NSIG; ++sig)
     if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);  // EINVAL for libc-internal ones
 
+  if (s.cgroup_procs_fd >= 0 && ::write(s.cgroup_procs_fd, "0", 1) != 1) child_fail(err_pipe, kCgroup);
   if (s.parent_death_signal > 0) {
     if (::prctl(PR_SET_PDEATHSIG, s.parent_death_signal) != 0) child_fail(err_pipe, kDeathSignal);
     if (::getppid() != parent) ::_exit(127);  // the parent died before the signal was armed

@@ -54,6 +54,8 @@ struct SpawnSpec {
   bool new_session = true;                  // setsid(): own session and process group
   int parent_death_signal = 0;              // > 0: delivered to the child when this thread's
                                             // process dies (PR_SET_PDEATHSIG), kill -9 included
+  int cgroup_procs_fd = -1;                 // >= 0: a cgroup's cgroup.procs (open for writing)
+                                            // the child moves itself into first
 };
 
 // fork + exec. The child: unblocks all signals and resets their dispositions, joins the

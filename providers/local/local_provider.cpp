@@ -18,6 +18,7 @@
 #include <deque>
 #include <thread>
 
+#include "cgroup.hpp"
 #include "netns.hpp"
 #include "spawn.hpp"
 
@@ -158,6 +159,8 @@ Provisioned LocalProvider::provision(const PoolSpec& spec) {
 
   nodes_.clear();
   net_.reset();
+  pool_cgroup_.clear();
+  cgroup_why_.clear();
   pool_id_ = spec.pool_id;
   pool_dir_ = config_.work_root / ("skyforge-" + pool_id_);
   pool_dir_made_ = false;
@@ -196,6 +199,7 @@ Provisioned LocalProvider::provision(const PoolSpec& spec) {
       }
       out.nodes.push_back({ref.id, ref.address});
     }
+    make_cgroups();
   } catch (const std::exception& e) {
     std::vector<Node*> all;
     for (auto& n : nodes_) all.push_back(n.get());
@@ -210,8 +214,72 @@ Provisioned LocalProvider::provision(const PoolSpec& spec) {
   }
   host().debug("local provider: pool " + pool_id_ + ": " + std::to_string(spec.nodes) + " node(s) under " +
               pool_dir_.string() +
-              (net_ ? ", network " + net_->subnet() + " on bridge " + net_->bridge_name() : std::string()));
+              (net_ ? ", network " + net_->subnet() + " on bridge " + net_->bridge_name() : std::string()) +
+              (pool_cgroup_.empty() ? "; no cgroup (" + cgroup_why_ + "): each worker reaps what its job started"
+                                    : "; processes in cgroup " + pool_cgroup_.string()));
   return out;
+}
+
+// Each node's processes in a cgroup of their own (cgroup.hpp), so that teardown ends whatever
+// they started, `setsid` or double fork, and even after their worker was killed with SIGKILL.
+// Where cgroup v2 cannot be used, the pool goes on without: the worker, a child subreaper, still
+// kills every descendant it inherited (docs/architecture.md, "Processes").
+void LocalProvider::make_cgroups() {
+  const fs::path base = cgroup::usable_base(cgroup_why_);
+  if (base.empty()) return;
+  const fs::path pool = base / ("skyforge-" + pool_id_ + "-" + std::to_string(::getpid()));
+  try {
+    cgroup::make(pool);
+    pool_cgroup_ = pool;
+    for (auto& n : nodes_) {
+      cgroup::make(pool / n->id);
+      n->cgroup = pool / n->id;
+      cgroup::make(n->cgroup / "worker");
+      cgroup::make(n->cgroup / "bootstrap");
+    }
+  } catch (const std::exception& e) {
+    cgroup_why_ = e.what();
+    host().warn("local provider: " + cgroup_why_ +
+                "; going on without cgroups (what a job starts outside its worker's process group may outlive a "
+                "worker killed with SIGKILL)");
+    if (std::string p = cgroup::remove(pool); !p.empty()) host().warn("local provider: " + p);
+    for (auto& n : nodes_) n->cgroup.clear();
+    pool_cgroup_.clear();
+  }
+}
+
+namespace {
+// cgroup.procs of a node's leaf, for the child to move itself into (SpawnSpec::cgroup_procs_fd).
+Fd open_cgroup_procs(const fs::path& node_cgroup, const char* leaf) {
+  if (node_cgroup.empty()) return Fd();
+  return open_file(node_cgroup / leaf / "cgroup.procs", O_WRONLY, 0);
+}
+}  // namespace
+
+void LocalProvider::reap_orphans(const std::vector<pid_t>& seen, const Node& n) {
+  // Orphans of the node came to this process (a child subreaper): reap those that are ours and
+  // dead now, but never the worker or a bootstrap (reap_worker and bootstrap() wait for those).
+  for (pid_t pid : seen) {
+    if (pid == n.worker || std::find(n.groups.begin(), n.groups.end(), pid) != n.groups.end()) continue;
+    int st;
+    ::waitpid(pid, &st, WNOHANG);
+  }
+}
+
+void LocalProvider::empty_cgroup(const fs::path& dir, const Node& n) {
+  std::vector<pid_t> seen;
+  const auto deadline = Clock::now() + kKillWait;
+  while (cgroup::populated(dir)) {
+    auto now = cgroup::procs(dir);
+    seen.insert(seen.end(), now.begin(), now.end());
+    cgroup::kill(dir);
+    if (Clock::now() >= deadline) {
+      host().warn("local provider: cgroup " + dir.string() + " of " + n.id + " still has processes after SIGKILL");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  reap_orphans(seen, n);
 }
 
 void LocalProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {
@@ -238,6 +306,8 @@ void LocalProvider::bootstrap(const std::string& node_id, const std::string& scr
     if (net_) ns = net_->open_netns(n->index);
     SpawnSpec s;
     s.argv = {"bash", "--noprofile", "--norc", "-e", "-u", "-o", "pipefail", script_path.string()};
+    Fd cg = open_cgroup_procs(n->cgroup, "bootstrap");
+    s.cgroup_procs_fd = cg.get();
     s.env = environment_with({});
     s.cwd = n->dir.string();
     s.netns_fd = ns.get();
@@ -351,6 +421,10 @@ void LocalProvider::start_worker(const std::string& node_id, const std::vector<s
       throw Error("local provider: start_worker " + node_id + ": a worker (pid " + std::to_string(n.worker) +
                   ") is already running there");
   }
+  // What an earlier worker of this node left in its cgroup (a worker killed with SIGKILL, before
+  // a restart) goes before the next one starts.
+  if (!n.cgroup.empty()) empty_cgroup(n.cgroup / "worker", n);
+  Fd cg = open_cgroup_procs(n.cgroup, "worker");
   Fd out = open_file(n.dir / "worker.log", O_WRONLY | O_CREAT | O_APPEND, 0600);
   Fd ns;
   if (net_) ns = net_->open_netns(n.index);
@@ -366,6 +440,7 @@ void LocalProvider::start_worker(const std::string& node_id, const std::vector<s
   s.netns_fd = ns.get();
   s.stdout_fd = out.get();
   s.stderr_fd = out.get();
+  s.cgroup_procs_fd = cg.get();
   pid_t pid;
   try {
     pid = spawn(s);
@@ -438,7 +513,8 @@ int LocalProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
   return 1;
 }
 
-// SIGTERM every group of the nodes, give them kTermGrace together, SIGKILL what is left, reap.
+// SIGTERM every group of the nodes and every process in their cgroups, give them kTermGrace
+// together, SIGKILL what is left (cgroup.kill for the cgroups), reap.
 void LocalProvider::stop_groups(std::vector<Node*>& nodes) {
   struct G {
     Node* node;
@@ -448,13 +524,28 @@ void LocalProvider::stop_groups(std::vector<Node*>& nodes) {
   std::vector<G> groups;
   for (Node* n : nodes)
     for (pid_t pg : n->groups) groups.push_back({n, pg, false});
-  if (groups.empty()) return;
+  struct C {
+    Node* node;
+    bool gone;
+    std::vector<pid_t> seen;  // its members, to reap those that came to us as orphans
+  };
+  std::vector<C> cgroups;
+  for (Node* n : nodes)
+    if (!n->cgroup.empty()) cgroups.push_back({n, false, {}});
+  if (groups.empty() && cgroups.empty()) return;
   auto poll_all = [&] {
     bool any = false;
     for (auto& g : groups)
       if (!g.gone) {
         g.gone = group_gone(g.pg, g.node->worker, g.node->worker_reaped, g.node->worker_status);
         any = any || !g.gone;
+      }
+    for (auto& c : cgroups)
+      if (!c.gone) {
+        auto now = cgroup::procs(c.node->cgroup);
+        c.seen.insert(c.seen.end(), now.begin(), now.end());
+        c.gone = !cgroup::populated(c.node->cgroup);
+        any = any || !c.gone;
       }
     return any;
   };
@@ -471,16 +562,33 @@ void LocalProvider::stop_groups(std::vector<Node*>& nodes) {
       ::kill(-g.pg, SIGTERM);
       ::kill(-g.pg, SIGCONT);  // a stopped group would never act on SIGTERM
     }
+  for (auto& c : cgroups)
+    if (!c.gone) {
+      cgroup::signal(c.node->cgroup, SIGTERM);
+      cgroup::signal(c.node->cgroup, SIGCONT);
+    }
   if (!wait_until(Clock::now() + kTermGrace)) {
     for (auto& g : groups)
       if (!g.gone) ::kill(-g.pg, SIGKILL);
-    if (!wait_until(Clock::now() + kKillWait))
-      for (auto& g : groups)
-        if (!g.gone)
-          host().warn("local provider: process group " + std::to_string(g.pg) + " of " + g.node->id +
-                      " still has members after SIGKILL (zombies whose parent does not reap them?)");
+    for (auto& c : cgroups)
+      if (!c.gone) cgroup::kill(c.node->cgroup);
+    auto kill_until = Clock::now() + kKillWait;
+    while (poll_all() && Clock::now() < kill_until) {
+      for (auto& c : cgroups)  // without cgroup.kill, one by one: a process may fork meanwhile
+        if (!c.gone) cgroup::kill(c.node->cgroup);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (auto& g : groups)
+      if (!g.gone)
+        host().warn("local provider: process group " + std::to_string(g.pg) + " of " + g.node->id +
+                    " still has members after SIGKILL (zombies whose parent does not reap them?)");
+    for (auto& c : cgroups)
+      if (!c.gone)
+        host().warn("local provider: cgroup " + c.node->cgroup.string() + " of " + c.node->id +
+                    " still has processes after SIGKILL");
   }
 done:
+  for (auto& c : cgroups) reap_orphans(c.seen, *c.node);
   for (auto& g : groups)
     if (g.gone) g.node->groups.erase(std::remove(g.node->groups.begin(), g.node->groups.end(), g.pg),
                                      g.node->groups.end());
@@ -492,6 +600,10 @@ void LocalProvider::teardown_locked(const std::vector<Node*>& targets, std::vect
   stop_groups(nodes);
   for (Node* n : nodes) {
     n->gone = true;
+    if (!n->cgroup.empty()) {
+      if (std::string p = cgroup::remove(n->cgroup); p.empty()) n->cgroup.clear();
+      else problems.push_back(p);
+    }
     if (net_ && n->net_made) {
       auto p = net_->remove_node(n->index);
       if (p.empty()) n->net_made = false;
@@ -513,6 +625,10 @@ void LocalProvider::teardown_locked(const std::vector<Node*>& targets, std::vect
   if (net_) {
     auto p = net_->remove_bridge();
     problems.insert(problems.end(), p.begin(), p.end());
+  }
+  if (!pool_cgroup_.empty()) {
+    if (std::string p = cgroup::remove(pool_cgroup_); p.empty()) pool_cgroup_.clear();
+    else problems.push_back(p);
   }
   if (pool_dir_made_) {
     if (config_.keep_workdirs) {
@@ -575,6 +691,19 @@ std::string LocalProvider::netns_name(const std::string& id) const {
 std::string LocalProvider::bridge_name() const {
   std::lock_guard<std::mutex> lock(mu_);
   return net_ ? net_->bridge_name() : "";
+}
+fs::path LocalProvider::node_cgroup(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = find(id);
+  return n ? n->cgroup : fs::path();
+}
+fs::path LocalProvider::pool_cgroup() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_cgroup_;
+}
+std::string LocalProvider::cgroup_off_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cgroup_why_;
 }
 std::string LocalProvider::subnet() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -58,6 +58,11 @@ class LocalProvider : public Provider {
   std::string netns_name(const std::string& node_id) const;  // "" without isolation
   std::string bridge_name() const;                           // "" without isolation
   std::string subnet() const;                                // "" without isolation
+  // The node's cgroup (cgroup.hpp), and the pool's; empty when processes are not contained in
+  // cgroups (cgroup_off_reason() says why).
+  std::filesystem::path node_cgroup(const std::string& node_id) const;
+  std::filesystem::path pool_cgroup() const;
+  std::string cgroup_off_reason() const;
 
  private:
   struct Node {
@@ -75,6 +80,7 @@ class LocalProvider : public Provider {
     bool worker_status_known = false;  // false when someone else reaped it
     int worker_status = 0;
     std::vector<pid_t> groups;  // process groups to kill at terminate (worker, bootstraps)
+    std::filesystem::path cgroup;  // its cgroup (leaves "worker" and "bootstrap"); empty: none
     int bootstraps_running = 0;
   };
 
@@ -83,6 +89,10 @@ class LocalProvider : public Provider {
   Node& require(const std::string& id, const char* op);
   void reap_worker(Node& n, bool block);
   void stop_groups(std::vector<Node*>& nodes);
+  void make_cgroups();  // provision(): the pool's and each node's, when cgroup v2 is usable
+  // SIGKILL to what is left in a cgroup, until it is empty or kKillWait is over; reaps orphans.
+  void empty_cgroup(const std::filesystem::path& dir, const Node& n);
+  void reap_orphans(const std::vector<pid_t>& seen, const Node& n);
   void teardown_locked(const std::vector<Node*>& nodes, std::vector<std::string>& problems);
 
   LocalConfig config_;
@@ -92,6 +102,8 @@ class LocalProvider : public Provider {
   bool pool_dir_made_ = false;
   std::vector<std::unique_ptr<Node>> nodes_;  // stable addresses: bootstraps hold them unlocked
   std::unique_ptr<NetnsPool> net_;
+  std::filesystem::path pool_cgroup_;  // empty: none (cgroup_why_ says why)
+  std::string cgroup_why_;
 };
 
 }  // namespace skyforge::local

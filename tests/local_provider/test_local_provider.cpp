@@ -417,6 +417,111 @@ TEST_F(LocalProviderTest, BootstrapDaemonDoesNotBlockAndDiesAtTerminate) {
   EXPECT_FALSE(process_exists(daemon));
 }
 
+// ---- cgroups: what left the worker's process group ------------------------------------------
+// A `setsid` child and a double-forked daemon (cwd /) escape every process-group kill. Each
+// node's processes live in a cgroup of their own, which teardown kills as one and removes. The
+// processes are found by a mark in their environment (`SF_REAP_MARK=<unique>`), wherever their
+// working directory is.
+
+std::string unique_mark() {
+  static std::atomic<int> n{0};
+  return std::to_string(::getpid()) + "-" + std::to_string(n++) + "-" +
+         std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+// Live processes whose environment holds SF_REAP_MARK=<mark> (a zombie's environment reads empty).
+std::vector<pid_t> marked(const std::string& mark) {
+  std::string needle = "SF_REAP_MARK=" + mark;
+  needle.push_back('\0');
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    if (slurp(e.path() / "environ").find(needle) != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// Starts two escapees in the background: `setsid sleep 1000 &` and a double fork into `/`.
+const char* kEscapees =
+    "setsid sleep 1000 & "
+    "sh -c 'cd /; setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > \"$0\"' \"$PWD/daemon.pid\" & ";
+
+#define REQUIRE_CGROUP(p)                                                                          \
+  do {                                                                                             \
+    if ((p).pool_cgroup().empty()) GTEST_SKIP() << "no cgroup v2 here: " << (p).cgroup_off_reason(); \
+  } while (0)
+
+TEST_F(LocalProviderTest, CgroupKillsWhatLeftTheGroupAfterTheWorkerWasKilled) {
+  auto p = make();
+  provision(*p, 2);
+  REQUIRE_CGROUP(*p);
+  const fs::path pool_cg = p->pool_cgroup(), node_cg = p->node_cgroup("node-1");
+  EXPECT_TRUE(fs::is_directory(node_cg / "worker"));
+  EXPECT_EQ(node_cg.parent_path(), pool_cg);
+  const std::string mark = unique_mark();
+  p->start_worker("node-1", {"/bin/sh", "-c", std::string(kEscapees) + "exec sleep 1000"}, {{"SF_REAP_MARK", mark}});
+  const pid_t worker = p->worker_pid("node-1");
+  // The worker (sleep, once exec'd) and the two escapees.
+  ASSERT_TRUE(wait_for([&] { return marked(mark).size() == 3 && fs::exists(p->node_dir("node-1") / "daemon.pid"); }))
+      << marked(mark).size();
+  EXPECT_TRUE(wait_for([&] { return slurp(node_cg / "worker" / "cgroup.procs").find(std::to_string(worker)) != std::string::npos; }));
+  ::kill(worker, SIGKILL);
+  ASSERT_TRUE(wait_for([&] { return p->worker_alive("node-1") == 0; }));
+  auto escapees = marked(mark);
+  ASSERT_EQ(escapees.size(), 2u) << "the escapees outlive their worker until teardown";
+  for (pid_t e : escapees) EXPECT_NE(::getpgid(e), worker) << "left the worker's group";
+  p->terminate({});
+  EXPECT_TRUE(marked(mark).empty());
+  for (pid_t e : escapees) EXPECT_FALSE(process_exists(e)) << e << " (reaped, not a zombie either)";
+  EXPECT_FALSE(fs::exists(node_cg));
+  EXPECT_FALSE(fs::exists(pool_cg)) << "the test's cgroups are removed";
+}
+
+TEST_F(LocalProviderTest, CgroupOfABootstrapIsKilledAtTerminate) {
+  auto p = make();
+  provision(*p, 1);
+  REQUIRE_CGROUP(*p);
+  const std::string mark = unique_mark();
+  Lines out;
+  p->bootstrap("node-0", "export SF_REAP_MARK=" + mark + "\n" + kEscapees + "\necho started", out.sink());
+  ASSERT_TRUE(wait_for([&] { return fs::exists(p->node_dir("node-0") / "daemon.pid") && marked(mark).size() == 2; }))
+      << marked(mark).size();
+  const fs::path pool_cg = p->pool_cgroup();
+  p->terminate({});
+  EXPECT_TRUE(marked(mark).empty());
+  EXPECT_FALSE(fs::exists(pool_cg));
+}
+
+TEST_F(LocalProviderTest, CgroupLeftoversOfAnEarlierWorkerGoBeforeTheNextStarts) {
+  // A restart ([job] max_restarts) starts the node's worker again: what the last one left goes first.
+  auto p = make();
+  provision(*p, 1);
+  REQUIRE_CGROUP(*p);
+  const std::string mark = unique_mark();
+  p->start_worker("node-0", {"/bin/sh", "-c", std::string(kEscapees) + "while [ ! -s daemon.pid ]; do sleep 0.01; done"}, {{"SF_REAP_MARK", mark}});
+  ASSERT_TRUE(wait_for([&] { return p->worker_alive("node-0") == 0; }));
+  ASSERT_TRUE(wait_for([&] { return marked(mark).size() == 2; })) << marked(mark).size();
+  const std::string mark2 = unique_mark();
+  p->start_worker("node-0", {"sleep", "1000"}, {{"SF_REAP_MARK", mark2}});
+  EXPECT_TRUE(marked(mark).empty());
+  EXPECT_EQ(marked(mark2).size(), 1u);
+  p->terminate({});
+  EXPECT_TRUE(marked(mark2).empty());
+}
+
+TEST_F(LocalProviderTest, CgroupOffByEnvironmentForTestsAndSystemsWhereItMustNotBeUsed) {
+  ::setenv("SKYFORGE_CGROUP", "off", 1);
+  auto p = make();
+  provision(*p, 1);
+  ::unsetenv("SKYFORGE_CGROUP");
+  EXPECT_TRUE(p->pool_cgroup().empty());
+  EXPECT_TRUE(p->node_cgroup("node-0").empty());
+  EXPECT_EQ(p->cgroup_off_reason(), "SKYFORGE_CGROUP=off");
+  p->start_worker("node-0", {"sleep", "1000"}, {});
+  p->terminate({});
+}
+
 // ---- network namespaces ------------------------------------------------------------------------
 
 std::string run_out(const std::vector<std::string>& argv) { return skyforge::providers::run_command(argv).out; }
