@@ -36,6 +36,7 @@
 #include "loader.hpp"
 #include "output_pump.hpp"
 #include "protocol.hpp"
+#include "reaper.hpp"
 #include "services.hpp"
 #include "store.hpp"
 
@@ -144,10 +145,18 @@ std::vector<pid_t> group_members() {
   return out;
 }
 
-// `sig` to the command app and every other member of the group, once.
+// `sig` to the command app and every other member of the group, once, and to every other
+// descendant of the worker (what left the group: `setsid`, a double fork; reaper.hpp).
 void signal_group(int sig) {
   if (pid_t c = g_child_pid.load(); c > 0) ::kill(c, sig);
   for (pid_t p : group_members()) ::kill(p, sig);
+  reaper::signal_descendants(sig);
+}
+
+// Every descendant of the worker, whatever its group or session (the worker is a child subreaper:
+// orphans come to it), killed and reaped; the worker does not go on before they are gone.
+void kill_descendants() {
+  if (!reaper::kill_descendants(5000)) diag("some of the job's processes outlived 5 s of SIGKILL (stuck in the kernel?)");
 }
 
 // SIGKILL to every other member of the group until none is left (a member may fork while we
@@ -160,18 +169,16 @@ void kill_children() {
     for (pid_t p : left) ::kill(p, SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(round < 10 ? 1 : 10));
   }
-  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-  }
+  kill_descendants();
 }
 
 extern "C" void on_terminate_signal(int sig) {
   // The provider asked us to go. With a command app running, take the whole process group with
-  // us — the command and everything it started; this process goes with them (async-signal-safe:
-  // no /proc walk here).
-  if (pid_t c = g_child_pid.load(); c > 0) {
-    ::kill(c, SIGKILL);
-    if (g_own_group) ::kill(0, SIGKILL);
-  }
+  // us — the command and everything it started, in the group or not (reaper.hpp: an
+  // async-signal-safe /proc walk); this process goes with them.
+  if (pid_t c = g_child_pid.load(); c > 0) ::kill(c, SIGKILL);
+  reaper::kill_descendants(2000);
+  if (g_child_pid.load() > 0 && g_own_group) ::kill(0, SIGKILL);
   _exit(128 + sig);
 }
 
@@ -717,9 +724,9 @@ int Worker::run() {
   // Lead a process group of our own (providers start workers in a session of their own, which
   // already makes them leaders): the command app joins it, and ending the group ends the node.
   g_own_group = ::getpgrp() == ::getpid() || ::setpgid(0, 0) == 0;
-  // The command's orphans come to us, so kill_children reaps them (and, once we are gone, to the
-  // next reaper up: the local provider's host is one).
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // The command's orphans come to us, so kill_children kills and reaps them, in the group or not
+  // (and, once we are gone, to the next reaper up: the local provider's host is one).
+  reaper::become_subreaper();
   g_diag_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
   if (g_diag_fd < 0) g_diag_fd = 2;
   struct sigaction sa {};
