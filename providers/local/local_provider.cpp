@@ -227,6 +227,21 @@ Provisioned LocalProvider::provision(const PoolSpec& spec) {
 void LocalProvider::make_cgroups() {
   const fs::path base = cgroup::usable_base(cgroup_why_);
   if (base.empty()) return;
+  // A host killed with SIGKILL never tore its pools down: their cgroups (empty once the workers'
+  // dead-man switches have run) go now. Only ours by name, only when their host is gone, only empty.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto dash = name.rfind('-');
+    if (name.rfind("skyforge-", 0) != 0 || dash == std::string::npos || dash + 1 >= name.size() ||
+        name.find_first_not_of("0123456789", dash + 1) != std::string::npos)
+      continue;
+    const long owner = std::strtol(name.c_str() + dash + 1, nullptr, 10);
+    if (owner <= 0 || ::kill(pid_t(owner), 0) == 0 || errno != ESRCH) continue;  // its host lives
+    if (cgroup::populated(e.path())) continue;
+    if (cgroup::remove(e.path()).empty())
+      host().debug("local provider: removed cgroup " + e.path().string() + " of a host that is gone");
+  }
   const fs::path pool = base / ("skyforge-" + pool_id_ + "-" + std::to_string(::getpid()));
   try {
     cgroup::make(pool);

@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cgroup.hpp"
 #include "gpus.hpp"
 #include "local_provider.hpp"
 #include "netns.hpp"
@@ -508,6 +509,28 @@ TEST_F(LocalProviderTest, CgroupLeftoversOfAnEarlierWorkerGoBeforeTheNextStarts)
   EXPECT_EQ(marked(mark2).size(), 1u);
   p->terminate({});
   EXPECT_TRUE(marked(mark2).empty());
+}
+
+TEST_F(LocalProviderTest, CgroupsOfAHostThatIsGoneAreRemovedByTheNextPool) {
+  // A host killed with SIGKILL never tears down: its empty cgroups go at the next provision.
+  std::string why;
+  const fs::path base = skyforge::local::cgroup::usable_base(why);
+  if (base.empty()) GTEST_SKIP() << "no cgroup v2 here: " << why;
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path stale = base / ("skyforge-" + unique_pool_id() + "-" + std::to_string(dead));
+  const fs::path live = base / ("skyforge-" + unique_pool_id() + "-" + std::to_string(::getpid()));
+  skyforge::local::cgroup::make(stale);
+  skyforge::local::cgroup::make(stale / "node-0");
+  skyforge::local::cgroup::make(live);
+  auto p = make();
+  provision(*p, 1);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live)) << "its host (this process) lives";
+  p->terminate({});
+  EXPECT_EQ(skyforge::local::cgroup::remove(live), "");
+  EXPECT_EQ(skyforge::local::cgroup::remove(stale), "");
 }
 
 TEST_F(LocalProviderTest, CgroupOffByEnvironmentForTestsAndSystemsWhereItMustNotBeUsed) {
