@@ -12,6 +12,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -145,24 +146,65 @@ class RawPeer {
     }
   }
 
-  // Client side of the handshake by hand. Returns true if the server answered with a valid AuthOk.
+  // Client side of the handshake by hand (docs/architecture.md). Returns true if the server
+  // answered with a valid AuthOk; the record keys are then set, for write_sealed/read_sealed.
   bool authenticate(const std::string& secret, uint32_t node) {
     using namespace skyforge;
     auto challenge = read_frame();
-    if (!challenge || challenge->type != msg::Type::Challenge) return false;
+    if (!challenge || challenge->type != msg::Type::Challenge || challenge->payload.size() != 64) return false;
+    const std::string server_nonce = challenge->payload.substr(0, 32);
+    const std::string server_share = challenge->payload.substr(32);
     std::string node_le(4, '\0');
     for (int i = 0; i < 4; ++i) node_le[i] = static_cast<char>((node >> (8 * i)) & 0xff);
     const std::string nonce = net::random_bytes(32);
+    const net::KeyShare share;
+    const std::string transcript = net::handshake_transcript(server_nonce, server_share, node, nonce, share.public_key());
     write(net::encode_frame(msg::Type::AuthReply,
-                            node_le + nonce + net::hmac_sha256(secret, challenge->payload + node_le)));
+                            node_le + nonce + share.public_key() + net::client_proof(secret, transcript)));
     auto ok = read_frame();
-    return ok && ok->type == msg::Type::AuthOk && ok->payload == net::hmac_sha256(secret, nonce + "host");
+    if (!ok || ok->type != msg::Type::AuthOk || ok->payload != net::server_proof(secret, transcript)) return false;
+    const auto keys = net::derive_session_keys(secret, share.agree(server_share), transcript, false);
+    sealer_.emplace(keys.send_key, keys.send_iv);
+    opener_.emplace(keys.recv_key, keys.recv_iv, net::kHeaderSize + net::kDefaultMaxFrame);
+    return true;
+  }
+
+  // Seals `bytes` (normally one encoded frame) into one record, as an authenticated peer does.
+  std::string seal(const std::string& bytes) {
+    std::string out;
+    sealer_->seal(out, bytes);
+    return out;
+  }
+  void write_sealed(const std::string& bytes) { write(seal(bytes)); }
+
+  // The next frame from an authenticated server (heartbeats skipped), or nullopt.
+  std::optional<skyforge::net::Frame> read_sealed_frame(std::chrono::milliseconds timeout = 2000ms) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left <= 0ms) return std::nullopt;
+      auto h = read(skyforge::net::kRecordHeaderSize, left);
+      if (!h) return std::nullopt;
+      uint32_t n = 0;
+      for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>((*h)[i])) << (8 * i);
+      auto body = read(n + skyforge::net::kRecordTagSize, left);
+      if (!body) return std::nullopt;
+      opener_->feed(h->data(), h->size());
+      opener_->feed(body->data(), body->size());
+      auto plain = opener_->next();
+      if (!plain) return std::nullopt;
+      auto hdr = skyforge::net::decode_header(plain->data(), skyforge::net::kDefaultMaxFrame);
+      if (hdr.type == skyforge::msg::Type::Heartbeat) continue;
+      return skyforge::net::Frame{hdr.type, plain->substr(skyforge::net::kHeaderSize)};
+    }
   }
 
   int fd() const { return fd_; }
 
  private:
   int fd_ = -1;
+  std::optional<skyforge::net::RecordSealer> sealer_;
+  std::optional<skyforge::net::RecordOpener> opener_;
 };
 
 // A bare listening socket (for playing a misbehaving server).
@@ -182,10 +224,74 @@ class RawListener {
   ~RawListener() { ::close(fd_); }
   int accept() { return ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC); }
   uint16_t port() const { return port_; }
+  int fd() const { return fd_; }
 
  private:
   int fd_;
   uint16_t port_ = 0;
+};
+
+// A TCP relay on loopback between one client and `target_port`, for watching (and tampering
+// with) what crosses the wire. `edit` sees every chunk with its offset in its direction's stream
+// and may change its bytes in place.
+class Relay {
+ public:
+  using Edit = std::function<void(bool client_to_server, size_t offset, std::string& chunk)>;
+  Relay(uint16_t target_port, Edit edit = {}) : target_(target_port), edit_(std::move(edit)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Relay() {
+    stop_ = true;
+    ::shutdown(listener_.fd(), SHUT_RDWR);  // wakes a pending accept()
+    if (thread_.joinable()) thread_.join();
+  }
+  uint16_t port() const { return listener_.port(); }
+  std::string seen(bool client_to_server) {
+    std::lock_guard<std::mutex> l(mu_);
+    return client_to_server ? c2s_ : s2c_;
+  }
+
+ private:
+  void run() {
+    int c = listener_.accept();
+    if (c < 0) return;
+    RawPeer upstream(target_);
+    int s = upstream.fd();
+    size_t off[2] = {0, 0};
+    char buf[65536];
+    while (!stop_) {
+      pollfd p[2] = {{c, POLLIN, 0}, {s, POLLIN, 0}};
+      if (::poll(p, 2, 100) <= 0) continue;
+      bool done = false;
+      for (int i = 0; i < 2; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        ssize_t r = ::recv(p[i].fd, buf, sizeof buf, 0);
+        if (r <= 0) {
+          done = true;
+          break;
+        }
+        std::string chunk(buf, static_cast<size_t>(r));
+        const bool c2s = i == 0;
+        if (edit_) edit_(c2s, off[i], chunk);
+        off[i] += static_cast<size_t>(r);
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          (c2s ? c2s_ : s2c_) += chunk;
+        }
+        ::send(c2s ? s : c, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+      }
+      if (done) break;
+    }
+    ::close(c);
+  }
+
+  RawListener listener_;
+  uint16_t target_;
+  Edit edit_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::string c2s_, s2c_;
+  std::thread thread_;
 };
 
 inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {

@@ -120,9 +120,9 @@ TEST(Auth, PeerFailingAuthNeverGetsAFrameThrough) {
   auto challenge = p.read_frame();
   ASSERT_TRUE(challenge);
   ASSERT_EQ(challenge->type, msg::Type::Challenge);
-  ASSERT_EQ(challenge->payload.size(), 32u);
+  ASSERT_EQ(challenge->payload.size(), 64u);  // nonce | X25519 key share
   // A bad MAC immediately followed by frames the server must never deliver.
-  std::string reply = std::string(4, '\0') + std::string(32, 'n') + std::string(32, 'm');
+  std::string reply = std::string(4, '\0') + std::string(32, 'n') + KeyShare().public_key() + std::string(32, 'm');
   p.write(encode_frame(msg::Type::AuthReply, reply) + encode_frame(msg::Type::Hello, serialize(msg::Hello{})) +
           encode_frame(msg::Type::RunResult, serialize(msg::RunResult{})));
   EXPECT_TRUE(p.closed_within(2000ms));
@@ -169,7 +169,7 @@ TEST(Auth, GarbageFirstIsDropped) {
 TEST(Auth, OversizedAuthReplyIsRefusedFromItsHeader) {
   TestServer s;
   RawPeer p(s.server.port());
-  std::string h = encode_frame(msg::Type::AuthReply, std::string(68, 'a')).substr(0, kHeaderSize);
+  std::string h = encode_frame(msg::Type::AuthReply, std::string(100, 'a')).substr(0, kHeaderSize);
   h[8] = '\x00';
   h[9] = '\x00';
   h[10] = '\x00';
@@ -185,9 +185,9 @@ TEST(Auth, ClientRejectsAServerThatCannotProveTheSecret) {
   RawListener l;
   std::thread fake([&] {
     int fd = l.accept();
-    std::string challenge = encode_frame(msg::Type::Challenge, random_bytes(32));
+    std::string challenge = encode_frame(msg::Type::Challenge, random_bytes(32) + KeyShare().public_key());
     ::send(fd, challenge.data(), challenge.size(), MSG_NOSIGNAL);
-    char buf[12 + 68];
+    char buf[12 + 100];
     size_t got = 0;
     while (got < sizeof buf) {
       ssize_t r = ::recv(fd, buf + got, sizeof buf - got, 0);
@@ -285,7 +285,7 @@ TEST(Connection, ProtocolErrorClosesWithAReason) {
   ASSERT_TRUE(s.authenticated.wait(2000ms));
   std::string h = encode_frame(msg::Type::Log, "").substr(0, kHeaderSize);
   h[11] = '\x7f';  // ~2 GiB
-  p.write(h);
+  p.write_sealed(h);
   auto why = s.closed.wait(2000ms);
   ASSERT_TRUE(why);
   EXPECT_NE(why->find("protocol error: frame too large"), std::string::npos) << *why;
@@ -298,8 +298,8 @@ TEST(Connection, TruncatedFrameAtEofIsReported) {
     RawPeer p(s.server.port());
     ASSERT_TRUE(p.authenticate(kSecret, 1));
     ASSERT_TRUE(s.authenticated.wait(2000ms));
-    p.write(encode_frame(msg::Type::Log, "0123456789").substr(0, 15));
-  }  // EOF mid-frame
+    p.write_sealed(encode_frame(msg::Type::Log, "0123456789").substr(0, 15));
+  }  // EOF mid-frame: the record is whole, the frame in it is not
   auto why = s.closed.wait(2000ms);
   ASSERT_TRUE(why);
   EXPECT_EQ(*why, "protocol error: truncated frame: got 15 of 22 bytes");
@@ -309,7 +309,7 @@ TEST(Connection, HandshakeFrameAfterAuthIsAProtocolError) {
   TestServer s;
   RawPeer p(s.server.port());
   ASSERT_TRUE(p.authenticate(kSecret, 1));
-  p.write(encode_frame(msg::Type::AuthOk, std::string(32, 'z')));
+  p.write_sealed(encode_frame(msg::Type::AuthOk, std::string(32, 'z')));
   auto why = s.closed.wait(2000ms);
   ASSERT_TRUE(why);
   EXPECT_NE(why->find("unexpected handshake frame"), std::string::npos) << *why;
@@ -453,4 +453,138 @@ TEST(Shutdown, AWorkersStopGraceEndsBeforeTheHostsWait) {
   EXPECT_EQ(net::shutdown_wait(200), milliseconds(11000));  // at least a second of lease
   for (int lease : {1, 999, 1000, 5000, 60000})
     EXPECT_EQ(net::shutdown_wait(lease) - net::stop_grace(lease), milliseconds(6000)) << lease;
+}
+
+// ---- the channel: what an eavesdropper and a man in the middle get ----------------------------
+
+TEST(Channel, NothingCrossesTheWireInCleartext) {
+  TestServer s;
+  Relay relay(s.server.port());
+  IoThread cio;
+  Received client_rx;
+  auto c = connect(cio.io(), "127.0.0.1", relay.port(), kSecret, 3, {}, 2000);
+  c->start([&](msg::Type t, std::string&& p) { client_rx.add(t, std::move(p)); }, [](const std::string&) {});
+  auto sc = s.authenticated.wait(2000ms);
+  ASSERT_TRUE(sc);
+  const std::string up = "SKYFORGE_POOL_SECRET=up-6f1c0e2a-the-value-of-an---env-secret";
+  const std::string down = "AWS_SECRET_ACCESS_KEY=down-9b8d77-an-[image]-env-value";
+  c->send_msg(msg::Type::Log, msg::Log{3, 0, up});
+  (*sc)->send_msg(msg::Type::Log, msg::Log{0, 0, down});
+  ASSERT_TRUE(s.received.wait_for(1, 2000ms));
+  ASSERT_TRUE(client_rx.wait_for(1, 2000ms));
+  EXPECT_EQ(deserialize<msg::Log>(s.received.frames[0].payload).text, up);
+  EXPECT_EQ(deserialize<msg::Log>(client_rx.frames[0].payload).text, down);
+  const std::string c2s = relay.seen(true), s2c = relay.seen(false);
+  EXPECT_EQ(c2s.find("up-6f1c0e2a"), std::string::npos);
+  EXPECT_EQ(s2c.find("down-9b8d77"), std::string::npos);
+  EXPECT_EQ(c2s.find(kSecret), std::string::npos);
+  EXPECT_EQ(s2c.find(kSecret), std::string::npos);
+  // Past the handshake not even the frame magic shows: headers are sealed too.
+  EXPECT_EQ(c2s.find("SKYF", 12 + 100), std::string::npos);
+  EXPECT_EQ(s2c.find("SKYF", 12 + 64 + 12 + 32), std::string::npos);
+}
+
+TEST(Channel, AManInTheMiddleCannotSwapAKeyShare) {
+  TestServer s;
+  const KeyShare mallory;
+  // The relay puts its own X25519 key in place of the server's in the Challenge.
+  Relay relay(s.server.port(), [&](bool c2s, size_t off, std::string& chunk) {
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      const size_t at = off + i;
+      if (!c2s && at >= 12 + 32 && at < 12 + 64) chunk[i] = mallory.public_key()[at - 12 - 32];
+    }
+  });
+  IoThread cio;
+  EXPECT_THROW(connect(cio.io(), "127.0.0.1", relay.port(), kSecret, 1, {}, 2000), AuthError);
+  auto why = s.rejected.wait(2000ms);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("authentication failed: wrong pool secret"), std::string::npos) << *why;
+  EXPECT_FALSE(s.authenticated.is_set());
+}
+
+TEST(Channel, AnAlteredRecordClosesTheConnection) {
+  TestServer s;
+  RawPeer p(s.server.port());
+  ASSERT_TRUE(p.authenticate(kSecret, 1));
+  std::string r = p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "hello"})));
+  r[kRecordHeaderSize + 14] ^= 0x01;  // one bit of the payload
+  p.write(r);
+  auto why = s.closed.wait(2000ms);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("protocol error: record 0 failed authentication"), std::string::npos) << *why;
+  EXPECT_EQ(s.received.size(), 0u);
+  EXPECT_TRUE(p.closed_within(1000ms));
+}
+
+TEST(Channel, AReplayedRecordClosesTheConnection) {
+  TestServer s;
+  RawPeer p(s.server.port());
+  ASSERT_TRUE(p.authenticate(kSecret, 1));
+  const std::string r = p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "once"})));
+  p.write(r + r);
+  auto why = s.closed.wait(2000ms);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("record 1 failed authentication"), std::string::npos) << *why;
+  EXPECT_EQ(s.received.size(), 1u);  // the original, not its copy
+}
+
+TEST(Channel, ReorderedRecordsCloseTheConnection) {
+  TestServer s;
+  RawPeer p(s.server.port());
+  ASSERT_TRUE(p.authenticate(kSecret, 1));
+  const std::string first = p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "first"})));
+  const std::string second = p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "second"})));
+  p.write(second + first);
+  auto why = s.closed.wait(2000ms);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("record 0 failed authentication"), std::string::npos) << *why;
+  EXPECT_EQ(s.received.size(), 0u);
+}
+
+TEST(Channel, AnUnsealedFrameAfterTheHandshakeIsRefused) {
+  TestServer s;
+  RawPeer p(s.server.port());
+  ASSERT_TRUE(p.authenticate(kSecret, 1));
+  p.write(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "in the clear"})));
+  auto why = s.closed.wait(2000ms);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("protocol error: record"), std::string::npos) << *why;
+  EXPECT_EQ(s.received.size(), 0u);
+}
+
+TEST(Channel, AnOversizedRecordIsRefusedFromItsLength) {
+  TestServer s;
+  RawPeer p(s.server.port());
+  ASSERT_TRUE(p.authenticate(kSecret, 1));
+  p.write(std::string("\xff\xff\xff\x7f", 4));  // ~2 GiB claimed, nothing after it
+  auto why = s.closed.wait(2000ms);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("protocol error: record too large: 2147483647 bytes"), std::string::npos) << *why;
+}
+
+TEST(Channel, ATruncatedRecordAtEofIsReported) {
+  TestServer s;
+  {
+    RawPeer p(s.server.port());
+    ASSERT_TRUE(p.authenticate(kSecret, 1));
+    ASSERT_TRUE(s.authenticated.wait(2000ms));
+    const std::string r = p.seal(encode_frame(msg::Type::Log, "0123456789"));
+    p.write(r.substr(0, r.size() - 5));
+  }
+  auto why = s.closed.wait(2000ms);
+  ASSERT_TRUE(why);
+  EXPECT_EQ(*why, "protocol error: truncated record: got 37 of 42 bytes");
+}
+
+TEST(Channel, TheServerSealsWhatItSends) {
+  TestServer s;
+  RawPeer p(s.server.port());
+  ASSERT_TRUE(p.authenticate(kSecret, 5));
+  auto sc = s.authenticated.wait(2000ms);
+  ASSERT_TRUE(sc);
+  (*sc)->send_msg(msg::Type::Shutdown, msg::Shutdown{"sealed bye"});
+  auto f = p.read_sealed_frame();
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->type, msg::Type::Shutdown);
+  EXPECT_EQ(deserialize<msg::Shutdown>(f->payload).reason, "sealed bye");
 }

@@ -106,7 +106,8 @@ std::string endpoint_text(const tcp::endpoint& ep) {
   return a.to_string() + ":" + std::to_string(ep.port());
 }
 
-constexpr size_t kAuthReplySize = 4 + kNonceSize + kMacSize;
+constexpr size_t kChallengeSize = kNonceSize + kKeyShareSize;
+constexpr size_t kAuthReplySize = 4 + kNonceSize + kKeyShareSize + kMacSize;
 constexpr uint32_t kHandshakeMaxFrame = 256;
 
 }  // namespace
@@ -321,7 +322,7 @@ std::string random_hex(size_t bytes) {
 
 // ---- Connection -----------------------------------------------------------------------------
 
-Connection::Connection(tcp::socket socket, uint32_t node, ConnectionOptions options)
+Connection::Connection(tcp::socket socket, uint32_t node, ConnectionOptions options, const SessionKeys& keys)
     : socket_(std::move(socket)),
       strand_(asio::make_strand(socket_.get_executor())),
       heartbeat_timer_(strand_),
@@ -333,7 +334,9 @@ Connection::Connection(tcp::socket socket, uint32_t node, ConnectionOptions opti
         auto ep = socket_.remote_endpoint(ec);
         return ec ? std::string("(unknown peer)") : endpoint_text(ep);
       }()),
-      decoder_(options.max_frame) {
+      opener_(keys.recv_key, keys.recv_iv, kHeaderSize + size_t{options.max_frame}),
+      decoder_(options.max_frame),
+      sealer_(keys.send_key, keys.send_iv) {
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);  // small control frames: latency matters
 }
@@ -378,6 +381,7 @@ void Connection::on_read(const boost::system::error_code& ec, size_t n) {
       finish("closed locally");
     } else if (ec == asio::error::eof) {
       try {
+        opener_.finish();
         decoder_.finish();
         finish("peer closed the connection");
       } catch (const ProtocolError& e) {
@@ -396,19 +400,23 @@ void Connection::on_read(const boost::system::error_code& ec, size_t n) {
     return;
   }
   try {
-    decoder_.feed(rbuf_.data(), n);
-    while (auto f = decoder_.next()) {
-      if (f->type == msg::Type::Heartbeat) continue;
-      if (f->type == msg::Type::Challenge || f->type == msg::Type::AuthReply || f->type == msg::Type::AuthOk)
-        throw ProtocolError("unexpected handshake frame (type " + std::to_string(static_cast<int>(f->type)) +
-                            ") after authentication");
-      if (closing_ || closed_ || !on_frame_) break;
-      try {
-        on_frame_(f->type, std::move(f->payload));
-      } catch (const std::exception& e) {
-        finish(std::string("frame handler failed: ") + e.what());
-        return;
+    opener_.feed(rbuf_.data(), n);
+    while (auto record = opener_.next()) {
+      decoder_.feed(record->data(), record->size());
+      while (auto f = decoder_.next()) {
+        if (f->type == msg::Type::Heartbeat) continue;
+        if (f->type == msg::Type::Challenge || f->type == msg::Type::AuthReply || f->type == msg::Type::AuthOk)
+          throw ProtocolError("unexpected handshake frame (type " + std::to_string(static_cast<int>(f->type)) +
+                              ") after authentication");
+        if (closing_ || closed_ || !on_frame_) break;
+        try {
+          on_frame_(f->type, std::move(f->payload));
+        } catch (const std::exception& e) {
+          finish(std::string("frame handler failed: ") + e.what());
+          return;
+        }
       }
+      if (closing_ || closed_) break;
     }
   } catch (const ProtocolError& e) {
     finish(std::string("protocol error: ") + e.what());
@@ -427,18 +435,21 @@ void Connection::send(msg::Type type, std::string payload) {
   {
     std::lock_guard<std::mutex> lock(out_mu_);
     if (!accepting_) return;
+    // Sealed under the lock, so records enter the outbox (and the socket) in their numbers' order.
+    std::string frame;
+    append_frame(frame, type, payload);
     if (!write_pending_ && outbox_.empty()) {
-      // Fast path: no write in flight and nothing queued, so the frame goes to the kernel from
+      // Fast path: no write in flight and nothing queued, so the record goes to the kernel from
       // the calling thread (non-blocking). This saves a wake-up of the io thread per frame,
       // which dominates the round trip of small task frames. Whatever the socket does not take
       // now, and any error, is left to the asynchronous path below.
-      std::string frame;
-      append_frame(frame, type, payload);
-      ssize_t n = ::send(socket_.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n == static_cast<ssize_t>(frame.size())) return;
-      outbox_.assign(frame, n > 0 ? static_cast<size_t>(n) : 0, std::string::npos);
+      std::string record;
+      sealer_.seal(record, frame);
+      ssize_t n = ::send(socket_.native_handle(), record.data(), record.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n == static_cast<ssize_t>(record.size())) return;
+      outbox_.assign(record, n > 0 ? static_cast<size_t>(n) : 0, std::string::npos);
     } else {
-      append_frame(outbox_, type, payload);
+      sealer_.seal(outbox_, frame);
     }
     queued = outbox_.size();
     if (queued > opts_.max_queued_bytes) {
@@ -630,7 +641,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   void accept();
   void on_accept(const boost::system::error_code& ec, tcp::socket socket);
   void rejected(const std::shared_ptr<Handshake>& h, const std::string& peer, const std::string& why);
-  void authenticated(const std::shared_ptr<Handshake>& h, tcp::socket socket, uint32_t node);
+  void authenticated(const std::shared_ptr<Handshake>& h, tcp::socket socket, uint32_t node, const SessionKeys& keys);
 
   tcp::acceptor acceptor;
   asio::strand<asio::io_context::executor_type> strand;
@@ -671,7 +682,7 @@ struct Handshake : std::enable_shared_from_this<Handshake> {
                      " ms: the peer did not authenticate");
     }));
     server_nonce = random_bytes(kNonceSize);
-    out = encode_frame(msg::Type::Challenge, server_nonce);
+    out = encode_frame(msg::Type::Challenge, server_nonce + share.public_key());
     asio::async_write(socket, asio::buffer(out), on_strand([self](const boost::system::error_code& ec, size_t) {
                         if (self->done) return;
                         if (ec) return self->io_failed(ec);
@@ -713,18 +724,26 @@ struct Handshake : std::enable_shared_from_this<Handshake> {
   void on_reply() {
     node = get_u32(payload.data());
     const std::string_view client_nonce(payload.data() + 4, kNonceSize);
-    const std::string_view mac(payload.data() + 4 + kNonceSize, kMacSize);
-    const std::string expected = hmac_sha256(server->secret, server_nonce + payload.substr(0, 4));
+    const std::string_view client_share(payload.data() + 4 + kNonceSize, kKeyShareSize);
+    const std::string_view mac(payload.data() + 4 + kNonceSize + kKeyShareSize, kMacSize);
+    const std::string transcript =
+        handshake_transcript(server_nonce, share.public_key(), node, client_nonce, client_share);
+    const std::string expected = client_proof(server->secret, transcript);
     if (CRYPTO_memcmp(expected.data(), mac.data(), kMacSize) != 0)
       return reject("authentication failed: wrong pool secret (peer claimed node " + std::to_string(node) + ")");
-    out = encode_frame(msg::Type::AuthOk, hmac_sha256(server->secret, std::string(client_nonce) + "host"));
+    try {
+      keys = derive_session_keys(server->secret, share.agree(client_share), transcript, /*is_server=*/true);
+    } catch (const ProtocolError& e) {
+      return reject(std::string("handshake failed: ") + e.what());
+    }
+    out = encode_frame(msg::Type::AuthOk, server_proof(server->secret, transcript));
     asio::async_write(socket, asio::buffer(out),
                       on_strand([self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                         if (self->done) return;
                         if (ec) return self->io_failed(ec);
                         self->done = true;
                         self->timer.cancel();
-                        self->server->authenticated(self, std::move(self->socket), self->node);
+                        self->server->authenticated(self, std::move(self->socket), self->node, self->keys);
                       }));
   }
 
@@ -756,6 +775,8 @@ struct Handshake : std::enable_shared_from_this<Handshake> {
   tcp::socket socket;
   asio::steady_timer timer;
   std::string peer;
+  KeyShare share;  // this connection's ephemeral X25519 key
+  SessionKeys keys;
   std::string server_nonce;
   std::string out;
   std::array<char, kHeaderSize> header{};
@@ -822,13 +843,14 @@ void Server::Impl::rejected(const std::shared_ptr<Handshake>& h, const std::stri
   }
 }
 
-void Server::Impl::authenticated(const std::shared_ptr<Handshake>& h, tcp::socket socket, uint32_t node) {
+void Server::Impl::authenticated(const std::shared_ptr<Handshake>& h, tcp::socket socket, uint32_t node,
+                                 const SessionKeys& keys) {
   {
     std::lock_guard<std::mutex> lock(mu);
     handshakes.erase(h);
     if (closed) return;  // the socket closes here
   }
-  auto conn = std::make_shared<Connection>(std::move(socket), node, opts);
+  auto conn = std::make_shared<Connection>(std::move(socket), node, opts, keys);
   try {
     if (on_authenticated) on_authenticated(conn);
   } catch (const std::exception& e) {
@@ -1020,20 +1042,30 @@ std::shared_ptr<Connection> connect(asio::io_context& io, const std::string& hos
   if (!connected) throw ProtocolError(last_error);
 
   BlockingIo bio(socket.native_handle(), deadline, where);
-  auto challenge = read_handshake_frame(bio, msg::Type::Challenge, kNonceSize, "the host's challenge", where, timeout_ms);
+  auto challenge = read_handshake_frame(bio, msg::Type::Challenge, kChallengeSize, "the host's challenge", where, timeout_ms);
   if (!challenge)
     throw ProtocolError("handshake with " + where + " failed: the peer closed the connection before its challenge");
+  const std::string_view server_nonce(challenge->data(), kNonceSize);
+  const std::string_view server_share(challenge->data() + kNonceSize, kKeyShareSize);
   const std::string client_nonce = random_bytes(kNonceSize);
-  const std::string node_le = le32(node);
-  bio.write_all(encode_frame(msg::Type::AuthReply, node_le + client_nonce + hmac_sha256(secret, *challenge + node_le)),
+  const KeyShare share;
+  const std::string transcript = handshake_transcript(server_nonce, server_share, node, client_nonce, share.public_key());
+  bio.write_all(encode_frame(msg::Type::AuthReply,
+                             le32(node) + client_nonce + share.public_key() + client_proof(secret, transcript)),
                 timeout_ms);
   auto ok = read_handshake_frame(bio, msg::Type::AuthOk, kMacSize, "the host's AuthOk", where, timeout_ms);
   if (!ok) throw AuthError("authentication failed: the host rejected this worker's pool secret (" + where + ")");
-  const std::string expected = hmac_sha256(secret, client_nonce + "host");
+  const std::string expected = server_proof(secret, transcript);
   if (CRYPTO_memcmp(expected.data(), ok->data(), kMacSize) != 0)
     throw AuthError("authentication failed: the host at " + where + " did not prove the pool secret");
+  SessionKeys keys;
+  try {
+    keys = derive_session_keys(secret, share.agree(server_share), transcript, /*is_server=*/false);
+  } catch (const ProtocolError& e) {
+    throw ProtocolError("handshake with " + where + " failed: " + e.what());
+  }
   socket.non_blocking(false, ec);
-  return std::make_shared<Connection>(std::move(socket), node, options);
+  return std::make_shared<Connection>(std::move(socket), node, options, keys);
 }
 
 }  // namespace skyforge::net

@@ -8,12 +8,14 @@
 // for its type. Binary archives are not endian-portable: host and workers share an architecture.
 //
 // Handshake (the server speaks first; nothing is Boost-deserialised before it succeeds):
-//   server -> Challenge  : server nonce (32 random bytes)
-//   client -> AuthReply  : node u32 LE | client nonce (32) | HMAC-SHA256(secret, server nonce | node u32 LE)
-//   server -> AuthOk     : HMAC-SHA256(secret, client nonce | "host")
-// A peer that fails, sends anything else, or stays silent past the handshake timeout is
-// disconnected and reported through the server's on_rejected callback; it never reaches the
-// owner and no frame of it is ever delivered.
+//   server -> Challenge  : server nonce (32 random bytes) | server X25519 key share (32)
+//   client -> AuthReply  : node u32 LE | client nonce (32) | client key share (32) | client proof (32)
+//   server -> AuthOk     : server proof (32)
+// The proofs are HMAC-SHA256 of the pool secret over everything both sides sent, and every frame
+// after the handshake travels sealed in a record (ChaCha20-Poly1305, keys from the X25519 secret
+// and the pool secret): secure_channel.hpp holds that part. A peer that fails, sends anything
+// else, or stays silent past the handshake timeout is disconnected and reported through the
+// server's on_rejected callback; it never reaches the owner and no frame of it is ever delivered.
 //
 // Threading: a Connection serialises all of its handlers on one strand of the io_context it was
 // created on, so the io_context may be run by any number of threads. on_frame and on_close run
@@ -46,11 +48,12 @@
 #include <typeinfo>
 
 #include "messages.hpp"
+#include "secure_channel.hpp"
 
 namespace skyforge::net {
 
 constexpr uint32_t kMagic = 0x46594B53;  // bytes 'S' 'K' 'Y' 'F' read as a little-endian u32
-constexpr uint16_t kProtocolVersion = 5;  // 2: Job holds a NodeIdentity; its mode is a byte (JobMode); 3: TaskBatch.tasks; 4: Progress.status; 5: OutputAck (a worker stops forwarding output without it; an older host never sends it)
+constexpr uint16_t kProtocolVersion = 6;  // 2: Job holds a NodeIdentity; its mode is a byte (JobMode); 3: TaskBatch.tasks; 4: Progress.status; 5: OutputAck (a worker stops forwarding output without it; an older host never sends it); 6: key shares in the handshake, sealed records after it
 constexpr size_t kHeaderSize = 12;
 constexpr uint32_t kDefaultMaxFrame = 16u << 20;  // bound on one frame's payload, in bytes
 constexpr size_t kNonceSize = 32;
@@ -243,8 +246,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   using FrameHandler = std::function<void(msg::Type, std::string&& payload)>;
   using CloseHandler = std::function<void(const std::string& reason)>;
 
-  // Used by Server and connect(); `socket` has completed the handshake as `node`.
-  Connection(boost::asio::ip::tcp::socket socket, uint32_t node, ConnectionOptions options);
+  // Used by Server and connect(); `socket` has completed the handshake as `node`, which gave
+  // this connection its record keys.
+  Connection(boost::asio::ip::tcp::socket socket, uint32_t node, ConnectionOptions options, const SessionKeys& keys);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -299,6 +303,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string remote_;
 
   // strand-only state
+  RecordOpener opener_;
   FrameDecoder decoder_;
   FrameHandler on_frame_;
   CloseHandler on_close_;
@@ -312,6 +317,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // shared with senders
   mutable std::mutex out_mu_;
+  RecordSealer sealer_;  // records are numbered in the order they enter the outbox
   std::string outbox_;
   bool accepting_ = true;
   bool write_pending_ = false;  // a do_write is posted or an async_write is in flight
