@@ -20,9 +20,10 @@ namespace skyforge::msg {
 
 enum class Type : uint16_t {
   // handshake: raw payloads, never deserialised with Boost
-  Challenge = 1,  // server -> client: 32-byte nonce
-  AuthReply = 2,  // client -> server: node(u32 LE) | client nonce(32) | HMAC(secret, nonce|node)
-  AuthOk = 3,     // server -> client: HMAC(secret, client nonce|"host")
+  // (secure_channel.hpp: the proofs' transcript, and the records every later frame travels in)
+  Challenge = 1,  // server -> client: nonce(32) | X25519 key share(32)
+  AuthReply = 2,  // client -> server: node(u32 LE) | client nonce(32) | key share(32) | client proof(32)
+  AuthOk = 3,     // server -> client: server proof(32)
   // pool
   Hello = 10,       // worker -> host
   Job = 11,         // host -> worker
