@@ -55,6 +55,7 @@ struct NodeState {
   bool cancelled = false;  // told to shut down while its part was still running
   std::optional<msg::Progress> progress;  // its communicator's collectives (the watchdog's input)
   std::chrono::steady_clock::time_point progress_at{};
+  std::shared_ptr<OutputAcks> acks;  // its output's flow control (msg::OutputAck)
 };
 
 class PoolRun {
@@ -452,6 +453,11 @@ void PoolRun::on_authenticated(std::shared_ptr<net::Connection> c) {
     return;
   }
   nodes_[node].conn = c;
+  nodes_[node].acks = std::make_shared<OutputAcks>(
+      [w = std::weak_ptr<net::Connection>(c)](uint64_t total) {
+        if (auto conn = w.lock()) conn->send_msg(msg::Type::OutputAck, msg::OutputAck{total});
+      },
+      msg::kOutputWindow);
   const uint64_t gen = generation_;
   c->start([this, node, gen](msg::Type t, std::string&& p) { on_frame(node, gen, t, std::move(p)); },
            [this, node, gen](const std::string& reason) { on_closed(node, gen, reason); });
@@ -543,11 +549,20 @@ void PoolRun::on_frame(uint32_t node, uint64_t gen, msg::Type t, std::string&& p
         break;
       case msg::Type::Log: {
         auto l = net::deserialize<msg::Log>(payload);
+        // The job's stdout and stderr are acknowledged once written (or not shown): the node's
+        // flow control, so that a stalled reader of ours holds its output, never our io thread.
+        Printer::Done done;
+        if (l.stream == 1 || l.stream == 2) done = [acks = n.acks, bytes = l.text.size()] { acks->done(bytes); };
         lock.unlock();
-        if (opt_.output_filter && opt_.output_filter(node, l.stream, l.text)) return;
-        if (l.stream == 3) printer_.node_lines(node, 2, l.text);
-        else if (policy_allows(l.stream == 1 ? m_.job.stdout_policy : m_.job.stderr_policy, node))
-          printer_.node_lines(node, l.stream, l.text);
+        if (opt_.output_filter && opt_.output_filter(node, l.stream, l.text)) {
+          if (done) done();
+        } else if (l.stream == 3) {
+          printer_.node_lines(node, 2, l.text);
+        } else if (policy_allows(l.stream == 1 ? m_.job.stdout_policy : m_.job.stderr_policy, node)) {
+          printer_.node_lines(node, l.stream, l.text, std::move(done));
+        } else if (done) {
+          done();
+        }
         return;
       }
       case msg::Type::TaskResults:
@@ -932,9 +947,12 @@ void PoolRun::teardown() {
       }
     // Give workers a moment to run their exit hooks, flush output and leave on their own.
     auto deadline = Clock::now() + std::chrono::seconds(5);
-    cv_.wait_until(lock, deadline, [&] {
+    // ... for longer while their output is still being written: a slow or stalled reader of
+    // ours holds it, and a worker leaves once it is delivered (docs/architecture.md, "Output").
+    while (!cv_.wait_until(lock, deadline, [&] {
       return std::all_of(nodes_.begin(), nodes_.end(), [](const NodeState& n) { return !n.conn || n.closed; });
-    });
+    }) && signals_ == 0 && printer_.output_idle() < std::chrono::seconds(1))
+      deadline = Clock::now() + std::chrono::seconds(1);
   }
   bool provisioned;
   {

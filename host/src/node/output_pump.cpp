@@ -17,7 +17,40 @@ int checked(int rc, const char* what) {
 }
 }  // namespace
 
-OutputPump::OutputPump(LineFn fn) : fn_(std::move(fn)) {
+void OutputWindow::acquire(size_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return released_ || forwarded_ - acked_ < window_; });
+  forwarded_ += bytes;
+}
+
+void OutputWindow::ack(uint64_t total) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (total <= acked_) return;
+    acked_ = total;
+  }
+  cv_.notify_all();
+}
+
+void OutputWindow::release() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+  }
+  cv_.notify_all();
+}
+
+uint64_t OutputWindow::forwarded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return forwarded_;
+}
+
+uint64_t OutputWindow::acknowledged() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return acked_;
+}
+
+OutputPump::OutputPump(LineFn fn, OutputWindow* window) : fn_(std::move(fn)), window_(window) {
   std::fflush(nullptr);
   saved_out_ = checked(fcntl(1, F_DUPFD_CLOEXEC, 3), "dup stdout");
   saved_err_ = checked(fcntl(2, F_DUPFD_CLOEXEC, 3), "dup stderr");
@@ -55,10 +88,13 @@ void OutputPump::reader(int fd, int stream) {
     }
     std::string whole = pending.substr(0, last_nl + 1);
     pending.erase(0, last_nl + 1);
+    // Without the host's window the pipe is left unread: its writers block, as on a terminal.
+    if (window_) window_->acquire(whole.size());
     fn_(stream, std::move(whole));
   }
   if (!pending.empty()) {
     pending.push_back('\n');
+    if (window_) window_->acquire(pending.size());
     fn_(stream, std::move(pending));
   }
   close(fd);

@@ -284,6 +284,7 @@ class Worker {
   std::unique_ptr<boost::asio::steady_timer> stop_timer_;
   std::atomic<bool> ending_{false};  // claimed by whichever ends the worker: its normal end, or leave()
   std::atomic<const char*> phase_{"the job's setup"};  // what the main thread is doing, for leave()'s message
+  OutputWindow out_window_{msg::kOutputWindow};  // the host's flow control of the job's output (msg::OutputAck)
 };
 
 void Worker::send_log(int stream, std::string text) {
@@ -309,6 +310,9 @@ void Worker::on_frame(msg::Type type, std::string&& payload) {
       batches_.push_back(net::deserialize<msg::TaskBatch>(payload));
       queued_.fetch_add(1, std::memory_order_release);
       break;
+    case msg::Type::OutputAck:  // the host wrote this much of the job's output: the pump may go on
+      out_window_.ack(net::deserialize<msg::OutputAck>(payload).bytes);
+      return;
     case msg::Type::Shutdown:
       shutdown_ = true;
       if (g_child_pid.load() > 0) signal_group(SIGTERM);  // cancel a running command
@@ -322,6 +326,7 @@ void Worker::on_frame(msg::Type type, std::string&& payload) {
 }
 
 void Worker::on_close(const std::string& reason) {
+  out_window_.release();  // no acknowledgement will come: the pump must not wait for one
   if (finishing_) return;  // our own orderly close
   dead_man("lost the host (" + reason + ")");
 }
@@ -782,7 +787,7 @@ int Worker::run() {
                [this](const std::string& reason) { on_close(reason); });
   conn_->send_msg(msg::Type::Hello, hello);
 
-  OutputPump pump([this](int stream, std::string&& text) { send_log(stream, std::move(text)); });
+  OutputPump pump([this](int stream, std::string&& text) { send_log(stream, std::move(text)); }, &out_window_);
   g_diag_fd = pump.diag_fd();
 
   msg::RunResult result;
