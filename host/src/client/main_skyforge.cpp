@@ -2,10 +2,16 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <functional>
 #include <iomanip>
 #include <map>
 #include <mutex>
@@ -17,6 +23,7 @@
 
 #include "backend_check.hpp"
 #include "catalog.hpp"
+#include "crash_context.hpp"
 #include "lent.hpp"
 #include "loader.hpp"
 #include "manifest.hpp"
@@ -96,30 +103,159 @@ SourcePos refusal_pos(const std::string& message, const OptionList& options, con
   return entry;
 }
 
+// A check that runs plugin code before anything starts (a plugin's create(), a backend's probe).
+struct IsolatedCheck {
+  std::string where;                 // what a crash is reported at: "job.toml:5:1: [[plugins]] foo"
+  std::function<std::string()> run;  // "" when it passes, else its problems (lines)
+};
+
+bool write_all(int fd, const std::string& data) {
+  for (size_t off = 0; off < data.size();) {
+    const ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+    if (w > 0) off += static_cast<size_t>(w);
+    else if (w < 0 && errno == EINTR) continue;
+    else return false;
+  }
+  return true;
+}
+
+std::string run_check(const IsolatedCheck& c) {
+  try {
+    return c.run();
+  } catch (const std::exception& e) {
+    return c.where + ": " + e.what();
+  }
+}
+
+// Runs `checks` in order in a child process (fork, no exec) and returns their problems. A plugin
+// that crashes there (SIGSEGV in its create()) or ends the process costs only the child: the
+// crash reporter's line comes back through a pipe and becomes the problem of the check it hit —
+// "job.toml:5:1: [[plugins]] foo: plugin 'foo' (libfoo.so) crashed in create() with SIGSEGV
+// (signal 11)" — and the checks after it are not run. Where no child can be made, runs them here.
+std::vector<std::string> run_isolated(const std::vector<IsolatedCheck>& checks) {
+  std::vector<std::string> problems;
+  auto here = [&] {
+    for (const auto& c : checks)
+      if (std::string p = run_check(c); !p.empty()) problems.push_back(std::move(p));
+    return problems;
+  };
+  if (checks.empty()) return problems;
+  int res[2], crash[2];
+  if (::pipe2(res, O_CLOEXEC) != 0) return here();
+  if (::pipe2(crash, O_CLOEXEC) != 0) {
+    ::close(res[0]), ::close(res[1]);
+    return here();
+  }
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(res[0]), ::close(res[1]), ::close(crash[0]), ::close(crash[1]);
+    return here();
+  }
+  if (pid == 0) {
+    // Each check's result as "<length>\n<problems>", so that the parent knows how far it got.
+    ::close(res[0]), ::close(crash[0]);
+    set_crash_report_fd(crash[1]);
+    for (const auto& c : checks) {
+      const std::string p = run_check(c);
+      if (!write_all(res[1], std::to_string(p.size()) + "\n" + p)) ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  ::close(res[1]), ::close(crash[1]);
+  // Read until the child is gone (not until EOF: something a plugin started may hold the pipes).
+  std::string out, crashed;
+  pollfd fds[2] = {{res[0], POLLIN, 0}, {crash[0], POLLIN, 0}};
+  std::string* into[2] = {&out, &crashed};
+  for (pollfd& f : fds) ::fcntl(f.fd, F_SETFL, ::fcntl(f.fd, F_GETFL) | O_NONBLOCK);
+  auto drain = [&] {
+    for (int i = 0; i < 2; ++i) {
+      char buf[4096];
+      for (ssize_t r; fds[i].fd >= 0;) {
+        r = ::read(fds[i].fd, buf, sizeof buf);
+        if (r > 0) into[i]->append(buf, static_cast<size_t>(r));
+        else if (r < 0 && errno == EINTR) continue;
+        else {
+          if (r == 0) fds[i].fd = -1;  // EOF: poll ignores it from here on
+          break;
+        }
+      }
+    }
+  };
+  int status = 0;
+  bool reaped = false;
+  for (;;) {
+    ::poll(fds, 2, 50);
+    drain();
+    // Both pipes at EOF: the child is ending (or closed them itself): wait for it.
+    const pid_t r = ::waitpid(pid, &status, fds[0].fd < 0 && fds[1].fd < 0 ? 0 : WNOHANG);
+    if (r == pid) reaped = true;
+    if (r == pid || (r < 0 && errno != EINTR)) break;
+  }
+  drain();
+  ::close(res[0]), ::close(crash[0]);
+  size_t done = 0;
+  for (size_t at = 0;;) {
+    const size_t nl = out.find('\n', at);
+    if (nl == std::string::npos || nl == at || out.find_first_not_of("0123456789", at) != nl) break;
+    const size_t len = std::stoul(out.substr(at, nl - at));
+    if (out.size() - (nl + 1) < len) break;
+    if (len) problems.push_back(out.substr(nl + 1, len));
+    ++done;
+    at = nl + 1 + len;
+  }
+  if (done < checks.size()) {
+    // The child ended in checks[done]: say how, in the crash reporter's words when it spoke.
+    std::string how = crashed.substr(0, crashed.find('\n'));
+    if (const std::string prefix = "skyforge: "; how.rfind(prefix, 0) == 0) how.erase(0, prefix.size());
+    if (how.empty()) {
+      if (reaped && WIFSIGNALED(status))
+        how = std::string("the check died of ") + fatal_signal_name(WTERMSIG(status)) + " (signal " +
+              std::to_string(WTERMSIG(status)) + ")";
+      else if (reaped && WIFEXITED(status))
+        how = "a plugin ended the process (exit status " + std::to_string(WEXITSTATUS(status)) + ") during the check";
+      else
+        how = "the check's process was lost";
+    }
+    problems.push_back(checks[done].where + ": " + how + " (nothing was started)");
+  }
+  return problems;
+}
+
 // The checks only a plugin can make: create() the provider, every [[plugins]] entry and a map
 // job's task backend with their options, on the client, as `run` will, and destroy them again.
 // A refusal is a manifest problem at the option it names. (Constructors validate; they start
-// nothing.)
+// nothing.) They run in a child process (run_isolated): a plugin that crashes is a problem too.
 void check_plugins_accept_their_options(const Manifest& m, const Catalog& catalog) {
-  Services services([](int32_t, const std::string&) {});
-  Loader loader(services.table());
-  std::vector<std::string> problems;
+  std::vector<IsolatedCheck> checks;
+  // Built in the child: one loader (and services) for every check, as before.
+  auto loader = std::make_shared<std::unique_ptr<Loader>>();
+  auto services = std::make_shared<std::unique_ptr<Services>>();
   auto check = [&](const std::string& name, const OptionList& options, const std::vector<SourcePos>& option_pos,
                    const SourcePos& entry, const std::string& where) {
     const PluginInfo* info = catalog.find(name);
     if (!info) return;  // validate_against reported it
-    try {
-      loader.create(loader.load(info->library, info->name), options);
-    } catch (const PluginError& e) {
-      problems.push_back(refusal_pos(e.what(), options, option_pos, entry).str() + ": " + where + ": " + e.what());
-    } catch (const LoadError& e) {
-      problems.push_back(entry.str() + ": " + where + ": " + e.what());
-    }
+    checks.push_back(IsolatedCheck{
+        entry.str() + ": " + where, [=, &options, &option_pos]() -> std::string {
+          if (!*loader) {
+            *services = std::make_unique<Services>([](int32_t, const std::string&) {});
+            *loader = std::make_unique<Loader>((*services)->table());
+          }
+          try {
+            (*loader)->create((*loader)->load(info->library, info->name), options);
+          } catch (const PluginError& e) {
+            return refusal_pos(e.what(), options, option_pos, entry).str() + ": " + where + ": " + e.what();
+          } catch (const LoadError& e) {
+            return entry.str() + ": " + where + ": " + e.what();
+          }
+          return "";
+        }});
   };
   check(m.pool.provider, m.pool.provider_options, m.pool.provider_option_pos, m.pool.provider_pos, "[provider]");
   for (const auto& use : m.plugins) check(use.name, use.options, use.option_pos, use.pos, "[[plugins]] " + use.name);
   if (m.job.mode == JobMode::map)
     check(m.job.task_backend, m.job.task_options, m.job.task_option_pos, m.job.task_backend_pos, "[tasks]");
+  std::vector<std::string> problems = run_isolated(checks);
   if (!problems.empty()) throw ManifestError(std::move(problems));
 }
 
@@ -127,13 +263,14 @@ void print_problems(const ManifestError& e) {
   std::cerr << e.what() << (std::string(e.what()).back() == '\n' ? "" : "\n");
 }
 
-// Loads, checks and validates a manifest against the installed plugins; prints errors.
-bool load_checked(const std::string& path, Manifest& m, std::unique_ptr<Catalog>& catalog) {
+// Loads, checks and validates a manifest against the installed plugins; prints errors. With
+// `load_plugins` false, against their plugin.toml only: no plugin code is loaded.
+bool load_checked(const std::string& path, Manifest& m, std::unique_ptr<Catalog>& catalog, bool load_plugins = true) {
   try {
     m = load_manifest(path);
     catalog = std::make_unique<Catalog>(Catalog::default_search_dirs(m.job.plugin_path));
     validate_against(m, *catalog);
-    check_plugins_accept_their_options(m, *catalog);
+    if (load_plugins) check_plugins_accept_their_options(m, *catalog);
     return true;
   } catch (const ManifestError& e) {
     print_problems(e);
@@ -141,15 +278,20 @@ bool load_checked(const std::string& path, Manifest& m, std::unique_ptr<Catalog>
   }
 }
 
-// check_compute_backend_runs_here, its refusal printed as a manifest problem: false then.
+// check_compute_backend_runs_here (in a child process, as the plugins' checks), its refusal
+// printed as a manifest problem: false then.
 bool backend_runs_here(const Manifest& m, const Catalog& catalog) {
-  try {
-    check_compute_backend_runs_here(m, catalog);
-    return true;
-  } catch (const ManifestError& e) {
-    print_problems(e);
-    return false;
-  }
+  std::vector<std::string> problems = run_isolated({IsolatedCheck{m.path + ": the compute backend's probe", [&] {
+    try {
+      check_compute_backend_runs_here(m, catalog);
+      return std::string();
+    } catch (const ManifestError& e) {
+      return std::string(e.what());
+    }
+  }}});
+  if (problems.empty()) return true;
+  print_problems(ManifestError(std::move(problems)));
+  return false;
 }
 
 int cmd_run(int argc, char** argv) {
@@ -198,14 +340,19 @@ int cmd_validate(int argc, char** argv) {
   po::options_description desc(
       "usage: skyforge validate <job.toml>\n\n"
       "Checks the manifest (syntax, keys, types, values) and that every plugin it names is\n"
-      "installed, of the right kind, with valid options. Starts nothing. Exits 0 when valid, 2\n"
-      "otherwise, printing each problem as file:line:col.\n\noptions");
+      "installed, of the right kind, with valid options. Starts nothing. To let plugins check their\n"
+      "own options it loads the provider's, each [[plugins]] entry's and a map job's task backend's\n"
+      "library and creates and destroys one instance of each, in a child process (a plugin that\n"
+      "crashes there is a problem, named). Exits 0 when valid, 2 otherwise, printing each problem\n"
+      "as file:line:col.\n\noptions");
   std::string manifest;
-  desc.add_options()("manifest", po::value(&manifest), "the job manifest");
+  bool no_load = false;
+  desc.add_options()("manifest", po::value(&manifest), "the job manifest")(
+      "no-load", po::bool_switch(&no_load), "check against the plugins' plugin.toml only: load and run no plugin code");
   if (auto done = parse_command("validate", argc, argv, desc, "manifest", manifest, "<job.toml>")) return *done;
   Manifest m;
   std::unique_ptr<Catalog> catalog;
-  if (!load_checked(manifest, m, catalog)) return kExitUsage;
+  if (!load_checked(manifest, m, catalog, !no_load)) return kExitUsage;
   std::string what = m.job.command.empty() ? "app " + m.job.app + ", mode " + mode_name(m.job.mode) : "command " + m.job.command[0];
   std::cout << m.path << ": valid (" << m.pool.nodes << " node" << (m.pool.nodes == 1 ? "" : "s") << " on '"
             << m.pool.provider << "', " << what << ", " << m.plugins.size() << " framework plugin"
@@ -489,6 +636,9 @@ int cmd_offers(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
+  // A plugin that crashes is named on stderr: "skyforge: plugin 'foo' (libfoo.so) crashed in
+  // create() with SIGSEGV (signal 11)"; the process still dies of the signal.
+  install_crash_reporter("skyforge");
   if (argc < 2) {
     std::cerr << kMainHelp;
     return kExitUsage;

@@ -354,7 +354,6 @@ void PoolRun::bootstrap_nodes() {
 }
 
 std::string PoolRun::bootstrap_node(uint32_t node, const std::string& script) {
-  auto* h = provider_->hooks<sf_provider_hooks>();
   struct Ctx {
     PoolRun* self;
     uint32_t node;
@@ -372,7 +371,7 @@ std::string PoolRun::bootstrap_node(uint32_t node, const std::string& script) {
     std::lock_guard<std::mutex> lock(mu_);
     id = nodes_[node].id;
   }
-  sf_status st = h->bootstrap(provider_->self(), id.c_str(), script.c_str(), log);
+  sf_status st = provider_->invoke(&sf_provider_hooks::bootstrap, "bootstrap", id.c_str(), script.c_str(), log);
   if (st == SF_OK) return "";
   const char* msg = provider_->plugin().descriptor->last_error(provider_->self());
   return "node " + std::to_string(node) + ": bootstrap failed: " + (msg ? msg : "");
@@ -395,7 +394,6 @@ void PoolRun::launch_worker(uint32_t node) {
   const std::string worker = worker_path();
   const std::string connect = control_address_ + ":" + std::to_string(server_->port());
   const std::string secret_key = "SKYFORGE_POOL_SECRET";
-  auto* h = provider_->hooks<sf_provider_hooks>();
   std::string id, address;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -409,7 +407,7 @@ void PoolRun::launch_worker(uint32_t node) {
   for (auto& a : argv) cargv.push_back(a.c_str());
   sf_argv av{cargv.size(), cargv.data()};
   sf_kv env[] = {{secret_key.c_str(), secret_.c_str()}};
-  provider_->check(h->start_worker(provider_->self(), id.c_str(), &av, env, 1), "start_worker");
+  provider_->call(&sf_provider_hooks::start_worker, "start_worker", id.c_str(), &av, env, size_t{1});
 }
 
 void PoolRun::replace_node(uint32_t node, uint32_t restart, const std::string& why) {
@@ -428,7 +426,7 @@ void PoolRun::replace_node(uint32_t node, uint32_t restart, const std::string& w
     std::lock_guard<std::mutex> lock(mu_);
     id = nodes_[node].id;
   }
-  sf_status st = h->replace_node(provider_->self(), id.c_str(), text_sink(address));
+  sf_status st = provider_->invoke(&sf_provider_hooks::replace_node, "replace_node", id.c_str(), text_sink(address));
   if (st != SF_OK) {
     const char* msg = provider_->plugin().descriptor->last_error(provider_->self());
     throw std::runtime_error(k + " failed: node " + std::to_string(node) + " could not be replaced: " + (msg ? msg : ""));
@@ -647,7 +645,7 @@ std::string PoolRun::describe_loss(const std::string& node_id, const std::string
   e.struct_size = sizeof e;
   int32_t known = 0;
   for (const auto until = Clock::now() + std::chrono::milliseconds(500);;) {
-    known = h->worker_exit(provider_->self(), node_id.c_str(), &e);
+    known = provider_->invoke(&sf_provider_hooks::worker_exit, "worker_exit", node_id.c_str(), &e);
     if (known != 0 || Clock::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -679,7 +677,7 @@ void PoolRun::on_signal(int sig) {
     // A provision still waiting (machines booting, a job queued) stops now (ABI 1.6).
     if (provisioning_ && provider_) {
       const sf_provider_hooks* h = provider_->hooks<sf_provider_hooks>();
-      if (h->cancel) h->cancel(provider_->self());
+      if (h->cancel) provider_->invoke(&sf_provider_hooks::cancel, "cancel");
     }
     return;
   }
@@ -692,7 +690,7 @@ void PoolRun::on_signal(int sig) {
   }
   std::vector<const char*> cids;
   for (auto& s : ids) cids.push_back(s.c_str());
-  if (provider_) provider_->hooks<sf_provider_hooks>()->terminate(provider_->self(), cids.data(), cids.size());
+  if (provider_) provider_->invoke(&sf_provider_hooks::terminate, "terminate", cids.data(), cids.size());
   std::fflush(nullptr);
   _exit(kExitInterrupted);
 }
@@ -718,7 +716,8 @@ void PoolRun::wait_joined() {
       }
       if (alive_hook)
         for (size_t i = 0; i < nodes_.size(); ++i)
-          if (!nodes_[i].hello && h->worker_alive(provider_->self(), nodes_[i].id.c_str()) == 0) {
+          if (!nodes_[i].hello &&
+              provider_->invoke(&sf_provider_hooks::worker_alive, "worker_alive", nodes_[i].id.c_str()) == 0) {
             fail("node " + std::to_string(i) + ": the worker exited before joining the pool");
             return;
           }
@@ -876,7 +875,7 @@ void PoolRun::restart_workers(const std::string& why) {
     }
     if (running.empty() && h->worker_alive)  // the provider is asked without mu_: it may take a while
       for (size_t i = 0; i < ids.size(); ++i)
-        if (h->worker_alive(provider_->self(), ids[i].c_str()) == 1) running.push_back(i);
+        if (provider_->invoke(&sf_provider_hooks::worker_alive, "worker_alive", ids[i].c_str()) == 1) running.push_back(i);
     if (running.empty()) break;
     if (Clock::now() >= deadline) {
       // Their connections closed long ago (none is open: those go first), yet the provider cannot
@@ -962,8 +961,7 @@ void PoolRun::teardown() {
   if (provisioned && provider_) {
     std::vector<const char*> ids;
     for (auto& n : nodes_) ids.push_back(n.id.c_str());
-    auto* h = provider_->hooks<sf_provider_hooks>();
-    sf_status st = h->terminate(provider_->self(), ids.data(), ids.size());
+    sf_status st = provider_->invoke(&sf_provider_hooks::terminate, "terminate", ids.data(), ids.size());
     if (st != SF_OK) {
       const char* msg = provider_->plugin().descriptor->last_error(provider_->self());
       printer_.err(std::string("provider terminate failed: ") + (msg ? msg : "") + " — check for leftover nodes");

@@ -67,7 +67,7 @@ std::string TaskDriver::input(uint64_t task) const {
 
 std::optional<std::string> TaskDriver::refresh_state() {
   std::string why;
-  state_ = hooks_.state(backend_.self(), string_sink(why));
+  state_ = backend_.invoke(&sf_task_hooks::state, "state", string_sink(why));
   if (state_ == SF_TASKS_FAILED)
     return why.empty() ? "task backend '" + backend_.plugin().name + "' failed the job without saying why" : why;
   if (state_ != SF_TASKS_RUNNING && state_ != SF_TASKS_DONE) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "communicator.hpp"
+#include "crash_context.hpp"
 #include "env.hpp"
 #include "io_loop.hpp"
 #include "loader.hpp"
@@ -97,6 +98,16 @@ void on_fatal_signal(int sig) {
     put("run() of app '");
     put(g_app_name);
     put("'");
+  } else if (const size_t d = describe_plugin_crash(sig, buf + n, sizeof buf - 1 - n); d > 0) {
+    // Any other call into a plugin (create, a framework's hooks, a backend's probe, destroy):
+    // "plugin 'foo' (libfoo.so) crashed in around_app_enter() with SIGSEGV (signal 11)".
+    n += d;
+    buf[n++] = '\n';
+    ssize_t rc = ::write(g_diag_fd, buf, n);
+    (void)rc;
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
   } else {
     put("the worker");
   }

@@ -89,8 +89,12 @@ std::vector<RequiredHook> required_hooks(sf_kind kind) {
   return {};
 }
 
-const char* plugin_message(const sf_plugin_descriptor* d, void* self) {
-  const char* m = d->last_error ? d->last_error(self) : nullptr;
+std::string plugin_message(const LoadedPlugin& p, void* self) {
+  const char* m = nullptr;
+  if (p.descriptor->last_error) {
+    PluginCallScope in_plugin(p.name.c_str(), p.path.c_str(), "last_error");
+    m = p.descriptor->last_error(self);
+  }
   return (m && *m) ? m : "(the plugin gave no message)";
 }
 
@@ -109,7 +113,16 @@ Loader::Loader(const sf_host_services* services) : services_(services) {}
 Loader::~Loader() = default;
 
 PluginInstance::~PluginInstance() {
-  if (self_ && plugin_->descriptor->destroy) plugin_->descriptor->destroy(self_);
+  if (!self_ || !plugin_->descriptor->destroy) return;
+  PluginCallScope in_plugin(plugin_->name.c_str(), plugin_->path.c_str(), "destroy");
+  plugin_->descriptor->destroy(self_);
+}
+
+std::string PluginInstance::last_error() const {
+  if (!plugin_->descriptor->last_error) return "";
+  PluginCallScope in_plugin(plugin_->name.c_str(), plugin_->path.c_str(), "last_error");
+  const char* m = plugin_->descriptor->last_error(self_);
+  return m ? m : "";
 }
 
 void PluginInstance::check(sf_status st, const char* hook) const {
@@ -118,7 +131,7 @@ void PluginInstance::check(sf_status st, const char* hook) const {
     throw PluginError("plugin '" + plugin_->name + "' " + hook + ": a host callback it called failed: " + lent_failure,
                       SF_ERR);
   if (st == SF_OK) return;
-  throw PluginError("plugin '" + plugin_->name + "' " + hook + ": " + plugin_message(plugin_->descriptor, self_), st);
+  throw PluginError("plugin '" + plugin_->name + "' " + hook + ": " + plugin_message(*plugin_, self_), st);
 }
 
 const LoadedPlugin& Loader::load(const std::string& library_path, const std::string& expected_name,
@@ -135,13 +148,22 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
   boost::system::error_code ec;
   // RTLD_NOW: unresolved symbols fail here, not mid-run. RTLD_LOCAL: plugins cannot see
   // each other's symbols (two plugins may bundle different versions of one library).
-  lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  // Until the descriptor names it, a crash names the plugin as plugin.toml does (else by file).
+  const std::string crash_name = expected_name.empty() ? std::filesystem::path(path).stem().string() : expected_name;
+  {
+    PluginCallScope in_plugin(crash_name.c_str(), path.c_str(), "");  // its static initialisers run
+    lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  }
   if (ec) throw LoadError(path + ": cannot load shared library: " + ec.message());
   if (!lib.has(SKYFORGE_ENTRY_SYMBOL))
     throw LoadError(path + ": not a skyforge plugin (no exported symbol '" SKYFORGE_ENTRY_SYMBOL "')");
 
   auto entry = lib.get<std::remove_pointer_t<sf_entry_fn>>(SKYFORGE_ENTRY_SYMBOL);
-  const sf_plugin_descriptor* d = entry(services_, SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR);
+  const sf_plugin_descriptor* d = nullptr;
+  {
+    PluginCallScope in_plugin(crash_name.c_str(), path.c_str(), SKYFORGE_ENTRY_SYMBOL);
+    d = entry(services_, SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR);
+  }
   keep_resident(std::move(lib));  // resident from here on, whatever happens next
   if (!d) throw LoadError(path + ": the plugin's entry returned no descriptor (it declined this host)");
 
@@ -213,10 +235,14 @@ std::unique_ptr<PluginInstance> Loader::create(const LoadedPlugin& plugin,
   kv.reserve(options.size());
   for (const auto& [k, v] : options) kv.push_back(sf_kv{k.c_str(), v.c_str()});
   void* self = nullptr;
-  sf_status st = plugin.descriptor->create(services_, kv.data(), kv.size(), &self);
+  sf_status st;
+  {
+    PluginCallScope in_plugin(plugin.name.c_str(), plugin.path.c_str(), "create");
+    st = plugin.descriptor->create(services_, kv.data(), kv.size(), &self);
+  }
   if (st != SF_OK || !self)
     throw PluginError(plugin.path + ": plugin '" + plugin.name + "' failed to initialise: " +
-                          plugin_message(plugin.descriptor, nullptr),
+                          plugin_message(plugin, nullptr),
                       st == SF_OK ? SF_ERR : st);
   return std::make_unique<PluginInstance>(plugin, self);
 }

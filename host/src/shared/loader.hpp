@@ -4,6 +4,8 @@
 
 #include <skyforge/abi.h>
 
+#include "crash_context.hpp"
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -74,12 +76,21 @@ class PluginInstance {
     return std::get_if<Hooks>(&plugin_->table);
   }
 
-  // Calls a required hook of this plugin's table with its instance: call(&sf_provider_hooks::
-  // provision, "provision", spec, sink). Throws PluginError naming the plugin and the hook
-  // unless it returns SF_OK.
+  // Calls a hook of this plugin's table with its instance and returns what it returns, as a
+  // PluginCallScope named `name` (crash_context.hpp): invoke(&sf_provider_hooks::bootstrap,
+  // "bootstrap", id, script, log). The host calls hooks through here (or call/call_optional),
+  // so that a crash names the plugin and the hook.
+  template <class Hooks, class R, class... P, class... A>
+  R invoke(R (*Hooks::*member)(void*, P...), const char* name, A&&... args) const {
+    const auto fn = table<Hooks>().*member;
+    PluginCallScope in_plugin(plugin_->name.c_str(), plugin_->path.c_str(), name);
+    return fn(self_, std::forward<A>(args)...);
+  }
+  // Calls a required hook: call(&sf_provider_hooks::provision, "provision", spec, sink). Throws
+  // PluginError naming the plugin and the hook unless it returns SF_OK.
   template <class Hooks, class R, class... P, class... A>
   void call(R (*Hooks::*member)(void*, P...), const char* name, A&&... args) const {
-    check((table<Hooks>().*member)(self_, std::forward<A>(args)...), name);
+    check(invoke(member, name, std::forward<A>(args)...), name);
   }
   // The same for an optional hook: false (and nothing called) when the plugin has none.
   template <class Hooks, class R, class... P, class... A>
@@ -88,6 +99,8 @@ class PluginInstance {
     call(member, name, std::forward<A>(args)...);
     return true;
   }
+  // The plugin's last_error() for this instance ("" when it gives none).
+  std::string last_error() const;
 
  private:
   template <class Hooks>
