@@ -30,6 +30,7 @@
 #include "plugin_resolution.hpp"
 #include "run.hpp"
 #include "services.hpp"
+#include "tls_identity.hpp"
 
 namespace po = boost::program_options;
 using namespace skyforge;
@@ -49,6 +50,7 @@ const char* kMainHelp =
     "  backend-check <name>  run a compute backend through the conformance suite\n"
     "  sweep --provider NAME find and tear down what a provider left behind for pools that are gone\n"
     "  offers --provider NAME machine types that fit an accelerator, cheapest first (--accelerator A100:1)\n"
+    "  tls-identity <dir>    a key and a self-signed certificate for a pinned TLS listener (the Python pool's)\n"
     "\n"
     "`skyforge <command> --help` describes a command's options. Plugins are searched in the\n"
     "manifest's job.plugin_path, then $SKYFORGE_PLUGIN_PATH, then the install directory.\n";
@@ -360,6 +362,24 @@ int cmd_validate(int argc, char** argv) {
   return 0;
 }
 
+int cmd_tls_identity(int argc, char** argv) {
+  po::options_description desc(
+      "usage: skyforge tls-identity <dir>\n\n"
+      "Writes <dir>/key.pem and <dir>/cert.pem (0600): a fresh P-256 key and a self-signed\n"
+      "certificate for it, for a listener whose peers pin that certificate (the Python pool's\n"
+      "caller makes one per pool, docs/python.md). <dir> must be yours and 0700.\n\noptions");
+  std::string dir;
+  desc.add_options()("dir", po::value(&dir), "a private directory");
+  if (auto done = parse_command("tls-identity", argc, argv, desc, "dir", dir, "<dir>")) return *done;
+  try {
+    write_tls_identity(dir);
+  } catch (const std::exception& e) {
+    std::cerr << "skyforge tls-identity: " << e.what() << "\n";
+    return kExitUsage;
+  }
+  return kExitOk;
+}
+
 int cmd_env(int argc, char** argv) {
   po::options_description desc(
       "usage: skyforge env [options] <job.toml>\n\n"
@@ -661,6 +681,7 @@ int main(int argc, char** argv) {
     if (cmd == "backend-check") return cmd_backend_check(argc - 1, argv + 1);
     if (cmd == "sweep") return cmd_sweep(argc - 1, argv + 1);
     if (cmd == "offers") return cmd_offers(argc - 1, argv + 1);
+    if (cmd == "tls-identity") return cmd_tls_identity(argc - 1, argv + 1);
     std::cerr << "skyforge: unknown command '" << cmd << "'\n\n" << kMainHelp;
     return kExitUsage;
   } catch (const po::error& e) {
