@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover
     from joblib.parallel import FallbackToBackend  # type: ignore
 
-from ._pool import Pool, WorkerLostError
+from ._pool import Pool, PoolError, WorkerLostError
 from ._wire import dumps_task
 
 _active: Optional[Pool] = None  # the pool of the innermost `with skyforge.joblib_pool(...)`
@@ -103,16 +103,22 @@ class SkyforgeBackend(AutoBatchingMixin, ParallelBackendBase):
             self._outstanding[id(job)] = remote
 
         def finish(f: Future) -> None:
+            # Runs on the pool's completion thread: whatever happens here ends the batch, with its
+            # result or an error, never only a log line (joblib would wait for it forever).
             with self._lock:
                 if self._outstanding.pop(id(job), None) is None:
                     return  # aborted: nobody waits for it
-            exc = f.exception()
-            if exc is not None:
-                if isinstance(exc, WorkerLostError) and hasattr(exc, "add_note"):
-                    exc.add_note("the batch: " + _describe(func))
-                job.set_exception(exc)
-            else:
-                job.set_result(pickle.loads(f.result()))
+            try:
+                exc = f.exception()
+                if exc is not None:
+                    if isinstance(exc, WorkerLostError) and hasattr(exc, "add_note"):
+                        exc.add_note("the batch: " + _describe(func))
+                    job.set_exception(exc)
+                else:
+                    job.set_result(_load_result(f.result(), func))
+            except BaseException as e:  # noqa: BLE001 - e.g. a result that does not unpickle here
+                if not job.done():
+                    job.set_exception(e)
 
         remote.add_done_callback(finish)
         return job
@@ -145,6 +151,16 @@ class SkyforgeBackend(AutoBatchingMixin, ParallelBackendBase):
                 self.pool.unshare(keys)
             except Exception:  # noqa: BLE001 - a pool already closed
                 pass
+
+
+def _load_result(payload, func) -> Any:
+    """A batch's results, unpickled here; a PoolError that says why when they cannot be (a class
+    this process cannot import, a __reduce__ that raises)."""
+    try:
+        return pickle.loads(payload)
+    except Exception as e:  # noqa: BLE001
+        raise PoolError(f"the result of a task could not be unpickled in the caller ({type(e).__name__}: {e}); "
+                        f"the batch: {_describe(func)}. Every class a task returns must be importable here.") from e
 
 
 def _describe(func) -> str:

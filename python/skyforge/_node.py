@@ -15,10 +15,9 @@ import os
 import queue
 import sys
 import threading
-from multiprocessing.connection import Client
 
 from . import _slot
-from ._wire import ErrorReport, control_frame, done_frame, dumps, kind_of, parse_control, parse_task
+from ._wire import ErrorReport, connect, control_frame, done_frame, dumps, kind_of, parse_control, parse_task
 
 
 class Slot:
@@ -71,20 +70,24 @@ class Slot:
                 self._tell(("bye",))
                 return
             task_id, frame = task
-            if task_id in cancelled:
-                continue
+            if task_id in cancelled or leaving.is_set():
+                continue  # not wanted any more, or nobody to tell: the queue drains to the bye
             try:
                 self.conn.send_bytes(frame)  # relayed as it came: never unpickled here
-                self.send(self.conn.recv_bytes())
+                answer = self.conn.recv_bytes()
             except (EOFError, OSError):
                 how = self.how_it_ended()
                 report = ErrorReport(None, "WorkerLostError",
                                      f"node {self.node} slot {self.index}: {how} while running the task", "",
                                      self.node, self.index)
-                self.send(done_frame(task_id, self.index, False, dumps(report)))
+                answer = done_frame(task_id, self.index, False, dumps(report))
                 self.start()  # a fresh worker, told what the old one held
                 for k, blob in shared.items():
                     self._tell(("put", k, blob))
+            try:
+                self.send(answer)
+            except (OSError, ValueError):
+                leaving.set()  # the client is gone (or closing): the agent's main loop ends too
 
     def _tell(self, msg):
         try:
@@ -94,6 +97,7 @@ class Slot:
 
 
 cancelled = set()  # task ids the client no longer wants (joblib's abort_everything)
+leaving = threading.Event()  # the client said bye or went away: queued tasks are skipped
 
 
 def main() -> int:
@@ -101,7 +105,12 @@ def main() -> int:
     slots = max(1, int(os.environ.get("SKYFORGE_CONCURRENCY", "1")))
     address = (os.environ["SKYFORGE_CLIENT_ADDR"], int(os.environ["SKYFORGE_PY_PORT"]))
     key = bytes.fromhex(os.environ.pop("SKYFORGE_PY_KEY"))
-    conn = Client(address, authkey=key)
+    try:
+        conn = connect(address, key, timeout=30)
+    except Exception as e:  # noqa: BLE001 - said in the job's output: the caller shows it
+        print(f"skyforge pool node {node}: cannot connect to the caller at {address[0]}:{address[1]}: "
+              f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
     ctx = mp.get_context("spawn")  # no thread or socket of this process reaches the workers
     send_lock = threading.Lock()
 
@@ -131,6 +140,7 @@ def main() -> int:
             cancelled.update(msg[1])
         elif kind == "bye":
             break
+    leaving.set()
     for _ in workers:
         tasks.put(None)
     for w in workers:

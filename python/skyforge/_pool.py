@@ -3,10 +3,13 @@
 Pool.start() runs `skyforge run` on a manifest whose job is the node agent (skyforge._node) on
 every node, and waits until every node has connected back — over TCP, authenticated with a key
 made for this pool (multiprocessing.connection's HMAC challenge-response, both ways, before any
-byte is unpickled). The key reaches the nodes through `skyforge run --env` (the job's
-environment): never a command line, a file or a log. Pool.close() — on leaving the block
-normally, on an exception, on Ctrl-C — says bye to every node, lets `skyforge run` tear the pool
-down, and interrupts it (its own graceful teardown) or kills it if it does not finish.
+byte is unpickled), each connection on a thread of its own within AUTH_TIMEOUT seconds, so a
+peer that connects and says nothing costs the pool nothing. The key reaches the nodes through
+`skyforge run --env` (the job's environment): never a command line, a file or a log.
+Pool.close() — on leaving the block normally, on an exception, on Ctrl-C — says bye to every
+node, lets `skyforge run` tear the pool down, and interrupts it (its own graceful teardown) or
+kills it if it does not finish; a Ctrl-C while it waits is passed on to `skyforge run`, and the
+temporary files go whatever happens.
 """
 from __future__ import annotations
 
@@ -14,22 +17,31 @@ import json
 import os
 import queue
 import secrets
+import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import Future
-from multiprocessing.connection import Listener
-from typing import Any, Callable, Dict, List, Optional
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._wire import ErrorReport, control_frame, parse_control, parse_done, task_frame
+from ._wire import ErrorReport, accept_connection, control_frame, parse_control, parse_done, task_frame
+
+# A connection to the pool's port has this long to prove the key and say hello.
+AUTH_TIMEOUT = 5.0
+# Connections authenticating at once; more are refused until some finish.
+MAX_PENDING = 64
+# The longest line of `skyforge run`'s output read at once (a longer one comes in pieces).
+_LINE_MAX = 1 << 16
 
 
 class PoolError(RuntimeError):
-    """The pool could not start, or lost a node."""
+    """The pool could not start, lost a node, or could not read what a task sent back."""
 
 
 class RemoteTraceback(Exception):
@@ -58,6 +70,31 @@ def _toml_string(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
 
 
+def _route_source(host: str) -> Optional[str]:
+    """This machine's address on the route to `host` (as the providers choose the address their
+    nodes connect back to: a UDP connect sends nothing); None when it cannot be told."""
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, _, _, _, addr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(addr)
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return None
+
+
+def _ssh_host(entry: str) -> str:
+    """The host of an ssh provider's "[user@]host[:port]" / "[user@][ipv6]:port" entry."""
+    rest = entry.rsplit("@", 1)[-1]
+    if rest.startswith("["):
+        return rest[1:rest.find("]")] if "]" in rest else rest
+    return rest.split(":", 1)[0] if rest.count(":") == 1 else rest
+
+
 class Node:
     def __init__(self, index: int, slots: int, conn):
         self.index, self.slots, self.conn = index, slots, conn
@@ -65,12 +102,160 @@ class Node:
         self.lost: Optional[str] = None
         self.send_lock = threading.Lock()
         self.shared = set()  # keys this node holds
+        self.reader: Optional[threading.Thread] = None
 
     def send(self, msg) -> None:
         """A control message (a tuple), or a frame (bytes) as it is."""
         frame = msg if isinstance(msg, (bytes, bytearray)) else control_frame(msg)
         with self.send_lock:
             self.conn.send_bytes(frame)
+
+    def shut_down(self) -> None:
+        """Ends the connection both ways without closing its descriptor under the reader: the
+        reader sees the end (EOFError) and leaves; the descriptor is closed after it has."""
+        try:
+            s = socket.socket(fileno=os.dup(self.conn.fileno()))
+        except (OSError, ValueError):
+            return
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+
+class _Gate:
+    """The pool's TCP port while the pool starts: one thread accepts; each connection proves the
+    key and says hello on a thread of its own within `timeout` seconds, or is dropped. Nodes that
+    said hello wait in `ready`; every refused peer is kept with the reason (`refused`)."""
+
+    def __init__(self, host: str, key: bytes, timeout: float):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, 0), family=family, backlog=128)
+        self.address: Tuple[str, int] = self.sock.getsockname()[:2]
+        self.key, self.timeout = key, timeout
+        self.ready: "queue.SimpleQueue" = queue.SimpleQueue()  # (conn, hello, peer)
+        self.refused: List[Tuple[str, str]] = []
+        self._pending: Dict[socket.socket, Tuple[float, str]] = {}  # socket -> (deadline, peer)
+        self._expired: set = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True, name="skyforge-pool-accept")
+        self._thread.start()
+
+    def refuse(self, peer: str, why: str) -> None:
+        with self._lock:
+            self.refused.append((peer, why))
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                readable, _, _ = select.select([self.sock], [], [], 0.1)
+            except (OSError, ValueError):
+                return  # closed
+            self._expire()
+            if not readable or self._closed:
+                continue
+            try:
+                s, addr = self.sock.accept()
+            except OSError:
+                continue
+            peer = f"{addr[0]}:{addr[1]}"
+            with self._lock:
+                crowded = len(self._pending) >= MAX_PENDING
+                if not crowded:
+                    self._pending[s] = (time.monotonic() + self.timeout, peer)
+            if crowded:
+                self.refuse(peer, f"{MAX_PENDING} connections were already authenticating")
+                s.close()
+                continue
+            threading.Thread(target=self._handshake, args=(s, peer), daemon=True,
+                             name="skyforge-pool-handshake").start()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [s for s, (deadline, _) in self._pending.items() if now >= deadline and s not in self._expired]
+            self._expired.update(late)
+        for s in late:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes its handshake thread: EOFError
+            except OSError:
+                pass
+
+    def _handshake(self, s: socket.socket, peer: str) -> None:
+        conn = None
+        try:
+            conn = accept_connection(s, self.key)
+            frame = conn.recv_bytes(4096)
+            hello = parse_control(frame)
+            if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello"
+                    and all(isinstance(x, int) for x in hello[1:])):
+                raise ValueError(f"its first message was not a hello: {str(hello)[:80]!r}")
+        except BaseException as e:  # noqa: BLE001 - anything a peer does ends here, never in the pool
+            with self._lock:
+                late = s in self._expired or self._closed
+            if late:
+                why = (f"did not prove the key and say hello within {self.timeout:g} s" if not self._closed
+                       else "still authenticating when the pool came up")
+            elif type(e).__name__ == "AuthenticationError":
+                why = "wrong key"
+            elif isinstance(e, EOFError):
+                why = "closed the connection before proving the key"
+            else:
+                why = f"{type(e).__name__}: {e}"[:200]
+            self.refuse(peer, why)
+            if conn is not None:
+                conn.close()
+            self._forget(s)
+            return
+        self._forget(s)
+        self.ready.put((conn, hello, peer))
+
+    def _forget(self, s: socket.socket) -> None:
+        with self._lock:
+            self._pending.pop(s, None)
+            self._expired.discard(s)
+        s.close()
+
+    def close(self) -> None:
+        """No more connections; those still authenticating are dropped (and counted)."""
+        self._closed = True
+        self._thread.join(2)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        with self._lock:
+            pending = list(self._pending)
+        for s in pending:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending:
+                    break
+            time.sleep(0.01)
+        while True:  # authenticated, but not wanted (the pool is up, or failed)
+            try:
+                conn, _, peer = self.ready.get_nowait()
+            except queue.Empty:
+                break
+            conn.close()
+
+    def summary(self) -> str:
+        with self._lock:
+            refused = list(self.refused)
+        if not refused:
+            return ""
+        shown = "; ".join(f"{peer} ({why})" for peer, why in refused[:5])
+        more = f"; and {len(refused) - 5} more" if len(refused) > 5 else ""
+        return (f"skyforge pool: refused {len(refused)} connection{'s' if len(refused) != 1 else ''} "
+                f"to its port {self.address[1]}: {shown}{more}")
 
 
 class Pool:
@@ -86,16 +271,38 @@ class Pool:
         self.listen = listen
         self.start_timeout, self.verbose = start_timeout, verbose
         self.nodes: List[Node] = []
+        self.refused: List[Tuple[str, str]] = []  # peers the port refused while the pool started
+        self.address: Optional[Tuple[str, int]] = None  # where the pool listened for its nodes
         self._proc: Optional[subprocess.Popen] = None
+        self._relay: Optional[threading.Thread] = None
         self._dir: Optional[str] = None
         self._job_file: Optional[str] = None
+        self._data: Optional[dict] = None  # the manifest, parsed
         self._lock = threading.Lock()
         self._next_id = 0
-        self._closed = False
+        self._closed = False    # close() has begun: nothing new is sent
+        self._finished = False  # close() has done everything
+        self._stage = 0         # 1: SIGINT sent to `skyforge run`; 2: a second (forced); 3: killed
+        self._interrupted = False
         self._output: List[str] = []
         self._done: "queue.SimpleQueue" = queue.SimpleQueue()
 
     # ---- start ---------------------------------------------------------------------------
+    def _manifest(self) -> dict:
+        if self._data is None:
+            if self.manifest is None:
+                self._data = {"pool": {"provider": self.provider or "local", "nodes": int(self.nodes_wanted)}}
+            else:
+                import tomllib
+                try:
+                    with open(self.manifest, "rb") as f:
+                        self._data = tomllib.load(f)
+                except OSError as e:
+                    raise PoolError(f"cannot read the pool manifest {self.manifest}: {e.strerror or e}") from None
+                except tomllib.TOMLDecodeError as e:
+                    raise PoolError(f"{self.manifest}: {e}") from None
+        return self._data
+
     def _job_text(self) -> str:
         python = self.python or sys.executable
         job = ("\n[job]\ncommand = [" + ", ".join(_toml_string(a) for a in (python, "-m", "skyforge._node")) + "]\n")
@@ -104,10 +311,9 @@ class Pool:
             if self.concurrency:
                 pool += f"concurrency = {int(self.concurrency)}\n"
             return pool + job
+        data = self._manifest()
         with open(self.manifest, encoding="utf-8") as f:
             text = f.read()
-        import tomllib
-        data = tomllib.loads(text)
         for table in ("job", "train", "search", "tasks"):
             if table in data:
                 raise PoolError(f"{self.manifest}: a pool manifest describes the pool only; it has a [{table}] table "
@@ -116,94 +322,152 @@ class Pool:
             raise TypeError("joblib_pool: give either a manifest or nodes/concurrency/provider, not both")
         return text + ("\n" if not text.endswith("\n") else "") + job
 
-    def _local_loopback(self) -> bool:
-        if self.manifest is None:
-            return (self.provider or "local") == "local"
-        import tomllib
-        with open(self.manifest, "rb") as f:
-            data = tomllib.load(f)
-        return data.get("pool", {}).get("provider", "local") == "local" and \
-            data.get("provider", {}).get("isolation", "none") != "netns"
+    def _bind_address(self) -> str:
+        """The one address the pool listens on: the one its nodes connect to ($SKYFORGE_CLIENT_ADDR,
+        the provider's control address), where that can be told before they exist."""
+        if self.listen:
+            return self.listen
+        data = self._manifest()
+        provider = data.get("pool", {}).get("provider", "local")
+        options = data.get("provider", {}) if isinstance(data.get("provider"), dict) else {}
+        given = options.get("control_address")
+        if isinstance(given, str) and given:
+            return given
+        if provider == "local":
+            # A netns pool's nodes come through a bridge made for the run (its address known
+            # only then); a plain local pool's through loopback.
+            return "0.0.0.0" if options.get("isolation", "none") == "netns" else "127.0.0.1"
+        if provider == "ssh" and not options.get("ssh_config"):
+            hosts = options.get("hosts")
+            if isinstance(hosts, list) and hosts and isinstance(hosts[0], str):
+                source = _route_source(_ssh_host(hosts[0]))  # the ssh provider's choice (docs/providers.md)
+                if source:
+                    return source
+        return "0.0.0.0"  # slurm, aws: the nodes' machines are not known before the run
 
     def start(self) -> "Pool":
+        try:
+            self._start()
+        except BaseException:
+            if self._proc is not None:
+                self._escalate()  # the nodes that never came up cannot be told bye
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="skyforge-pool-")  # 0700
         text = self._job_text()
         # The job's manifest sits beside the user's, so its relative paths mean what they say.
         where = os.path.dirname(os.path.abspath(self.manifest)) if self.manifest else self._dir
-        fd, self._job_file = tempfile.mkstemp(prefix=".skyforge-pool-", suffix=".toml", dir=where)
+        try:
+            fd, self._job_file = tempfile.mkstemp(prefix=".skyforge-pool-", suffix=".toml", dir=where)
+        except OSError as e:
+            raise PoolError(f"cannot write the pool's job manifest in {where}, beside {self.manifest} "
+                            f"(it goes there so that relative paths keep their meaning): {e.strerror or e}") from None
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         key = secrets.token_bytes(32)
-        host = self.listen or ("127.0.0.1" if self._local_loopback() else "0.0.0.0")
-        listener = Listener((host, 0), authkey=key)
-        env = dict(os.environ, SKYFORGE_PY_PORT=str(listener.address[1]), SKYFORGE_PY_KEY=key.hex())
-        # The nodes import this package (and what its callers' tasks import) as this process does.
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join([here] + [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)])
-        args = [self.binary, "run", "--env", "SKYFORGE_PY_PORT", "--env", "SKYFORGE_PY_KEY", "--env", "PYTHONPATH"]
-        if self.verbose:
-            args.append("-v")
-        self._proc = subprocess.Popen(args + [self._job_file], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        threading.Thread(target=self._relay_output, daemon=True).start()
+        host = self._bind_address()
         try:
-            self._accept(listener)
-        except BaseException:
-            listener.close()
-            self.close()
-            raise
-        listener.close()
+            gate = _Gate(host, key, AUTH_TIMEOUT)
+        except OSError as e:
+            raise PoolError(f"cannot listen for the pool's nodes on {host}: {e.strerror or e}"
+                            + ("" if self.listen else " (give listen=ADDRESS)")) from None
+        self.address = gate.address
+        try:
+            env = dict(os.environ, SKYFORGE_PY_PORT=str(gate.address[1]), SKYFORGE_PY_KEY=key.hex())
+            # The nodes import this package (and what its callers' tasks import) as this process does.
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env["PYTHONPATH"] = os.pathsep.join([here] + [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)])
+            args = [self.binary, "run", "--env", "SKYFORGE_PY_PORT", "--env", "SKYFORGE_PY_KEY", "--env", "PYTHONPATH"]
+            if self.verbose:
+                args.append("-v")
+            self._proc = subprocess.Popen(args + [self._job_file], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+            self._relay = threading.Thread(target=self._relay_output, daemon=True, name="skyforge-pool-output")
+            self._relay.start()
+            self._accept(gate)
+        finally:
+            gate.close()
+            self.refused = list(gate.refused)
+        report = gate.summary()
+        if report:
+            sys.stderr.write(report + "\n")
         os.unlink(self._job_file)
         self._job_file = None
-        return self
 
     def _relay_output(self) -> None:
+        """`skyforge run`'s output, line by line, to this process's stdout/stderr, for as long as
+        it writes: bytes that are not UTF-8 become U+FFFD, and nothing stops this loop before
+        the pipe ends (a stalled relay would stall `skyforge run` itself)."""
         assert self._proc and self._proc.stdout
-        for line in self._proc.stdout:
-            self._output.append(line)
-            del self._output[:-200]
-            if self.verbose or (not line.startswith("[node ") and "skyforge:" in line):
-                sys.stderr.write(line)
-            elif line.startswith("[node "):
-                sys.stdout.write(line)  # what the tasks print, prefixed by node, as `skyforge run` shows it
+        pipe = self._proc.stdout
+        where = None  # where the line a piece continues went
+        while True:
+            try:
+                raw = pipe.readline(_LINE_MAX)
+            except (OSError, ValueError):
+                return
+            if not raw:
+                return
+            try:
+                line = raw.decode("utf-8", errors="replace")
+                if where is None:
+                    self._output.append(line)
+                    del self._output[:-200]
+                    if self.verbose or (not line.startswith("[node ") and "skyforge:" in line):
+                        where = "err"
+                    elif line.startswith("[node "):
+                        where = "out"  # what the tasks print, prefixed by node, as `skyforge run` shows it
+                    else:
+                        where = "none"
+                stream = sys.stderr if where == "err" else sys.stdout if where == "out" else None
+                if stream is not None:
+                    stream.write(line)
+                if raw.endswith(b"\n"):
+                    where = None
+            except Exception:  # noqa: BLE001 - a closed or odd stdout: keep draining the pipe
+                where = None if raw.endswith(b"\n") else where
 
-    def _accept(self, listener: Listener) -> None:
+    def _accept(self, gate: _Gate) -> None:
         deadline = time.monotonic() + self.start_timeout
-        pending = []
-        # Accept in a thread so a `skyforge run` that fails early (bad manifest) is seen at once.
-        def accept_all():
-            while True:
-                try:
-                    pending.append(listener.accept())
-                except Exception:  # noqa: BLE001 - a peer without the key, or the listener closed
-                    if self._closed or listener._listener is None:  # type: ignore[attr-defined]
-                        return
-        t = threading.Thread(target=accept_all, daemon=True)
-        t.start()
-        expected = None
+        expected = self._expected_nodes()
         by_node: Dict[int, Node] = {}
         while True:
-            while pending:
-                conn = pending.pop()
-                kind, node, slots, _pid = parse_control(conn.recv_bytes())
-                if kind != "hello":
-                    raise PoolError(f"a node spoke out of turn: {kind!r}")
+            while True:
+                try:
+                    conn, hello, peer = gate.ready.get_nowait()
+                except queue.Empty:
+                    break
+                _, node, slots, _pid = hello
+                if not 0 <= node < expected or not 1 <= slots <= 1 << 16 or node in by_node:
+                    gate.refuse(peer, f"said hello as node {node} with {slots} slots "
+                                + ("(that node is already here)" if node in by_node else f"(the pool has {expected} nodes)"))
+                    conn.close()
+                    continue
                 by_node[node] = Node(node, slots, conn)
-            if expected is None:
-                expected = self._expected_nodes()
-            if expected and len(by_node) >= expected:
+            if len(by_node) >= expected:
                 break
             if self._proc.poll() is not None:
                 time.sleep(0.2)  # the last lines of its output
                 raise PoolError("`skyforge run` ended before the pool was up (exit " + str(self._proc.returncode) +
-                                "):\n" + self._said())
+                                "):\n" + self._said() + self._refused_note(gate))
             if time.monotonic() > deadline:
-                raise PoolError(f"the pool did not come up within {self.start_timeout:.0f} s:\n" + self._said())
+                raise PoolError(f"the pool did not come up within {self.start_timeout:.0f} s "
+                                f"({len(by_node)} of {expected} nodes connected to {gate.address[0]}:{gate.address[1]}):\n"
+                                + self._said() + self._refused_note(gate))
             time.sleep(0.01)
         self.nodes = [by_node[i] for i in sorted(by_node)]
         threading.Thread(target=self._complete, daemon=True, name="skyforge-completions").start()
         for n in self.nodes:
-            threading.Thread(target=self._reader, args=(n,), daemon=True, name=f"skyforge-node-{n.index}").start()
+            n.reader = threading.Thread(target=self._reader, args=(n,), daemon=True, name=f"skyforge-node-{n.index}")
+            n.reader.start()
+
+    @staticmethod
+    def _refused_note(gate: _Gate) -> str:
+        text = gate.summary()
+        return "\n" + text if text else ""
 
     def _said(self) -> str:
         """skyforge's last lines, naming the user's manifest where it named the job's (same lines)."""
@@ -212,12 +476,11 @@ class Pool:
             text = text.replace(self._job_file, self.manifest)
         return text
 
-    def _expected_nodes(self) -> Optional[int]:
+    def _expected_nodes(self) -> int:
         if self.nodes_wanted is not None:
             return int(self.nodes_wanted)
-        import tomllib
-        with open(self.manifest, "rb") as f:
-            return int(tomllib.load(f).get("pool", {}).get("nodes", 1))
+        nodes = self._manifest().get("pool", {}).get("nodes", 1)
+        return nodes if isinstance(nodes, int) and nodes > 0 else 1  # skyforge run says what is wrong
 
     # ---- tasks ---------------------------------------------------------------------------
     @property
@@ -230,8 +493,8 @@ class Pool:
             fut.add_done_callback(callback)
         with self._lock:
             live = [n for n in self.nodes if not n.lost]
-            if not live:
-                fut.set_exception(PoolError("every node of the pool is lost"))
+            if self._closed or not live:
+                fut.set_exception(PoolError("the pool is closed" if self._closed else "every node of the pool is lost"))
                 return fut
             # The node with the most free slots (fewest tasks per slot) takes it.
             node = min(live, key=lambda n: len(n.in_flight) / n.slots)
@@ -240,7 +503,7 @@ class Pool:
             node.in_flight[task_id] = fut
         try:
             node.send(task_frame(task_id, payload))
-        except OSError as e:
+        except (OSError, ValueError) as e:
             self._lose(node, f"sending to it failed: {e}")
         return fut
 
@@ -262,7 +525,7 @@ class Pool:
             if ids and not n.lost:
                 try:
                     n.send(("cancel", ids))
-                except OSError:
+                except (OSError, ValueError):
                     pass
 
     def unshare(self, keys) -> None:
@@ -272,23 +535,32 @@ class Pool:
             if held and not n.lost:
                 try:
                     n.send(("drop", held))
-                except OSError:
+                except (OSError, ValueError):
                     pass
             n.shared.difference_update(held)
 
     def _reader(self, node: Node) -> None:
-        while True:
-            try:
-                frame = node.conn.recv_bytes()
-            except (EOFError, OSError) as e:
-                if not self._closed:
-                    self._lose(node, "its connection ended" + (f" ({e})" if str(e) else ""))
-                return
-            task_id, slot, ok, payload = parse_done(frame)
-            with self._lock:
-                fut = node.in_flight.pop(task_id, None)
-            if fut is not None:
-                self._done.put((fut, ok, payload))
+        try:
+            while True:
+                try:
+                    frame = node.conn.recv_bytes()
+                except (EOFError, OSError) as e:
+                    if not self._closed:
+                        self._lose(node, "its connection ended" + (f" ({e})" if str(e) else ""))
+                    return
+                try:
+                    task_id, slot, ok, payload = parse_done(frame)
+                except struct.error:
+                    self._lose(node, f"it sent a frame that is not a task's end ({bytes(frame[:1])!r})")
+                    node.shut_down()
+                    return
+                with self._lock:
+                    fut = node.in_flight.pop(task_id, None)
+                if fut is not None:
+                    self._done.put((fut, ok, payload))
+        except Exception as e:  # noqa: BLE001 - never a traceback from this thread; the node is lost instead
+            if not self._closed:
+                self._lose(node, f"reading from it failed: {type(e).__name__}: {e}")
 
     def _complete(self) -> None:
         # Futures complete here, never on a node's reader: a completion's callbacks (joblib's
@@ -298,14 +570,20 @@ class Pool:
             if item is None:
                 return
             fut, ok, payload = item
-            if fut.done():
-                continue
-            if ok is None:  # the node was lost
-                fut.set_exception(payload)
-            elif ok:
-                fut.set_result(payload)
-            else:
-                fut.set_exception(_reraisable(payload))
+            try:
+                if fut.done():
+                    continue
+                if ok is None:  # the node was lost, or the pool closed
+                    fut.set_exception(payload)
+                elif ok:
+                    fut.set_result(payload)
+                else:
+                    fut.set_exception(_reraisable(payload))
+            except BaseException as e:  # noqa: BLE001 - this thread must live: the error goes to the task
+                try:
+                    fut.set_exception(PoolError(f"the task's outcome could not be read here: {type(e).__name__}: {e}"))
+                except InvalidStateError:
+                    pass
 
     def _lose(self, node: Node, why: str) -> None:
         with self._lock:
@@ -319,36 +597,118 @@ class Pool:
 
     # ---- stop ----------------------------------------------------------------------------
     def close(self) -> None:
-        if self._closed:
+        """Ends the pool; safe to call again (it finishes what an interrupted call left), and a
+        Ctrl-C while it waits goes to `skyforge run` (its teardown), then is raised here."""
+        if self._finished:
             return
-        self._closed = True
-        for n in self.nodes:
+        handler_set = False
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_sigint)
+            handler_set = True
+        try:
+            if not self._closed:
+                self._closed = True
+                self._say_bye()
+            self._wait_for_run()
+        finally:
             try:
-                n.send(("bye",))
-                n.conn.close()
-            except OSError:
-                pass
+                self._wait_for_run(after_error=True)
+            finally:
+                if handler_set:
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                self._remove_files()
+                self._finished = True
+        if self._interrupted:  # Ctrl-C while closing: passed on to `skyforge run`, now said here
+            self._interrupted = False
+            raise KeyboardInterrupt
+
+    def _say_bye(self) -> None:
+        with self._lock:
+            ended = []
+            for n in self.nodes:
+                ended += n.in_flight.values()
+                n.in_flight.clear()
+        for f in ended:
+            self._done.put((f, None, PoolError("the pool was closed before the task ended")))
         self._done.put(None)
-        proc = self._proc
-        if proc is not None:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGINT)  # skyforge's graceful teardown
+        for n in self.nodes:
+            if not n.lost:
                 try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-        if self._job_file and os.path.exists(self._job_file):
-            os.unlink(self._job_file)
+                    n.send(("bye",))
+                except (OSError, ValueError):
+                    pass
+            n.shut_down()
+        for n in self.nodes:
+            if n.reader is not None:
+                n.reader.join(2)
+            if n.reader is None or not n.reader.is_alive():
+                n.conn.close()
+
+    def _on_sigint(self, signum, frame) -> None:
+        self._interrupted = True
+        self._escalate()
+
+    def _escalate(self) -> None:
+        """The next step of stopping `skyforge run`: SIGINT (its graceful teardown), a second
+        SIGINT (its forced one), then SIGKILL to its process group."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        self._stage = min(self._stage + 1, 3)
+        try:
+            if self._stage < 3:
+                proc.send_signal(signal.SIGINT)
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def _wait_for_run(self, after_error: bool = False) -> None:
+        """Until `skyforge run` has ended: 30 s for its own teardown after bye (an interrupted
+        close goes on at once), then 20 s after a SIGINT, 5 s after the second, then SIGKILL."""
+        proc = self._proc
+        if proc is None:
+            return
+        if after_error and proc.poll() is None and self._stage == 0:
+            self._escalate()
+        grace = {0: 30.0, 1: 20.0, 2: 5.0, 3: 5.0}
+        stage, deadline = self._stage, time.monotonic() + grace[self._stage]
+        while True:
+            try:
+                proc.wait(timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            except KeyboardInterrupt:
+                self._interrupted = True  # a Ctrl-C before our handler (or with another one): go on
+                self._escalate()
+            if self._stage != stage:
+                stage, deadline = self._stage, time.monotonic() + grace[self._stage]
+            elif time.monotonic() > deadline:
+                if self._stage == 3:
+                    break  # killed and still not reaped: nothing more to do
+                self._escalate()
+        if self._relay is not None:
+            self._relay.join(2)
+
+    def _remove_files(self) -> None:
+        if self._job_file:
+            try:
+                os.unlink(self._job_file)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return  # left for the next close() to try
+            self._job_file = None
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     def interrupt(self) -> None:
         """Ctrl-C in the caller: stop `skyforge run` at once (it tears the pool down itself)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGINT)
+        if self._proc is not None and self._stage == 0:
+            self._escalate()
         self.close()
 
     def __enter__(self) -> "Pool":
@@ -362,20 +722,37 @@ class Pool:
 
 
 def _reraisable(payload: bytes) -> BaseException:
+    """The exception a task's ErrorReport stands for, to raise in the caller: the task's own when
+    it unpickles here as an exception, else a RuntimeError with its type name and message."""
     import pickle
-    report: ErrorReport = pickle.loads(payload)
+    try:
+        report = pickle.loads(payload)
+        if not isinstance(report, ErrorReport):
+            raise TypeError(f"a {type(report).__name__}, not an ErrorReport")
+    except Exception as e:  # noqa: BLE001 - a report that does not unpickle is still an error
+        return PoolError(f"a task failed, and what its node said about it could not be read here: "
+                         f"{type(e).__name__}: {e}")
     where = f"(raised on skyforge node {report.node} slot {report.slot})"
     exc: Optional[BaseException] = None
+    why_not = ""
     if report.exception is not None:
         try:
             exc = pickle.loads(report.exception)
-        except Exception:  # noqa: BLE001 - its class does not exist here
-            exc = None
+        except Exception as e:  # noqa: BLE001 - its class does not exist here
+            exc, why_not = None, f"its exception did not unpickle here ({type(e).__name__}: {e})"
+        if exc is not None and not isinstance(exc, BaseException):
+            # A __reduce__ that makes something else of it: the type name and message are what is left.
+            exc, why_not = None, f"its exception unpickled as a {type(exc).__name__}, not an exception"
     if exc is None:
         cls = WorkerLostError if report.type_name == "WorkerLostError" else RuntimeError
         exc = cls(f"{report.type_name}: {report.message}" if cls is RuntimeError else report.message)
     if report.traceback:
         exc.__cause__ = RemoteTraceback("\n" + report.traceback.rstrip() + "\n" + where)
     if hasattr(exc, "add_note"):
-        exc.add_note(where)
+        try:
+            exc.add_note(where)
+            if why_not:
+                exc.add_note(why_not)
+        except Exception:  # noqa: BLE001 - an exception with odd __notes__
+            pass
     return exc

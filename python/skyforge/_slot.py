@@ -26,6 +26,34 @@ def _sequential_nested():
     return ctx
 
 
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException as e:  # noqa: BLE001 - its __str__ raised: the task's error must still travel
+        return f"<its __str__ raised {type(e).__name__}>"
+
+
+def _report(exc: BaseException, node: int, slot: int) -> bytes:
+    """A task's exception as a pickled ErrorReport. Nothing the exception does (a __reduce__ that
+    raises or makes a non-exception, a __str__ that raises) stops it from being reported: what
+    does not travel is left out, and the type name, message and traceback remain."""
+    try:
+        blob = dumps(exc)
+        if not isinstance(pickle.loads(blob), BaseException):
+            blob = None  # a __reduce__ that makes something else of it
+    except BaseException:  # noqa: BLE001 - an exception that does not travel
+        blob = None
+    try:
+        text = traceback.format_exc()
+    except BaseException:  # noqa: BLE001
+        text = ""
+    name = getattr(type(exc), "__qualname__", "Exception")
+    try:
+        return dumps(ErrorReport(blob, name, _text(exc), text, node, slot))
+    except BaseException:  # noqa: BLE001 - the last resort: nothing of the exception's own
+        return dumps(ErrorReport(None, str(name), "", text, node, slot))
+
+
 def serve(conn, node: int, slot: int) -> None:
     os.environ["SKYFORGE_SLOT"] = str(slot)
     _keep = _sequential_nested()  # noqa: F841 - stays entered while the process lives
@@ -42,13 +70,7 @@ def serve(conn, node: int, slot: int) -> None:
                 result = loads_task(payload, store)()
                 answer = done_frame(task_id, slot, True, dumps(result))
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
-                try:
-                    blob = dumps(exc)
-                    pickle.loads(blob)
-                except Exception:  # noqa: BLE001 - an exception that does not travel
-                    blob = None
-                report = ErrorReport(blob, type(exc).__qualname__, str(exc), traceback.format_exc(), node, slot)
-                answer = done_frame(task_id, slot, False, dumps(report))
+                answer = done_frame(task_id, slot, False, _report(exc, node, slot))
             try:
                 conn.send_bytes(answer)
             except (BrokenPipeError, OSError):

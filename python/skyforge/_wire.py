@@ -1,8 +1,8 @@
 """What the pieces of a Python pool say to each other (docs/python.md, "How it works").
 
 Client <-> node agent: multiprocessing.connection over TCP, authenticated with the pool's key
-(HMAC challenge-response both ways before any message is unpickled); agent <-> slot worker: a
-multiprocessing Pipe. Every message is one frame (send_bytes), its first byte its kind:
+(HMAC challenge-response both ways before any message is unpickled: accept_connection() and
+connect(), the one place a connection is set up); agent <-> slot worker: a multiprocessing Pipe. Every message is one frame (send_bytes), its first byte its kind:
 
   T task_id:u64 payload          client -> agent -> slot: a cloudpickled callable to run. The
                                  agent relays the frame as it came, without unpickling it.
@@ -16,10 +16,13 @@ multiprocessing Pipe. Every message is one frame (send_bytes), its first byte it
 from __future__ import annotations
 
 import io
+import os
 import pickle
+import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any, Callable, Dict, Optional, Tuple
 
 try:  # the PyPI package, as loky uses it; joblib vendors the same module
     import cloudpickle
@@ -31,6 +34,47 @@ LARGE_BYTES = 1 << 20
 
 _TASK = struct.Struct("<cQ")
 _DONE = struct.Struct("<cQIB")
+
+
+# ---- connection setup: both ends, in one place (a TLS layer would wrap these two) ------------
+
+def accept_connection(sock: socket.socket, key: bytes) -> Connection:
+    """A socket the pool's listener accepted, authenticated: the node proves the key, then the
+    pool does (multiprocessing.connection's HMAC challenge-response, as Listener.accept() does).
+    Blocks; the caller bounds it by shutting `sock` down (it keeps `sock`, the Connection holds a
+    duplicate of its descriptor). Raises AuthenticationError, EOFError or OSError."""
+    conn = Connection(os.dup(sock.fileno()))
+    try:
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def connect(address: Tuple[str, int], key: bytes, timeout: float) -> Connection:
+    """A node agent's connection to the pool (the other side of accept_connection), within
+    `timeout` seconds for the TCP connect and the handshake together."""
+    sock = socket.create_connection(address, timeout=timeout)
+    try:
+        # The handshake's reads go through os.read (Connection): a receive timeout on the socket
+        # bounds them without making the descriptor non-blocking.
+        sock.setblocking(True)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(timeout), 0))
+        conn = Connection(sock.detach())
+    finally:
+        sock.close()
+    try:
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+    except BaseException:
+        conn.close()
+        raise
+    fd = socket.socket(fileno=os.dup(conn.fileno()))
+    fd.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))  # no limit from now on
+    fd.close()
+    return conn
 
 
 def task_frame(task_id: int, payload: bytes) -> bytes:
