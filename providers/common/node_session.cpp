@@ -83,16 +83,19 @@ std::string random_hex(size_t bytes) {
 std::string session_marker() { return "SKYFORGE-BOOTSTRAP-" + random_hex(6); }
 
 std::string agent_script(const std::string& dir_words, const std::string& stage_words, const std::string& marker) {
-  return "set -u\nD=" + dir_words + "\nP=$(dirname \"$D\")\nSTAGE=" + stage_words + "\n" +
+  // What the agent makes (the directory, setup.sh, bootstrap.sh, .stage, the pid files) is the
+  // user's alone: umask 077, the directory 0700. bootstrap.sh and the workers get the login's
+  // umask back: what they make elsewhere (apt, pip, a job's outputs) keeps its usual modes.
+  return "set -u\nU=$(umask)\numask 077\nD=" + dir_words + "\nP=$(dirname \"$D\")\nSTAGE=" + stage_words + "\n" +
          R"(hup=0
 trap 'hup=1' HUP
 gone() { cd / && rm -rf "$D"; rmdir "$P" 2>/dev/null; }
-mkdir -p "$D" && cd "$D" || exit 97
+mkdir -p "$D" && chmod 700 "$D" && [ -O "$D" ] && cd "$D" || { echo "cannot make $D this user's own directory, mode 0700"; exit 97; }
 echo $$ > agent.pid
 read_setup() { local LC_ALL=C; IFS= read -r n && IFS= read -r -d '' -N "$n" setup; }
 read_setup || { gone; exit 98; }
 printf '%s' "$setup" > setup.sh
-D="$D" sh ./setup.sh 2>&1 && SKYFORGE_STAGE_ROOT="$STAGE" bash --norc --noprofile ./bootstrap.sh < /dev/null 2>&1
+D="$D" sh ./setup.sh 2>&1 && ( umask "$U"; SKYFORGE_STAGE_ROOT="$STAGE" exec bash --norc --noprofile ./bootstrap.sh < /dev/null 2>&1 )
 status=$?
 trap '' PIPE
 echo ")" + marker + R"( $status"
@@ -115,7 +118,7 @@ while :; do
   # The environment is exported in a subshell, by a builtin: it stays out of every argv, and
   # the next worker starts from the agent's own. SKYFORGE_NODE_AGENT: the node's directory is this
   # agent's, which removes it when the host is gone and keeps it for the next worker until then.
-  ( [ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; export SKYFORGE_NODE_AGENT=1; exec setsid "$w0" "${args[@]:1}" < /dev/null ) &
+  ( umask "$U"; [ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; export SKYFORGE_NODE_AGENT=1; exec setsid "$w0" "${args[@]:1}" < /dev/null ) &
   w=$!
   echo "$w" > worker.pid
   lost=0

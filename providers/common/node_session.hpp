@@ -16,6 +16,8 @@
 // for the next one (2. again: a restart, [job] max_restarts) until stdin closes. However the
 // session ends, the node's directory goes with it. Everything the session prints comes back
 // into an unlinked file: the bootstrap's lines are relayed, a worker's last one is its last words.
+// What the agent makes on the node (its directory, 0700; setup.sh, bootstrap.sh, the pid files)
+// is made under umask 077; bootstrap.sh and the workers run with the login's own umask.
 #pragma once
 
 #include <sys/types.h>

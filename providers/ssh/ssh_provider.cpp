@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -127,12 +128,75 @@ std::string connect_failure(const std::string& log, int status) {
   return line.empty() ? "ssh exited with status " + std::to_string(status) : line;
 }
 
-bool is_socket(const std::string& path) {
-  struct stat sb {};
-  return ::stat(path.c_str(), &sb) == 0 && S_ISSOCK(sb.st_mode);
+std::string octal_mode(mode_t m) {
+  char b[8];
+  std::snprintf(b, sizeof b, "0%o", unsigned(m & 07777));
+  return b;
 }
 
+std::string kind_of(mode_t m) {
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISREG(m)) return "a regular file";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  return "a device";
+}
+
+// Room ssh needs past a control path: it binds "<path>.<16 random characters>" and links it.
+constexpr size_t kSocketPathRoom = sizeof(sockaddr_un{}.sun_path) - 1 - 17;
+
 }  // namespace
+
+ControlSocketCheck check_control_socket(const std::string& path, uid_t uid) {
+  ControlSocketCheck c;
+  const std::string dir = fs::path(path).parent_path().string();
+  const std::string refused = " (refused: another user may be trying to take over the connection)";
+  struct stat d {};
+  if (::lstat(dir.c_str(), &d) != 0) {
+    c.problem = "the control sockets' directory " + dir + " cannot be examined: " + std::strerror(errno);
+    return c;
+  }
+  if (!S_ISDIR(d.st_mode)) c.problem = "the control sockets' directory " + dir + " is " + kind_of(d.st_mode) + ", not a directory";
+  else if (d.st_uid != uid)
+    c.problem = "the control sockets' directory " + dir + " belongs to uid " + std::to_string(d.st_uid) +
+                ", not to this user (uid " + std::to_string(uid) + ")";
+  else if ((d.st_mode & 07777) != 0700)
+    c.problem = "the control sockets' directory " + dir + " has mode " + octal_mode(d.st_mode) + ", not 0700";
+  if (!c.problem.empty()) {
+    c.problem += refused;
+    return c;
+  }
+  struct stat sb {};
+  if (::lstat(path.c_str(), &sb) != 0) {
+    if (errno != ENOENT) c.problem = "the control socket " + path + " cannot be examined: " + std::strerror(errno);
+    return c;
+  }
+  c.exists = true;
+  if (!S_ISSOCK(sb.st_mode)) c.problem = "the control socket " + path + " is " + kind_of(sb.st_mode) + ", not a socket";
+  else if (sb.st_uid != uid)
+    c.problem = "the control socket " + path + " belongs to uid " + std::to_string(sb.st_uid) + ", not to this user (uid " +
+                std::to_string(uid) + ")";
+  else if (sb.st_mode & 077)
+    c.problem = "the control socket " + path + " has mode " + octal_mode(sb.st_mode) + ": others may use it";
+  if (!c.problem.empty()) c.problem += refused;
+  return c;
+}
+
+std::string make_control_dir(const std::string& parent) {
+  std::string dir = parent + "/skyforge-ssh-XXXXXX";
+  if (dir.size() + 7 > kSocketPathRoom)  // "/h" and up to 5 digits
+    throw Error("ssh provider: TMPDIR (" + parent + ") is too long for the control sockets' paths (at most " +
+                std::to_string(kSocketPathRoom - 27) + " characters): set a shorter TMPDIR");
+  if (!::mkdtemp(dir.data()))
+    throw Error("ssh provider: cannot make a private directory for the control sockets in " + parent + ": " +
+                std::strerror(errno));
+  if (auto c = check_control_socket(dir + "/h0", ::geteuid()); !c.problem.empty() || c.exists) {
+    ::rmdir(dir.c_str());
+    throw Error("ssh provider: " + (c.problem.empty() ? dir + " is not empty" : c.problem));
+  }
+  return dir;
+}
 
 // ---- configuration ----------------------------------------------------------------------------
 
@@ -256,12 +320,22 @@ size_t SshProvider::files_copied() const {
   return copied_;
 }
 
+void SshProvider::require_safe_socket(const Host& h) const {
+  if (auto c = check_control_socket(h.control_path, ::geteuid()); !c.problem.empty())
+    throw Error(describe(h) + ": " + c.problem);
+}
+
+// A client (master = false) checks the host's control socket first: it is used only when it is
+// ours (check_control_socket); when it is not there, ssh connects by itself.
 std::vector<std::string> SshProvider::ssh_args(const Host& h, bool master) const {
+  if (!master) require_safe_socket(h);
+  std::string control_path;  // ssh expands '%' tokens in it
+  for (char ch : h.control_path) control_path += ch == '%' ? std::string("%%") : std::string(1, ch);
   std::vector<std::string> a = {ssh_};
   if (!config_.ssh_config.empty()) a.insert(a.end(), {"-F", config_.ssh_config});
   a.insert(a.end(), {"-o", "BatchMode=yes", "-o", "ConnectTimeout=" + std::to_string(config_.connect_timeout_s), "-o",
                      "StrictHostKeyChecking=" + config_.strict_host_keys, "-o", "ServerAliveInterval=5", "-o",
-                     "ServerAliveCountMax=3", "-o", "LogLevel=ERROR", "-o", "ControlPath=" + h.control_path});
+                     "ServerAliveCountMax=3", "-o", "LogLevel=ERROR", "-o", "ControlPath=" + control_path});
   if (master)
     a.insert(a.end(), {"-M", "-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no"});
   else
@@ -307,7 +381,17 @@ void SshProvider::start_master(Host& h) {
   }
   const auto deadline = Clock::now() + std::chrono::seconds(config_.connect_timeout_s + 5);
   for (;;) {
-    if (is_socket(h.control_path)) return;  // ssh binds it once the session is authenticated
+    // ssh binds it once the session is authenticated; only a socket of ours, in our private
+    // directory, is taken for it.
+    const auto c = check_control_socket(h.control_path, ::geteuid());
+    if (!c.problem.empty()) {
+      ::kill(h.master, SIGTERM);
+      reap_within(h.master, std::chrono::milliseconds(500));
+      std::lock_guard<std::mutex> lock(mu_);
+      h.master = -1;
+      throw Error(describe(h) + ": " + c.problem);
+    }
+    if (c.exists) return;
     int st = 0;
     pid_t r = ::waitpid(h.master, &st, WNOHANG);
     if (r == h.master) {
@@ -330,9 +414,15 @@ void SshProvider::start_master(Host& h) {
 void SshProvider::check_host(Host& h, const Platform& here) {
   // One round trip: what the host runs, the address it was reached at, and which of the files to
   // stage its store lacks already.
-  const std::string store = remote_path_words(config_.remote_dir) + "/store";
-  std::string script = "uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1\n"
-                       "echo \"$SSH_CONNECTION\"\nmkdir -p " + store + " && cd " + store + " || exit 1\nfor k in";
+  // remote_dir and what is in it are this user's alone: 0700 (an older run's 0755 too), files
+  // made under umask 077, and a directory of another user's (a planted /tmp path) refused.
+  std::string script = "umask 077\nR=" + remote_path_words(config_.remote_dir) +
+                       "\nuname -m; getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1\n"
+                       "echo \"$SSH_CONNECTION\"\n"
+                       "mkdir -p \"$R/store\" \"$R/pools\" && chmod 700 \"$R\" \"$R/store\" \"$R/pools\" &&\n"
+                       "  [ -O \"$R\" ] && [ -O \"$R/store\" ] && [ -O \"$R/pools\" ] ||\n"
+                       "  { echo \"remote_dir $R: cannot make it this user's own (mode 0700, owned by $(id -un))\" >&2; exit 1; }\n"
+                       "cd \"$R/store\" || exit 1\nfor k in";
   std::set<std::string> keys;
   for (const auto& f : stage_)
     if (keys.insert(f.key).second) script += " " + f.key;
@@ -363,6 +453,7 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
                   std::to_string(config_.hosts.size()) + " host(s) with slots_per_host = " +
                   std::to_string(config_.slots_per_host) + ": room for " + std::to_string(capacity));
   pool_id_ = spec.pool_id;
+  ensure_control_dir();
   const size_t used = (spec.nodes + config_.slots_per_host - 1) / config_.slots_per_host;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -431,8 +522,59 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
 }
 
 std::string SshProvider::control_path(size_t host_index) const {
+  return control_dir_ + "/h" + std::to_string(host_index);
+}
+
+// The private directory of the control sockets, and its cleaner: a shell that waits on a pipe
+// from this process. Told "done" at teardown (this process removes the directory), it leaves; at
+// end of file (this process killed: the masters get SIGTERM and remove their sockets) it removes
+// the directory itself.
+void SshProvider::ensure_control_dir() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!control_dir_.empty()) return;
   const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp && *tmp ? tmp : "/tmp") + "/skyforge-ssh-" + pool_id_ + "-h" + std::to_string(host_index);
+  const std::string dir = make_control_dir(tmp && *tmp ? tmp : "/tmp");
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::rmdir(dir.c_str());
+    throw Error(std::string("ssh provider: pipe2: ") + std::strerror(err));
+  }
+  Fd r(p[0]), w(p[1]);
+  providers::SpawnSpec s;
+  s.argv = {"/bin/sh", "-c", "IFS= read -r x; [ \"$x\" = done ] && exit 0; sleep 1; rm -rf -- \"$1\"",
+            "skyforge-ssh-cleaner", dir};
+  s.env = providers::environment_with({});
+  s.stdin_fd = r.get();
+  try {
+    cleaner_pid_ = spawner_.spawn(s);
+  } catch (const std::exception& e) {
+    ::rmdir(dir.c_str());
+    throw Error(std::string("ssh provider: cannot start the control directory's cleaner: ") + e.what());
+  }
+  cleaner_ = std::move(w);
+  control_dir_ = dir;
+}
+
+void SshProvider::remove_control_dir() {
+  std::string dir;
+  Fd w;
+  pid_t pid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dir = std::exchange(control_dir_, "");
+    w = std::move(cleaner_);
+    pid = std::exchange(cleaner_pid_, -1);
+  }
+  if (w) {
+    (void)!::write(w.get(), "done\n", 5);
+    w.reset();
+  }
+  if (pid > 0) reap_within(pid, std::chrono::milliseconds(2000));
+  if (!dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // ours alone (0700): the sockets of masters SIGKILLed after the grace
+  }
 }
 
 // A replaced node keeps its id: the newest entry is the node.
@@ -523,7 +665,7 @@ void SshProvider::stage_host(Host& h) {
     std::snprintf(mode, sizeof mode, "%o", f.mode);
     // Into a temporary name, then renamed: a concurrent run never sees half a file.
     auto argv = ssh_args(h, false);
-    argv.push_back("cd " + store + " && t=$(mktemp .in.XXXXXX) && { cat > \"$t\" && chmod " + mode + " \"$t\" && mv -f \"$t\" " +
+    argv.push_back("umask 077 && cd " + store + " && t=$(mktemp .in.XXXXXX) && { cat > \"$t\" && chmod " + mode + " \"$t\" && mv -f \"$t\" " +
                    f.key + " || { rm -f \"$t\"; exit 1; }; }");
     CommandOptions o;
     o.stdin_fd = in.get();
@@ -686,7 +828,14 @@ void SshProvider::terminate(const std::vector<std::string>& node_ids) {
     std::vector<const Node*> mine;
     for (Node* n : doomed)
       if (n->host == h) mine.push_back(n);
-    if (mine.empty() || !is_socket(h->control_path)) continue;
+    if (mine.empty()) continue;
+    if (auto c = check_control_socket(h->control_path, ::geteuid()); !c.problem.empty()) {
+      std::lock_guard<std::mutex> lock(problems_mu);
+      problems.push_back(describe(*h) + ": " + c.problem + " (its workers leave when their lease runs out)");
+      continue;
+    } else if (!c.exists) {
+      continue;  // its master is gone
+    }
     jobs.push_back(std::async(std::launch::async, [&, h, mine] {
       try {
         remote_sh(*h, cleanup_script(mine), "tearing down");
@@ -715,9 +864,8 @@ void SshProvider::terminate(const std::vector<std::string>& node_ids) {
         ::kill(master, SIGTERM);  // ssh closes its sessions and removes the control socket
         reap_within(master, std::chrono::milliseconds(2000));
       }
-      // A master SIGKILLed after the grace (a loaded machine) could not remove its socket.
-      ::unlink(h->control_path.c_str());
     }
+    remove_control_dir();  // with any socket a master SIGKILLed after the grace could not remove
   }
   if (!problems.empty()) {
     std::string all;

@@ -2,7 +2,12 @@
 // client (so ~/.ssh/config, agents and jump hosts work), one multiplexed connection per host
 // (ControlMaster). See docs/providers.md for what it leaves on a host and how it is cleaned up.
 //
-// On each host, under remote_dir (default ~/.skyforge):
+// On this machine: one private directory, $TMPDIR/skyforge-ssh-XXXXXX (mkdtemp: 0700, ours), holds
+// the masters' control sockets h<i>; a socket is used only when it, and that directory, pass
+// check_control_socket(). The directory goes at teardown, and with a helper process (which waits
+// on a pipe from this one) when this process dies any other way.
+//
+// On each host, under remote_dir (default ~/.skyforge; all of it 0700, made under umask 077):
 //   store/<sha256>-<mode>          the host's files, content-addressed: kept between runs, so a
 //                                  second run copies nothing that is already there
 //   pools/<pool_id>/node-<i>/      node i's work directory: .stage/ (the host's files under their
@@ -58,6 +63,20 @@ struct SshConfig {
 // A remote path as shell words for the remote user's shell: "~/x" and relative paths are under
 // "$HOME", others are quoted as they are.
 std::string remote_path_words(const std::string& path);
+
+// A ControlMaster socket may be used only when this says so. `path` must be a unix socket (lstat:
+// never a link to one) owned by `uid` with no group or other permission bits, in a directory
+// (lstat too) owned by `uid` with mode 0700. exists = false and no problem: the directory is fine
+// and nothing is at `path` yet. A problem names the path and what was found.
+struct ControlSocketCheck {
+  bool exists = false;
+  std::string problem;  // "" when the socket (or its absence) may be trusted
+};
+ControlSocketCheck check_control_socket(const std::string& path, uid_t uid);
+
+// A new private directory for control sockets under `parent` ("skyforge-ssh-XXXXXX", mkdtemp),
+// checked as check_control_socket checks one. Throws Error naming it.
+std::string make_control_dir(const std::string& parent);
 
 // What a host runs, as `uname -m` and glibc report it.
 struct Platform {
@@ -131,7 +150,11 @@ class SshProvider : public Provider {
   Node* find(const std::string& id);
   std::string cleanup_script(const std::vector<const Node*>& nodes) const;
   std::string pool_words() const;
-  std::string control_path(size_t host_index) const;
+  std::string control_path(size_t host_index) const;  // in control_dir_
+  void ensure_control_dir();
+  // Throws Error naming the host when its control socket is there but not to be trusted.
+  void require_safe_socket(const Host& h) const;
+  void remove_control_dir();
 
   SshConfig config_;
   providers::Spawner spawner_;  // the long-lived children (masters, sessions) die with this process
@@ -142,6 +165,9 @@ class SshProvider : public Provider {
   std::vector<std::unique_ptr<Host>> hosts_;
   std::vector<std::unique_ptr<Node>> nodes_;
   size_t copied_ = 0;
+  std::string control_dir_;  // "" until the first master
+  providers::Fd cleaner_;    // the write end of the pipe the directory's cleaner waits on
+  pid_t cleaner_pid_ = -1;
 };
 
 }  // namespace skyforge::ssh

@@ -2,6 +2,14 @@
 // the remote paths and the platform check (the real-host tests are in test_ssh_e2e.cpp).
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "ssh_provider.hpp"
 
 namespace skyforge::ssh {
@@ -86,6 +94,98 @@ TEST(SshPlatform, AMismatchNamesBothSides) {
   EXPECT_NE(e.find("2.31"), std::string::npos);
   EXPECT_NE(e.find("2.36"), std::string::npos);
   EXPECT_EQ(local_platform().machine.empty(), false);
+}
+
+// ---- the ControlMaster sockets (issue 33: another local user binding them first) ----------
+
+int bind_socket(const std::string& path, mode_t mode) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << path;
+  EXPECT_EQ(::chmod(path.c_str(), mode), 0);
+  return s;
+}
+
+struct ControlSocketDir : ::testing::Test {
+  void SetUp() override {
+    std::string t = std::filesystem::temp_directory_path().string() + "/sf-ctl-XXXXXX";
+    ASSERT_NE(::mkdtemp(t.data()), nullptr);
+    parent = t;
+  }
+  void TearDown() override {
+    for (int s : sockets) ::close(s);
+    std::error_code ec;
+    std::filesystem::permissions(parent, std::filesystem::perms::owner_all, ec);
+    std::filesystem::remove_all(parent, ec);
+  }
+  std::string parent;
+  std::vector<int> sockets;
+};
+
+TEST_F(ControlSocketDir, IsMadePrivateAndTrustsOnlyOurOwnSocket) {
+  const std::string dir = make_control_dir(parent);
+  EXPECT_EQ(dir.rfind(parent + "/skyforge-ssh-", 0), 0u) << dir;
+  struct stat sb {};
+  ASSERT_EQ(::lstat(dir.c_str(), &sb), 0);
+  EXPECT_TRUE(S_ISDIR(sb.st_mode));
+  EXPECT_EQ(sb.st_mode & 07777, 0700u);
+  EXPECT_EQ(sb.st_uid, ::geteuid());
+  EXPECT_NE(make_control_dir(parent), dir) << "a new one each time";
+
+  auto c = check_control_socket(dir + "/h0", ::geteuid());
+  EXPECT_FALSE(c.exists);
+  EXPECT_EQ(c.problem, "") << "nothing there yet: wait for the master";
+  sockets.push_back(bind_socket(dir + "/h0", 0600));  // as ssh binds it (umask 0177)
+  c = check_control_socket(dir + "/h0", ::geteuid());
+  EXPECT_TRUE(c.exists);
+  EXPECT_EQ(c.problem, "");
+}
+
+TEST_F(ControlSocketDir, RefusesASocketOfAnotherUserOrOpenToOthers) {
+  const std::string dir = make_control_dir(parent);
+  sockets.push_back(bind_socket(dir + "/h0", 0600));
+  // Another uid: as if another user's socket were there (this test need not be root to show it).
+  auto c = check_control_socket(dir + "/h0", ::geteuid() + 1);
+  EXPECT_NE(c.problem.find("belongs to uid " + std::to_string(::geteuid())), std::string::npos) << c.problem;
+  ASSERT_EQ(::chmod((dir + "/h0").c_str(), 0666), 0);
+  c = check_control_socket(dir + "/h0", ::geteuid());
+  EXPECT_NE(c.problem.find("the control socket " + dir + "/h0 has mode 0666: others may use it"), std::string::npos) << c.problem;
+  EXPECT_NE(c.problem.find("refused: another user may be trying to take over the connection"), std::string::npos);
+}
+
+TEST_F(ControlSocketDir, RefusesWhatIsNotASocketAndLinks) {
+  const std::string dir = make_control_dir(parent);
+  sockets.push_back(bind_socket(dir + "/h0", 0600));
+  std::ofstream(dir + "/h1") << "x";
+  ASSERT_EQ(::symlink((dir + "/h0").c_str(), (dir + "/h2").c_str()), 0);
+  auto c = check_control_socket(dir + "/h1", ::geteuid());
+  EXPECT_TRUE(c.exists);
+  EXPECT_NE(c.problem.find(dir + "/h1 is a regular file, not a socket"), std::string::npos) << c.problem;
+  c = check_control_socket(dir + "/h2", ::geteuid());
+  EXPECT_NE(c.problem.find(dir + "/h2 is a symbolic link, not a socket"), std::string::npos) << c.problem;
+}
+
+TEST_F(ControlSocketDir, RefusesADirectoryNotOursOr0700) {
+  const std::string dir = make_control_dir(parent);
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  auto c = check_control_socket(dir + "/h0", ::geteuid());
+  EXPECT_NE(c.problem.find("the control sockets' directory " + dir + " has mode 0755, not 0700"), std::string::npos) << c.problem;
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+  c = check_control_socket(dir + "/h0", ::geteuid() + 1);
+  EXPECT_NE(c.problem.find("directory " + dir + " belongs to uid"), std::string::npos) << c.problem;
+  // A link to a good directory is not the directory.
+  ASSERT_EQ(::symlink(dir.c_str(), (parent + "/link").c_str()), 0);
+  c = check_control_socket(parent + "/link/h0", ::geteuid());
+  EXPECT_NE(c.problem.find(parent + "/link is a symbolic link, not a directory"), std::string::npos) << c.problem;
+  c = check_control_socket(parent + "/gone/h0", ::geteuid());
+  EXPECT_NE(c.problem.find("cannot be examined: No such file or directory"), std::string::npos) << c.problem;
+}
+
+TEST_F(ControlSocketDir, ATmpdirTooLongForASocketPathIsSaidSo) {
+  EXPECT_NE(error_of([&] { make_control_dir(parent + "/" + std::string(100, 'x')); }).find("is too long for the control sockets"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // leaves anything behind: a process (here or on a host), a node directory, a file in its TMPDIR.
 #include <gtest/gtest.h>
 
+#include <pwd.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -243,6 +244,111 @@ TEST_F(SshE2E, ThePoolSecretNeverAppearsOnACommandLine) {
     std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     EXPECT_FALSE(std::regex_search(cmd, secret)) << e.path() << ": " << cmd;
   }
+  c->signal(SIGINT);
+  EXPECT_EQ(c->wait(60).exit_code, 130);
+}
+
+// Another local user races for the ControlMaster sockets (issue 33): a process of `nobody`
+// (mux_thief.cpp) watches the masters' command lines and binds unix sockets where a client of
+// the provider would look, in a TMPDIR as usual (1777). The sockets live in a private directory
+// (0700, ours), so it can bind none of them, and nothing of the run ever connects to it: the run
+// works, and neither the sessions' input nor the pool secret reach it. (The old names,
+// $TMPDIR/skyforge-ssh-<pool>-h<i>, it bound before the masters did, and took the sessions.)
+TEST_F(SshE2E, AnotherUserCannotTakeTheControlSockets) {
+  const passwd* nobody = ::getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr) << "no user `nobody` here";
+  ASSERT_EQ(::chmod(root_.c_str(), 0711), 0);
+  ASSERT_EQ(::chmod(tmp_.c_str(), 01777), 0);
+  const fs::path report = root_ / "thief.report";
+  Child thief({MUX_THIEF_BIN, tmp_.string(), report.string(), std::to_string(nobody->pw_uid),
+               std::to_string(nobody->pw_gid)},
+              {});
+  for (int i = 0; i < 200 && read_text(report).find("ready") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  ASSERT_NE(read_text(report).find("ready uid=" + std::to_string(nobody->pw_uid)), std::string::npos) << read_text(report);
+
+  Output o = run("hello.toml", ssh_pool(4, 2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n");
+  thief.signal(SIGTERM);
+  const Output t = thief.wait(300);  // counted from its start
+  const std::string r = read_text(report);
+  EXPECT_EQ(t.exit_code, 0) << t.err << r;
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  for (int n = 0; n < 4; ++n)
+    EXPECT_NE(o.out.find("hello from node " + std::to_string(n) + " of 4"), std::string::npos) << o.out;
+  // It saw both masters' control paths, in a directory of the run's own, and tried them...
+  const std::regex seen("seen " + tmp_.string() + "/skyforge-ssh-[A-Za-z0-9]{6}/h([01])\n");
+  std::set<std::string> hosts;
+  for (std::sregex_iterator it(r.begin(), r.end(), seen), e; it != e; ++it) hosts.insert((*it)[1]);
+  EXPECT_EQ(hosts.size(), 2u) << r;
+  EXPECT_TRUE(std::regex_search(r, std::regex("denied " + tmp_.string() + "/skyforge-ssh-[A-Za-z0-9]{6}/h0 Permission denied")))
+      << r;
+  // ...but bound nothing there, and nothing connected to it.
+  EXPECT_EQ(r.find("bound "), std::string::npos) << r;
+  EXPECT_EQ(r.find("connected "), std::string::npos) << r;
+  EXPECT_EQ(r.find("stole "), std::string::npos) << r;
+  EXPECT_EQ(r.find("secret"), std::string::npos) << r;
+}
+
+// What a node leaves on its host is the user's alone (issue 33): remote_dir (an older run's
+// 0755 one too), its store and pools, the pool's and the node's directories 0700, the agent's
+// files (setup.sh, bootstrap.sh, the pid files) 0600 — made under umask 077 — while the workers
+// run with the login's own umask.
+TEST_F(SshE2E, ANodesDirectoryAndFilesAreTheUsersAlone) {
+  fs::create_directories(remote_ / "store");
+  ASSERT_EQ(::chmod(remote_.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((remote_ / "store").c_str(), 0755), 0);
+  const mode_t login_umask = ::umask(022);
+  ::umask(login_umask);
+  auto c = start_skyforge({"run", write("sleep.toml", ssh_pool(2) + "[job]\ncommand = [\"sh\", \"-c\", \"echo up; exec sleep 30\"]\n").string()});
+  ASSERT_TRUE(c->wait_for_output("[node 1] up", 60));
+  auto octal = [](mode_t m) {
+    char b[8];
+    std::snprintf(b, sizeof b, "0%o", unsigned(m));
+    return std::string(b);
+  };
+  auto mode = [](const fs::path& p) {
+    struct stat sb {};
+    EXPECT_EQ(::lstat(p.c_str(), &sb), 0) << p;
+    return sb.st_mode;
+  };
+  for (const fs::path& d : {remote_, remote_ / "store", remote_ / "pools"}) EXPECT_EQ(octal(mode(d) & 07777), "0700") << d;
+  const auto pools = entries_of(remote_ / "pools");
+  ASSERT_EQ(pools.size(), 1u);
+  const fs::path pool = remote_ / "pools" / pools[0];
+  EXPECT_EQ(octal(mode(pool) & 07777), "0700") << pool;
+  for (const char* node : {"node-0", "node-1"}) {
+    const fs::path dir = pool / node;
+    EXPECT_TRUE(S_ISDIR(mode(dir))) << dir;
+    EXPECT_EQ(octal(mode(dir) & 07777), "0700") << dir;
+    for (const char* f : {"setup.sh", "bootstrap.sh", "agent.pid", "worker.pid"}) {
+      const mode_t m = mode(dir / f);
+      EXPECT_TRUE(S_ISREG(m)) << dir / f;
+      EXPECT_EQ(octal(m & 07777), "0600") << dir / f;
+    }
+    int staged = 0;
+    for (auto& e : fs::recursive_directory_iterator(dir)) {  // links (into the store) not followed
+      const mode_t m = mode(e.path());
+      if (S_ISLNK(m)) {
+        ++staged;
+        continue;
+      }
+      EXPECT_EQ(m & 077, 0u) << e.path() << " is open to others: " << octal(m & 07777);
+    }
+    EXPECT_GE(staged, 1) << "the staged files";
+  }
+  int workers = 0;
+  for (pid_t p : processes_under(remote_)) {
+    if (comm_of(p) != "skyforge-worker") continue;
+    ++workers;
+    std::ifstream status("/proc/" + std::to_string(p) + "/status");
+    std::string line, umask_of;
+    while (std::getline(status, line))
+      if (line.rfind("Umask:", 0) == 0) umask_of = line.substr(line.find_first_not_of(" \t", 6));
+    char want[8];
+    std::snprintf(want, sizeof want, "%04o", unsigned(login_umask));  // as /proc prints it
+    EXPECT_EQ(umask_of, want) << "worker " << p;
+  }
+  EXPECT_EQ(workers, 2);
   c->signal(SIGINT);
   EXPECT_EQ(c->wait(60).exit_code, 130);
 }
