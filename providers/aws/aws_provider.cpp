@@ -136,7 +136,7 @@ void AwsProvider::wait_for_sshd(const std::vector<InstanceView>& instances, uint
   }
 }
 
-std::unique_ptr<Ec2Client> AwsProvider::make_client() {
+std::unique_ptr<Ec2Client> AwsProvider::make_client(ClientOptions copt) {
   ResolvedAws aws;
   try {
     aws = resolve_aws(process_env(), opt_.profile, opt_.region);
@@ -144,7 +144,6 @@ std::unique_ptr<Ec2Client> AwsProvider::make_client() {
     throw Error(std::string("aws provider: ") + e.what(), SF_ERR_INVALID);
   }
   host().info("aws: " + aws.region + " at " + aws.endpoint + ", credentials from " + aws.credentials.source);
-  ClientOptions copt;
   copt.on_retry = [h = host()](const std::string& line) { h.info(line); };
   return std::make_unique<Ec2Client>(aws, copt);
 }
@@ -156,14 +155,24 @@ void AwsProvider::cancel() {
 }
 
 std::vector<std::string> AwsProvider::reconcile(bool terminate) {
-  Ec2Pool any(opt_, make_client(), fs::path(), [h = host()](const std::string& l) { h.info(l); });
+  // Bounded: an API that does not answer is tried for sweep_timeout, not teardown_timeout, and
+  // no single request outlasts it.
+  ClientOptions copt;
+  copt.timeout = std::min<std::chrono::milliseconds>(copt.timeout, opt_.sweep_timeout);
+  copt.connect_timeout = std::min<std::chrono::milliseconds>(copt.connect_timeout, opt_.sweep_timeout);
+  Ec2Pool any(opt_, make_client(copt), fs::path(), [h = host()](const std::string& l) { h.info(l); });
   std::set<std::string> pools;
-  auto report = any.sweep(terminate, std::chrono::system_clock::now(), &pools);
-  // A killed host's local state of those pools (their private key, known_hosts) goes too.
+  std::vector<std::string> warnings;
+  auto report = any.sweep(terminate, std::chrono::system_clock::now(), &pools, &warnings);
+  for (const auto& w : warnings) host().warn("aws: sweep: " + w);
+  // A killed host's local state of those pools (their private key, known_hosts) goes too; only
+  // a real directory inside the state root, never what a symlink or a crafted tag points at.
+  const fs::path root = state_root();
   for (const auto& pool : pools) {
-    std::error_code ec;
-    const fs::path dir = state_root() / ("skyforge-aws-" + pool);
-    if (fs::remove_all(dir, ec) > 0) report.push_back("local state " + dir.string() + ": removed");
+    std::string refused;
+    const std::string removed = remove_pool_state(root, pool, &refused);
+    if (!removed.empty()) report.push_back(removed);
+    if (!refused.empty()) host().warn("aws: sweep: local state of pool " + pool + " not removed: " + refused);
   }
   return report;
 }
@@ -226,7 +235,11 @@ Provisioned AwsProvider::provision(const PoolSpec& spec) {
                 (region.empty() ? "" : " in " + region) + ")");
   }
   auto client = make_client();
-  const fs::path state = state_root() / ("skyforge-aws-" + spec.pool_id);
+  if (!is_pool_id(spec.pool_id))
+    throw Error("aws provider: pool id " + shown_tag(spec.pool_id) + ": expected " + std::to_string(kPoolIdLength) +
+                    " lowercase hex digits, as skyforge makes them",
+                SF_ERR_INVALID);
+  const fs::path state = pool_state_dir(state_root(), spec.pool_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     pool_ = std::make_unique<Ec2Pool>(opt_, std::move(client), state, [h = host()](const std::string& l) { h.info(l); });

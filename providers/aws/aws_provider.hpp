@@ -38,7 +38,7 @@ class AwsProvider : public Provider {
 
  private:
   ssh::SshProvider& ssh(const char* op);
-  std::unique_ptr<Ec2Client> make_client();
+  std::unique_ptr<Ec2Client> make_client(ClientOptions copt = {});
   // Where the offers come from: the offers_file option, else the file beside this plugin.
   std::string offers_path() const;
   // The region for offers: the option, else AWS_REGION / AWS_DEFAULT_REGION; "" for all.

@@ -2,15 +2,19 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <thread>
 
 namespace skyforge::aws {
 namespace {
 
-size_t collect(char* data, size_t size, size_t n, void* user) {
-  static_cast<std::string*>(user)->append(data, size * n);
-  return size * n;
+// "64 MiB", or the bytes when not a whole number of MiB.
+std::string size_text(size_t bytes) {
+  if (bytes >= (size_t(1) << 20) && bytes % (size_t(1) << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes) + " bytes";
 }
 
 // libcurl's global state, set up once before any handle (it is not thread-safe itself).
@@ -39,6 +43,52 @@ bool retryable_transport(long status, const std::string& transport_error) {
 }
 
 }  // namespace
+
+Ec2Client::Body::~Body() { release(); }
+
+void Ec2Client::Body::release() {
+  std::free(p_);
+  p_ = nullptr;
+  size_ = cap_ = 0;
+}
+
+bool Ec2Client::Body::append(const char* data, size_t n, size_t limit) {
+  if (n > limit - std::min(limit, size_)) return false;
+  if (size_ + n > cap_) {
+    const size_t want = std::min(limit, std::max({size_ + n, 2 * cap_, size_t(64) << 10}));
+    char* grown = static_cast<char*>(std::realloc(p_, want));
+    if (!grown) return false;
+    p_ = grown;
+    cap_ = want;
+  }
+  std::memcpy(p_ + size_, data, n);
+  size_ += n;
+  return true;
+}
+
+namespace {
+
+// Where the write callback puts the body, and the most it may hold.
+struct BodySink {
+  void* body;  // Ec2Client::Body (private to the client)
+  size_t limit;
+  bool over = false;
+};
+
+}  // namespace
+
+// Appends up to the limit; past it, returns 0 so libcurl stops the transfer at once
+// (CURLE_WRITE_ERROR): nothing beyond the limit is ever held.
+size_t Ec2Client::collect(char* data, size_t size, size_t n, void* user) {
+  auto* sink = static_cast<BodySink*>(user);
+  const size_t bytes = size * n;
+  auto* body = static_cast<Body*>(sink->body);
+  if (bytes > sink->limit - std::min(sink->limit, body->size())) {
+    sink->over = true;
+    return 0;
+  }
+  return body->append(data, bytes, sink->limit) ? bytes : 0;  // 0: out of memory, a transport error
+}
 
 bool retryable_code(const std::string& code) {
   static const char* const codes[] = {"RequestLimitExceeded", "Throttling", "ThrottlingException",
@@ -146,13 +196,16 @@ Ec2Client::Response Ec2Client::post(const std::string& body) {
   for (const auto& [k, v] : sig.added_headers) headers = curl_slist_append(headers, (k + ": " + v).c_str());
   headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
   Response r;
+  BodySink sink{&r.body, options_.max_response_bytes};
   char errbuf[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(c, CURLOPT_URL, url_.c_str());
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
   curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, long(body.size()));
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r.body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
+  // A Content-Length over the limit is refused before any of the body is read.
+  curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, curl_off_t(options_.max_response_bytes));
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, long(options_.timeout.count()));
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, long(options_.connect_timeout.count()));
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM from the resolver: threads and the host's signals
@@ -161,7 +214,11 @@ Ec2Client::Response Ec2Client::post(const std::string& body) {
   curl_easy_setopt(c, CURLOPT_NOPROXY, "");  // the usual *_proxy variables still apply
   CURLcode rc = curl_easy_perform(c);
   curl_slist_free_all(headers);
-  if (rc != CURLE_OK) {
+  if (sink.over || rc == CURLE_FILESIZE_EXCEEDED) {
+    r.too_large = true;
+    r.body.release();
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+  } else if (rc != CURLE_OK) {
     r.transport_error = errbuf[0] ? errbuf : curl_easy_strerror(rc);
   } else {
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
@@ -179,6 +236,15 @@ pugi::xml_document Ec2Client::call(const std::string& action, const QueryParams&
 
   for (int attempt = 1;; ++attempt) {
     Response r = post(body);
+    if (r.too_large) {
+      // Not a failure a retry cures: the same endpoint would send the same again.
+      throw ApiError("aws " + action + " (" + aws_.region + "): the answer from " + aws_.endpoint + " (HTTP " +
+                         std::to_string(r.status) + ") is longer than " + size_text(options_.max_response_bytes) +
+                         ", the most the aws client reads; the transfer was stopped there -- check that the "
+                         "endpoint (AWS_ENDPOINT_URL_EC2, AWS_ENDPOINT_URL, the profile's endpoint_url) is EC2's",
+                     action, "ResponseTooLarge", "response body over " + size_text(options_.max_response_bytes),
+                     r.status);
+    }
     std::string code, message;
     pugi::xml_document doc;
     if (r.transport_error.empty()) {

@@ -3,6 +3,8 @@
 // exponential backoff and full jitter when the failure is one a retry can cure (a connection
 // error, a timeout, HTTP 5xx, throttling); any other AWS error is thrown at once as an ApiError
 // whose message names the action, the code and what to do (docs/providers.md, "aws: errors").
+// A response body is held in memory only up to max_response_bytes: a longer one stops the
+// transfer there and is an ApiError (code "ResponseTooLarge"), never retried.
 #pragma once
 
 #include <chrono>
@@ -33,6 +35,11 @@ struct ApiError : std::runtime_error {
   long http_status = 0;     // 0: no response
 };
 
+// The largest response body the client reads (ClientOptions::max_response_bytes): EC2's largest
+// answers, a page of DescribeInstances or a filtered DescribeImages, are a few MiB; an endpoint
+// that sends more is not EC2 or is broken, and is cut off here instead of filling memory.
+inline constexpr size_t kMaxResponseBytes = size_t(64) << 20;  // 64 MiB
+
 struct ClientOptions {
   std::chrono::milliseconds timeout{30'000};          // one HTTP request, connect included
   std::chrono::milliseconds connect_timeout{10'000};
@@ -43,6 +50,7 @@ struct ClientOptions {
   std::function<void(const std::string&)> on_retry;   // one line per retry, for the user
   std::string service = "ec2";         // the signing name; "iam" with api_version 2010-05-08 for IAM
   std::string api_version = "2016-11-15";
+  size_t max_response_bytes = kMaxResponseBytes;      // a longer body: ApiError "ResponseTooLarge"
 };
 
 using QueryParams = std::vector<std::pair<std::string, std::string>>;
@@ -63,12 +71,34 @@ class Ec2Client {
   size_t requests() const;  // HTTP requests sent (every attempt), for the figures
 
  private:
+  // A response body, never over the client's limit: grown with realloc(), which for a large block
+  // remaps its pages (glibc: mremap) rather than copying them, so holding a body costs about its
+  // size, not twice (measured: +64 MiB peak RSS for a body cut at 64 MiB).
+  class Body {
+   public:
+    Body() = default;
+    Body(const Body&) = delete;
+    Body& operator=(const Body&) = delete;
+    Body(Body&& o) noexcept : p_(std::exchange(o.p_, nullptr)), size_(std::exchange(o.size_, 0)), cap_(std::exchange(o.cap_, 0)) {}
+    ~Body();
+    // Appends unless the body would pass `limit` (or memory runs out): then false, nothing added.
+    bool append(const char* data, size_t n, size_t limit);
+    void release();
+    const char* data() const { return p_; }
+    size_t size() const { return size_; }
+
+   private:
+    char* p_ = nullptr;
+    size_t size_ = 0, cap_ = 0;
+  };
   struct Response {
     long status = 0;
-    std::string body;
+    Body body;
     std::string transport_error;  // libcurl's, when no response came
+    bool too_large = false;       // the body passed max_response_bytes: the transfer was stopped
   };
   Response post(const std::string& body);
+  static size_t collect(char* data, size_t size, size_t n, void* sink);  // libcurl's write callback
 
   ResolvedAws aws_;
   ClientOptions options_;

@@ -53,7 +53,8 @@ pugi::xml_document Ec2Pool::persist(const std::string& action, const QueryParams
     try {
       return ec2_->call(action, params);
     } catch (const ApiError& e) {
-      const bool transient = e.http_status == 0 || e.http_status >= 500 || retryable_code(e.code);
+      const bool transient =
+          e.code != "ResponseTooLarge" && (e.http_status == 0 || e.http_status >= 500 || retryable_code(e.code));
       if (!transient || Clock::now() - start > opt_.teardown_timeout) throw;
       if (i == 0) log_("aws: " + action + " failed (" + (e.code.empty() ? e.aws_message : e.code) +
                        "); retrying until it answers (teardown_timeout " +
@@ -61,6 +62,98 @@ pugi::xml_document Ec2Pool::persist(const std::string& action, const QueryParams
       std::this_thread::sleep_for(std::chrono::seconds(2));
     }
   }
+}
+
+pugi::xml_document Ec2Pool::persist_until(const std::string& action, const QueryParams& params,
+                                          Clock::time_point started, Clock::time_point give_up) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      // One HTTP request a try: the client's own retries would outlast the budget.
+      return ec2_->call(action, params, 1);
+    } catch (const ApiError& e) {
+      const bool transient =
+          e.code != "ResponseTooLarge" && (e.http_status == 0 || e.http_status >= 500 || retryable_code(e.code));
+      if (!transient) throw;
+      const auto now = Clock::now();
+      const auto wait = std::min<Clock::duration>(std::chrono::milliseconds(500 << std::min(attempt - 1, 4)),
+                                                  give_up > now ? give_up - now : Clock::duration::zero());
+      if (now >= give_up) {
+        throw Error("aws provider: sweep gave up: " + action + " at " + ec2_->aws().endpoint + " (" +
+                        ec2_->aws().region + ") failed " + std::to_string(attempt) + " time" +
+                        (attempt == 1 ? "" : "s") + " (the sweep ran " + seconds_text(now - started) + ", sweep_timeout " +
+                        std::to_string(opt_.sweep_timeout.count()) + " s); the last time: " + e.what() +
+                        ". What the sweep had not reached is left; run it again when the API answers",
+                    SF_ERR);
+      }
+      log_("aws: sweep: " + action + " failed (" + (e.code.empty() ? e.aws_message : e.code) + "); try " +
+           std::to_string(attempt + 1) + " in " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()) +
+           " ms (sweep_timeout " + std::to_string(opt_.sweep_timeout.count()) + " s)");
+      std::this_thread::sleep_for(wait);
+    }
+  }
+}
+
+bool is_pool_id(const std::string& id) {
+  return id.size() == kPoolIdLength &&
+         std::all_of(id.begin(), id.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+std::string shown_tag(const std::string& value) {
+  std::string out = "\"";
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (i == 80) {
+      out += "...";
+      break;
+    }
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+fs::path pool_state_dir(const fs::path& state_root, const std::string& pool_id) {
+  return state_root / ("skyforge-aws-" + pool_id);
+}
+
+std::string remove_pool_state(const fs::path& state_root, const std::string& pool_id, std::string* refused) {
+  auto refuse = [&](const std::string& why) {
+    if (refused) *refused = why;
+    return std::string();
+  };
+  if (refused) refused->clear();
+  if (!is_pool_id(pool_id))
+    return refuse("the pool id " + shown_tag(pool_id) + " is not one skyforge makes (" +
+                  std::to_string(kPoolIdLength) + " lowercase hex digits): no local state looked for");
+  std::error_code ec;
+  const fs::path dir = pool_state_dir(state_root, pool_id);
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (ec || st.type() == fs::file_type::not_found) return "";
+  if (fs::is_symlink(st)) {
+    std::error_code ec2;
+    const fs::path to = fs::read_symlink(dir, ec2);
+    return refuse(dir.string() + " is a symlink (to " + (ec2 ? std::string("?") : to.string()) +
+                  "), not the pool's directory: left alone, and what it leads to too");
+  }
+  if (!fs::is_directory(st)) return refuse(dir.string() + " is not a directory: left alone");
+  const fs::path root = fs::canonical(state_root, ec);
+  if (ec) return refuse("the state root " + state_root.string() + " cannot be resolved (" + ec.message() + ")");
+  const fs::path real = fs::weakly_canonical(dir, ec);
+  if (ec || real.parent_path() != root)
+    return refuse(dir.string() + " resolves to " + (ec ? std::string("?") : real.string()) +
+                  ", outside the state root " + root.string() + ": left alone");
+  if (fs::remove_all(real, ec) == 0 || ec)
+    return ec ? refuse(dir.string() + ": " + ec.message()) : std::string();
+  return "local state " + dir.string() + ": removed";
 }
 
 std::chrono::seconds parse_duration(const std::string& text) {
@@ -142,6 +235,9 @@ AwsOptions AwsOptions::from(const Options& o) {
   int64_t td = o.get_int("teardown_timeout", 900);
   if (td < 10 || td > 86400) throw invalid("option 'teardown_timeout': expected 10 to 86400 seconds");
   a.teardown_timeout = std::chrono::seconds(td);
+  int64_t sw = o.get_int("sweep_timeout", 30);
+  if (sw < 1 || sw > 3600) throw invalid("option 'sweep_timeout': expected 1 to 3600 seconds");
+  a.sweep_timeout = std::chrono::seconds(sw);
   return a;
 }
 
@@ -531,6 +627,10 @@ std::vector<InstanceView> Ec2Pool::wait_running(const std::vector<std::string>& 
 }
 
 std::vector<InstanceView> Ec2Pool::create(const std::string& pool_id, uint32_t n) {
+  // sweep() trusts no other skyforge:pool tag: a pool made under another id could never be swept.
+  if (!is_pool_id(pool_id))
+    throw invalid("pool id " + shown_tag(pool_id) + ": expected " + std::to_string(kPoolIdLength) +
+                  " lowercase hex digits, as skyforge makes them");
   pool_id_ = pool_id;
   image_id_ = resolve_image();
   check_cancelled();
@@ -669,7 +769,21 @@ void Ec2Pool::teardown(const std::vector<std::string>& only) {
 }
 
 std::vector<std::string> Ec2Pool::sweep(bool terminate, std::chrono::system_clock::time_point now,
-                                        std::set<std::string>* swept_pools) {
+                                        std::set<std::string>* swept_pools, std::vector<std::string>* warnings) {
+  const auto started = Clock::now(), give_up = started + opt_.sweep_timeout;
+  auto call = [&](const std::string& action, const QueryParams& params) {
+    return persist_until(action, params, started, give_up);
+  };
+  // A tag that is not a pool id skyforge makes: the resource is not one of skyforge's pools.
+  auto foreign = [&](const std::string& what, const std::string& pool) {
+    if (is_pool_id(pool)) return false;
+    const std::string line = what + " (" + ec2_->aws().region + ") skipped: its skyforge:pool tag " + shown_tag(pool) +
+                             " is not a pool id skyforge makes (" + std::to_string(kPoolIdLength) +
+                             " lowercase hex digits); left alone, and no local state looked for";
+    if (warnings) warnings->push_back(line);
+    else log_("aws: sweep: " + line);
+    return true;
+  };
   const std::string cutoff = iso8601(now);
   const std::string region = ec2_->aws().region;
   std::vector<std::string> report;
@@ -680,7 +794,7 @@ std::vector<std::string> Ec2Pool::sweep(bool terminate, std::chrono::system_cloc
   };
   auto expired = [&](const std::string& expires) { return !expires.empty() && expires < cutoff; };
 
-  auto doc = persist("DescribeInstances", {{"Filter.1.Name", "tag-key"},
+  auto doc = call("DescribeInstances", {{"Filter.1.Name", "tag-key"},
                                            {"Filter.1.Value.1", "skyforge:pool"},
                                            {"Filter.2.Name", "instance-state-name"},
                                            {"Filter.2.Value.1", "pending"},
@@ -690,6 +804,7 @@ std::vector<std::string> Ec2Pool::sweep(bool terminate, std::chrono::system_cloc
   std::vector<std::string> doomed;
   std::set<std::string> live_pools;
   for (const auto& v : instances_of(doc)) {
+    if (foreign("instance " + v.id, v.pool)) continue;
     if (!expired(v.expires)) {
       live_pools.insert(v.pool);
       continue;
@@ -701,23 +816,24 @@ std::vector<std::string> Ec2Pool::sweep(bool terminate, std::chrono::system_cloc
   if (terminate && !doomed.empty()) {
     QueryParams q;
     for (size_t i = 0; i < doomed.size(); ++i) q.emplace_back("InstanceId." + std::to_string(i + 1), doomed[i]);
-    persist("TerminateInstances", q);
+    call("TerminateInstances", q);
     wait_terminated(doomed);
   }
   // Groups and key pairs of expired pools with no live instance left.
   auto sweep_resources = [&](const char* describe, const char* xpath, const char* id_field, const char* kind,
                              const char* remove, const char* remove_param) {
-    auto d = persist(describe, {{"Filter.1.Name", "tag-key"}, {"Filter.1.Value.1", "skyforge:pool"}});
+    auto d = call(describe, {{"Filter.1.Name", "tag-key"}, {"Filter.1.Value.1", "skyforge:pool"}});
     for (auto it : d.select_nodes(xpath)) {
       pugi::xml_node item = it.node();
       const std::string pool = tag_of(item, "skyforge:pool"), expires = tag_of(item, "skyforge:expires");
-      if (!expired(expires) || live_pools.count(pool)) continue;
       const std::string id = item.child_value(id_field);
+      if (foreign(std::string(kind) + " " + id, pool)) continue;
+      if (!expired(expires) || live_pools.count(pool)) continue;
       std::string what = terminate ? "deleted" : "would be deleted";
       if (terminate) {
         for (int i = 0;; ++i) {
           try {
-            persist(remove, {{remove_param, id}});
+            call(remove, {{remove_param, id}});
             if (swept_pools && std::string(kind) == "key pair") swept_pools->insert(pool);
             break;
           } catch (const ApiError& e) {

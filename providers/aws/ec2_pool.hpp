@@ -51,6 +51,7 @@ struct AwsOptions {
   std::chrono::seconds provision_timeout{600};  // requested -> every instance running
   std::chrono::milliseconds poll_interval{2000};
   std::chrono::seconds teardown_timeout{900};   // teardown keeps retrying an API that is down this long
+  std::chrono::seconds sweep_timeout{30};       // sweep() retries an API that fails (no answer, 5xx) this long, in all
 
   // From the plugin's options (plugin.toml). Throws Error(SF_ERR_INVALID) naming the option.
   static AwsOptions from(const Options& options);
@@ -58,6 +59,26 @@ struct AwsOptions {
 
 // "2h", "90m", "45s", "3600" (seconds). Throws std::invalid_argument.
 std::chrono::seconds parse_duration(const std::string& text);
+
+// The pool ids skyforge makes (host/src/client/run.cpp: net::random_hex(6)) are 12 lowercase hex
+// digits, and the aws provider takes no other (create()). A skyforge:pool tag read back from the
+// cloud -- where anyone with the account's credentials can write one -- is trusted only when it
+// is one: sweep() leaves any other resource alone, and its value never becomes a path.
+inline constexpr size_t kPoolIdLength = 12;
+bool is_pool_id(const std::string& id);
+// A tag value as a message shows it: quoted, control and non-ASCII bytes escaped, cut at 80.
+std::string shown_tag(const std::string& value);
+
+// A pool's local state (its private key, known_hosts): `state_root`/skyforge-aws-<pool id>.
+std::filesystem::path pool_state_dir(const std::filesystem::path& state_root, const std::string& pool_id);
+// What `skyforge sweep` does with the local state of a pool it swept: removes
+// pool_state_dir(state_root, pool_id) when it is a real directory directly inside the state root
+// (canonical paths compared), and nothing else -- never a path outside the state root, never
+// through a symlink. Returns "local state DIR: removed", or "" when there was none; a pool id
+// that is not one, a symlink, or anything else that is not such a directory is left alone and
+// said in *refused (the path and why). Throws nothing.
+std::string remove_pool_state(const std::filesystem::path& state_root, const std::string& pool_id,
+                              std::string* refused);
 
 struct NamedImage {
   const char* name;       // "ubuntu-24.04"
@@ -115,8 +136,13 @@ class Ec2Pool {
   // instance of their pool is left), terminated and deleted when `terminate`. One line each.
   // Not for a pool this object made: any Ec2Pool (with a client for the region) will do.
   // `swept_pools`: the pools whose key pair it deleted (their local state can go too).
+  // A resource whose skyforge:pool tag is not a pool id (is_pool_id) is left alone and said in
+  // `warnings` (the resource, the tag, why; without it, in the log). An API that fails (no
+  // answer, 5xx, throttling) is tried again for up to sweep_timeout in all, then sweep throws an
+  // Error saying what it tried, how often, and the last failure.
   std::vector<std::string> sweep(bool terminate, std::chrono::system_clock::time_point now,
-                                 std::set<std::string>* swept_pools = nullptr);
+                                 std::set<std::string>* swept_pools = nullptr,
+                                 std::vector<std::string>* warnings = nullptr);
 
   // A transient one-line status while waiting ("aws [12 s]: node 0 running, node 1 pending"):
   // the host shows it live on a terminal (SF_LOG_STATUS).
@@ -135,6 +161,10 @@ class Ec2Pool {
   std::vector<InstanceView> run_instances(uint32_t n);
   std::vector<InstanceView> describe_pool_instances(bool persistent = false);  // by tag, not terminated
   pugi::xml_document persist(const std::string& action, const QueryParams& params);
+  // sweep()'s calls: transient failures tried again, a second apart and more, until `give_up`.
+  pugi::xml_document persist_until(const std::string& action, const QueryParams& params,
+                                   std::chrono::steady_clock::time_point started,
+                                   std::chrono::steady_clock::time_point give_up);
   // `ids[i]` is node first_node + i (for what it shows).
   std::vector<InstanceView> wait_running(const std::vector<std::string>& ids, uint32_t first_node = 0);
   void wait_terminated(const std::vector<std::string>& ids);

@@ -93,13 +93,13 @@ class Ec2PoolTest : public ::testing::Test {
 
 TEST_F(Ec2PoolTest, CreateTagsEverythingInTheSameCallAndTeardownLeavesNothing) {
   Ec2Pool& pool = make_pool();
-  auto made = pool.create("p1", 3);
+  auto made = pool.create("000000000001", 3);
   ASSERT_EQ(made.size(), 3u);
   std::set<std::string> ids;
   for (size_t i = 0; i < made.size(); ++i) {
     EXPECT_EQ(made[i].state, "running");
     EXPECT_FALSE(made[i].public_ip.empty());
-    EXPECT_EQ(made[i].pool, "p1");
+    EXPECT_EQ(made[i].pool, "000000000001");
     EXPECT_EQ(made[i].launch_index, std::to_string(i)) << "node i is launch index i";
     ids.insert(made[i].id);
   }
@@ -107,7 +107,7 @@ TEST_F(Ec2PoolTest, CreateTagsEverythingInTheSameCallAndTeardownLeavesNothing) {
   // Tags came with RunInstances: no CreateTags call ever went out.
   EXPECT_EQ(proxy_->seen("CreateTags"), 0);
   EXPECT_EQ(proxy_->seen("RunInstances"), 1);
-  auto tagged = live("tag:skyforge:pool", "p1");
+  auto tagged = live("tag:skyforge:pool", "000000000001");
   EXPECT_EQ(tagged.size(), 3u);
   EXPECT_EQ(live("tag:team", "ml").size(), 3u);
   // skyforge:expires = now + ttl, ISO 8601.
@@ -127,7 +127,7 @@ TEST_F(Ec2PoolTest, CreateTagsEverythingInTheSameCallAndTeardownLeavesNothing) {
   EXPECT_EQ(pool.ssh_user(), "ubuntu");
 
   pool.teardown();
-  EXPECT_TRUE(live("tag:skyforge:pool", "p1").empty());
+  EXPECT_TRUE(live("tag:skyforge:pool", "000000000001").empty());
   EXPECT_EQ(count("DescribeKeyPairs", "//keySet/item"), 0u);
   EXPECT_EQ(count("DescribeSecurityGroups", "//securityGroupInfo/item"), 0u);
   EXPECT_FALSE(fs::exists(state_)) << "the pool's private key goes with it";
@@ -139,7 +139,7 @@ TEST_F(Ec2PoolTest, CreateTagsEverythingInTheSameCallAndTeardownLeavesNothing) {
 
 TEST_F(Ec2PoolTest, TheDeadManSwitchIsTheUserData) {
   Ec2Pool& pool = make_pool();
-  auto made = pool.create("p2", 1);
+  auto made = pool.create("000000000002", 1);
   Ec2Client direct(moto_->aws());
   auto attr = direct.call("DescribeInstanceAttribute", {{"InstanceId", made[0].id}, {"Attribute", "userData"}});
   std::string b64 = attr.select_node("//userData/value").node().child_value();
@@ -158,20 +158,20 @@ TEST_F(Ec2PoolTest, TheDeadManSwitchIsTheUserData) {
 TEST_F(Ec2PoolTest, ALostRunInstancesAnswerIsAdoptedNeverDoubled) {
   proxy_->drop_answers("RunInstances", 1);
   Ec2Pool& pool = make_pool();
-  auto made = pool.create("p3", 2);
+  auto made = pool.create("000000000003", 2);
   EXPECT_EQ(made.size(), 2u);
   EXPECT_EQ(proxy_->seen("RunInstances"), 1) << "the lookup found them: nothing was sent again";
-  EXPECT_EQ(live("tag:skyforge:pool", "p3").size(), 2u) << joined_log();
+  EXPECT_EQ(live("tag:skyforge:pool", "000000000003").size(), 2u) << joined_log();
   EXPECT_NE(joined_log().find("adopting them"), std::string::npos) << joined_log();
   pool.teardown();
-  EXPECT_TRUE(live("tag:skyforge:pool", "p3").empty());
+  EXPECT_TRUE(live("tag:skyforge:pool", "000000000003").empty());
 }
 
 TEST_F(Ec2PoolTest, NoCapacityTriesTheNextTypeListed) {
   options_.instance_types = {"p4d.24xlarge", "t3.micro"};
   proxy_->fail_with("RunInstances", "InsufficientInstanceCapacity", 1);
   Ec2Pool& pool = make_pool();
-  auto made = pool.create("p4", 2);
+  auto made = pool.create("000000000004", 2);
   Ec2Client direct(moto_->aws());
   auto doc = direct.call("DescribeInstances", {{"InstanceId.1", made[0].id}});
   EXPECT_STREQ(doc.select_node("//instancesSet/item/instanceType").node().child_value(), "t3.micro");
@@ -183,7 +183,7 @@ TEST_F(Ec2PoolTest, AnErrorAUserMustFixFailsAtOnceNamingIt) {
   proxy_->fail_with("RunInstances", "VcpuLimitExceeded", 1);
   Ec2Pool& pool = make_pool();
   try {
-    pool.create("p5", 2);
+    pool.create("000000000005", 2);
     FAIL();
   } catch (const skyforge::Error& e) {
     EXPECT_NE(std::string(e.what()).find("VcpuLimitExceeded"), std::string::npos) << e.what();
@@ -197,8 +197,8 @@ TEST_F(Ec2PoolTest, AnErrorAUserMustFixFailsAtOnceNamingIt) {
 TEST_F(Ec2PoolTest, TeardownFromAnotherThreadStopsAProvisionThatIsWaiting) {
   proxy_->delay("DescribeInstances", std::chrono::milliseconds(300));
   Ec2Pool& pool = make_pool();
-  auto creating = std::async(std::launch::async, [&] { return pool.create("p6", 2); });
-  for (int i = 0; i < 200 && proxy_->seen("DescribeInstances") == 0; ++i)
+  auto creating = std::async(std::launch::async, [&] { return pool.create("000000000006", 2); });
+  for (int i = 0; i < 1000 && proxy_->seen("DescribeInstances") == 0; ++i)  // 20 s: a loaded machine
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_GT(proxy_->seen("DescribeInstances"), 0) << joined_log();
   pool.teardown();  // a second Ctrl-C: from the host's signal thread
@@ -208,17 +208,17 @@ TEST_F(Ec2PoolTest, TeardownFromAnotherThreadStopsAProvisionThatIsWaiting) {
   } catch (const skyforge::Error& e) {
     EXPECT_NE(std::string(e.what()).find("cancelled"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(live("tag:skyforge:pool", "p6").empty());
+  EXPECT_TRUE(live("tag:skyforge:pool", "000000000006").empty());
 }
 
 TEST_F(Ec2PoolTest, TeardownOutlastsAnApiThatIsDownFor30Seconds) {
   Ec2Pool& pool = make_pool();
-  pool.create("p7", 2);
+  pool.create("000000000007", 2);
   const auto t0 = std::chrono::steady_clock::now();
   proxy_->down_until(t0 + std::chrono::seconds(30));
   pool.teardown();
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
-  EXPECT_TRUE(live("tag:skyforge:pool", "p7").empty());
+  EXPECT_TRUE(live("tag:skyforge:pool", "000000000007").empty());
   EXPECT_EQ(count("DescribeKeyPairs", "//keySet/item"), 0u);
   EXPECT_EQ(count("DescribeSecurityGroups", "//securityGroupInfo/item"), 0u);
   EXPECT_NE(joined_log().find("retrying until it answers"), std::string::npos) << joined_log();
@@ -227,7 +227,9 @@ TEST_F(Ec2PoolTest, TeardownOutlastsAnApiThatIsDownFor30Seconds) {
 TEST_F(Ec2PoolTest, AHundredProvisionsAndTeardownsLeaveNothing) {
   for (int i = 0; i < 100; ++i) {
     Ec2Pool pool(options_, client(false), state_, nullptr);
-    pool.create("loop" + std::to_string(i), 1 + i % 3);
+    char id[16];
+    std::snprintf(id, sizeof id, "100000000%03x", i);  // a pool id as skyforge makes them: 12 hex digits
+    pool.create(id, 1 + i % 3);
     pool.teardown();
   }
   EXPECT_TRUE(live("tag-key", "skyforge:pool").empty());
@@ -243,7 +245,7 @@ TEST_F(Ec2PoolTest, SweepTakesDownWhatExpiredAndNothingElse) {
   if (child == 0) {
     try {
       Ec2Pool dead(options_, client(false), state_ / "dead", nullptr);
-      dead.create("dead", 2);
+      dead.create("deaddeaddead", 2);
       ::_exit(0);  // no destructor runs: as kill -9
     } catch (...) {
       ::_exit(1);
@@ -252,12 +254,12 @@ TEST_F(Ec2PoolTest, SweepTakesDownWhatExpiredAndNothingElse) {
   int st = 0;
   ASSERT_EQ(::waitpid(child, &st, 0), child);
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  ASSERT_EQ(live("tag:skyforge:pool", "dead").size(), 2u);
+  ASSERT_EQ(live("tag:skyforge:pool", "deaddeaddead").size(), 2u);
 
   AwsOptions longer = options_;
   longer.ttl = std::chrono::hours(4);
   Ec2Pool alive(longer, client(false), state_ / "alive", nullptr);
-  alive.create("alive", 1);
+  alive.create("a1a1a1a1a1a1", 1);
 
   const auto later = std::chrono::system_clock::now() + std::chrono::hours(2);  // past "dead"'s 1 h ttl
   Ec2Pool sweeper(options_, client(false), fs::path(), nullptr);
@@ -265,15 +267,15 @@ TEST_F(Ec2PoolTest, SweepTakesDownWhatExpiredAndNothingElse) {
   std::string all;
   for (const auto& l : listed) all += l + "\n";
   EXPECT_EQ(listed.size(), 4u) << all << "(2 instances, a group, a key pair)";
-  EXPECT_EQ(all.find("pool alive"), std::string::npos) << all;
+  EXPECT_EQ(all.find("pool a1a1a1a1a1a1"), std::string::npos) << all;
   EXPECT_NE(all.find("would be terminated"), std::string::npos) << all;
-  EXPECT_EQ(live("tag:skyforge:pool", "dead").size(), 2u) << "a dry run tears nothing down";
+  EXPECT_EQ(live("tag:skyforge:pool", "deaddeaddead").size(), 2u) << "a dry run tears nothing down";
   EXPECT_TRUE(sweeper.sweep(false, std::chrono::system_clock::now()).empty()) << "nothing has expired yet";
 
   listed = sweeper.sweep(true, later);
   EXPECT_EQ(listed.size(), 4u);
-  EXPECT_TRUE(live("tag:skyforge:pool", "dead").empty());
-  EXPECT_EQ(live("tag:skyforge:pool", "alive").size(), 1u);
+  EXPECT_TRUE(live("tag:skyforge:pool", "deaddeaddead").empty());
+  EXPECT_EQ(live("tag:skyforge:pool", "a1a1a1a1a1a1").size(), 1u);
   EXPECT_EQ(count("DescribeKeyPairs", "//keySet/item"), 1u) << "only the live pool's key pair is left";
   EXPECT_EQ(count("DescribeSecurityGroups", "//securityGroupInfo/item"), 1u);
   EXPECT_TRUE(sweeper.sweep(true, later).empty());
@@ -319,6 +321,8 @@ TEST(AwsOptionsTest, BadOptionsAreNamed) {
   expect_invalid({{"spot", "true"}, {"max_price", "cheap"}}, "option 'max_price'");
   expect_invalid({{"image", "centos-7"}}, "ubuntu-24.04");
   expect_invalid({{"key_name", "mine"}}, "identity_file");
+  expect_invalid({{"sweep_timeout", "0"}}, "option 'sweep_timeout': expected 1 to 3600 seconds");
+  EXPECT_EQ(AwsOptions::from(options_of({})).sweep_timeout, std::chrono::seconds(30));
   AwsOptions ok = AwsOptions::from(options_of({{"ttl", "90m"}, {"instance_type", "g5.xlarge"},
                                                {"fallback_instance_types", "g5.2xlarge\ng6.xlarge"}}));
   EXPECT_EQ(ok.ttl, std::chrono::minutes(90));
