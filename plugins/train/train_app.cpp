@@ -254,7 +254,15 @@ class Train : public skyforge::App {
     const bool resume = c.boolean("resume", false) || host().config("job.resume").value_or("") == "true" ||
                         !host().config("job.restart").value_or("").empty();
     fo.callbacks.resume = resume && !c.get("checkpoint", "").empty();
-    if (fo.callbacks.resume && !writer) fo.callbacks.checkpoint_dir = c.get("checkpoint", "");
+    if (fo.callbacks.resume && !writer) {  // reads the head's checkpoint, writes and locks nothing
+      fo.callbacks.checkpoint_dir = c.get("checkpoint", "");
+      fo.callbacks.checkpoint_read_only = true;
+    }
+    // The writer holds the checkpoint directory's lock while it trains: another run there fails
+    // at once. A restart or `run --resume` waits a while for it instead: the previous attempt's
+    // worker may still be on its way out (its lock goes with its process).
+    if (host().config("job.resume").value_or("") == "true" || !host().config("job.restart").value_or("").empty())
+      fo.callbacks.checkpoint_lock_wait_s = 30;
 
     // Each epoch's wall time besides the total: the first epoch carries the one-time costs (a
     // GPU backend's library loading, algorithm choice and graph capture), the later ones are the

@@ -256,15 +256,15 @@ TEST(Checkpoint, MidEpochFieldsOlderFormatAndNewerFormat) {
   EXPECT_EQ(old.epoch_step, 0u);
   EXPECT_EQ(old.state, "state");
 
-  std::string v3 = K::encode_checkpoint(c);
-  v3[8] = 3;  // the format field
-  const uint32_t crc = skyforge::tfevents::crc32c(v3.data(), v3.size() - 4);
-  for (int i = 0; i < 4; ++i) v3[v3.size() - 4 + i] = static_cast<char>((crc >> (8 * i)) & 0xff);
+  std::string v4 = K::encode_checkpoint(c);
+  v4[8] = 4;  // the format field
+  const uint32_t crc = skyforge::tfevents::crc32c(v4.data(), v4.size() - 4);
+  for (int i = 0; i < 4; ++i) v4[v4.size() - 4 + i] = static_cast<char>((crc >> (8 * i)) & 0xff);
   try {
-    K::decode_checkpoint(v3, "new.bin");
+    K::decode_checkpoint(v4, "new.bin");
     FAIL();
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("format 3 is not supported (this build reads formats 1 to 2; it was written by a newer skyforge)"),
+    EXPECT_NE(std::string(e.what()).find("format 4 is not supported (this build reads formats 1 to 3; it was written by a newer skyforge)"),
               std::string::npos)
         << e.what();
   }

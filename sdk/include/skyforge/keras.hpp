@@ -258,6 +258,13 @@ struct Callbacks {
   uint64_t checkpoint_every_steps = 0;  // > 0: also <dir>/ckpt-<epoch>-<step>.bin every N steps within an epoch
   bool resume = false;                // load <dir>/latest on every rank and continue where it stopped
   uint32_t max_to_keep = 0;           // > 0: keep only the newest N checkpoints
+  // Rank 0 locks checkpoint_dir (<dir>/lock) for the whole fit(): another run writing there fails
+  // at once, naming the holder; then it removes what an interrupted run left (temporaries,
+  // mid-epoch checkpoints `latest` does not name). read_only: only resume from the directory —
+  // no lock, nothing written (a replica that is not the writer). lock_wait_s > 0: wait that long
+  // for a holder to go first (a restart, whose previous worker may be on its way out).
+  bool checkpoint_read_only = false;
+  double checkpoint_lock_wait_s = 0;
   // Called on every rank after each epoch, after the files are written.
   std::function<void(uint32_t epoch, const Logs& logs)> on_epoch_end{};
 };
@@ -704,8 +711,35 @@ class Sequential {
     uint64_t resume_correct = 0, resume_seen = 0;
     const Callbacks& cb = o.callbacks;
     uint32_t tb_batch_freq = cb.tensorboard_update_freq;
+    // The checkpoint directory is this fit's alone (rank 0 writes it): locked, then cleaned.
+    std::optional<CheckpointLock> ck_lock;
+    if (!cb.checkpoint_dir.empty() && !cb.checkpoint_read_only)
+      detail::on_rank0(comm_, [&] {
+        ck_lock.emplace(CheckpointLock::acquire(cb.checkpoint_dir, cb.checkpoint_lock_wait_s, talk ? out : stderr));
+        if (const std::string was = ck_lock->taken_over(); !was.empty() && talk)
+          std::fprintf(out, "Took over %s/lock from a run that ended without letting go of it (%s)\n",
+                       cb.checkpoint_dir.c_str(), was.c_str());
+        const std::vector<std::string> removed = clean_checkpoint_dir(cb.checkpoint_dir);
+        if (!removed.empty() && talk) {
+          std::string names;
+          for (size_t i = 0; i < removed.size() && i < 8; ++i) names += (i ? ", " : "") + removed[i];
+          if (removed.size() > 8) names += ", ...";
+          std::fprintf(out, "Removed %zu file%s an interrupted run left in %s: %s\n", removed.size(),
+                       removed.size() == 1 ? "" : "s", cb.checkpoint_dir.c_str(), names.c_str());
+        }
+        if (talk) std::fflush(out);
+      });
     if (cb.resume && !cb.checkpoint_dir.empty()) {
       if (auto ck = load_latest_checkpoint(cb.checkpoint_dir)) {
+        // Another run's checkpoint (another seed: another data order and dropout) is refused.
+        detail::collective_check(comm_, run_mismatch(*ck, seed, B, steps));
+        if (R == 0 && ck->batch_size && ck->epoch_step == 0 && (ck->batch_size != B || ck->steps_per_epoch != steps))
+          std::fprintf(stderr,
+                       "keras: warning: resuming %s, written with a global batch of %llu and %llu steps per epoch, "
+                       "with a batch of %llu and %llu steps: the epochs from here take other steps than that run's\n",
+                       ck_path_.c_str(), static_cast<unsigned long long>(ck->batch_size),
+                       static_cast<unsigned long long>(ck->steps_per_epoch), static_cast<unsigned long long>(B),
+                       static_cast<unsigned long long>(steps));
         first_epoch = ck->epoch;
         global_step = ck->step;
         if (ck->epoch_step > 0 && ck->epoch_step < steps) {
@@ -746,6 +780,9 @@ class Sequential {
       ck.loss_sum = loss_sum;
       ck.correct = correct;
       ck.seen = seen;
+      ck.seed = seed;
+      ck.batch_size = B;
+      ck.steps_per_epoch = steps;
       ck.fingerprint = fingerprint();
       ck.spec = spec_text_;
       ck.history = history_csv(history);
@@ -1165,6 +1202,26 @@ class Sequential {
     return ck;
   }
 
+  // Why checkpoint `ck` (written by fit()) is not this run's to resume, or "": another seed is
+  // another data order and other dropout masks, so the two runs would mix; within an epoch, the
+  // position is counted in steps of its global batch.
+  std::string run_mismatch(const Checkpoint& ck, uint64_t seed, uint64_t batch, uint64_t steps) const {
+    if (!ck.batch_size) return {};  // format 1 or 2, or written outside fit(): nothing to compare
+    if (ck.seed != seed)
+      return "checkpoint " + ck_path_ + " was written by a run with seed " + std::to_string(ck.seed) +
+             ", and this run's seed is " + std::to_string(seed) +
+             ": resuming it would mix two runs (another data order and other dropout masks); give this run "
+             "its own checkpoint directory, or seed " + std::to_string(ck.seed) + " to go on with that run";
+    if (ck.epoch_step && (ck.batch_size != batch || ck.steps_per_epoch != steps))
+      return "checkpoint " + ck_path_ + " stopped " + std::to_string(ck.epoch_step) + " steps into epoch " +
+             std::to_string(ck.epoch + 1) + " of a run with a global batch of " + std::to_string(ck.batch_size) +
+             " and " + std::to_string(ck.steps_per_epoch) + " steps per epoch, and this run has " +
+             std::to_string(batch) + " and " + std::to_string(steps) +
+             ": the position within the epoch would name other samples; resume with that run's batch size and "
+             "steps, or from an epoch's checkpoint";
+    return {};
+  }
+
   // Reads <dir>/latest on rank 0, broadcasts the bytes, and every rank checks and loads them.
   std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
     std::string bytes, name;
@@ -1172,7 +1229,7 @@ class Sequential {
     detail::on_rank0(comm_, [&] {
       if (auto p = latest_checkpoint(dir)) {
         name = p->string();
-        bytes = read_file(*p);
+        bytes = read_regular_file(*p, "checkpoint " + name);
         found = "1";
       }
     });

@@ -4,6 +4,7 @@
 //   ProgressBar            prints it: in place with \r on a TTY, else a line every N% of an epoch
 //   History, history_csv   per-epoch metrics; the CSVLogger file format (epoch,accuracy,loss,...)
 //   Checkpoint             header + backend state bytes; encode/decode, atomic file writes
+//   CheckpointLock         one run per checkpoint directory; clean_checkpoint_dir, the leftovers
 //
 // No backend, no communicator: everything here is local and deterministic. keras.hpp drives it.
 #pragma once
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -28,7 +30,11 @@
 #include <utility>
 #include <vector>
 
+#include <ctime>
+
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace skyforge::keras {
@@ -335,26 +341,32 @@ inline std::string read_file(const std::filesystem::path& path) {
 // <dir>/ckpt-<epoch>.bin after an epoch, <dir>/ckpt-<epoch>-<epoch_step>.bin within one
 // (Callbacks::checkpoint_every_steps), little-endian:
 //   "SKYFCKPT"            8 bytes magic
-//   u32 format            2 (format 1, written before mid-epoch checkpoints, is read too: it
-//                         lacks the four fields marked 2+, which are then 0)
+//   u32 format            3 (formats 1 and 2 are read too: format 1, written before mid-epoch
+//                         checkpoints, lacks the fields marked 2+ and 3+, format 2 those marked
+//                         3+; they are then 0)
 //   u32 epoch             epochs completed (training resumes at this 0-based epoch)
 //   u64 step              train steps completed
 //   u64 epoch_step     2+ steps of epoch `epoch` done (0: at its start)
 //   f64 loss_sum       2+ that epoch's running sums so far, so that its logs come out the same:
 //   u64 correct        2+   the loss summed over samples, the correct predictions and the
 //   u64 seen           2+   samples seen
+//   u64 seed           3+ the run's: fit()'s seed (data order), its global batch and steps per
+//   u64 batch_size     3+   epoch, so that a resume by another run is refused (0: written
+//   u64 steps_per_epoch 3+  outside fit(), not checked)
 //   u64 fingerprint       FNV-1a 64 of the model spec text (architecture, optimizer kind, loss)
 //   u32 n + bytes         the spec text itself (for the mismatch message)
 //   u32 n + bytes         history_csv() so far
 //   u64 n + bytes         the backend's state_dict()
 //   u32 crc32c            of everything above
-// <dir>/latest holds the file name of the newest checkpoint ("ckpt-3.bin\n").
+// <dir>/latest holds the file name of the newest checkpoint ("ckpt-3.bin\n"); <dir>/lock is the
+// lock of the run writing there (CheckpointLock).
 struct Checkpoint {
   uint32_t epoch = 0;
   uint64_t step = 0;
   uint64_t epoch_step = 0;  // > 0: a checkpoint within epoch `epoch` (0-based), after this many steps
   double loss_sum = 0;
   uint64_t correct = 0, seen = 0;
+  uint64_t seed = 0, batch_size = 0, steps_per_epoch = 0;  // the run's (format 3+); batch_size 0: unknown
   uint64_t fingerprint = 0;
   std::string spec;
   std::string history;  // history_csv()
@@ -362,7 +374,7 @@ struct Checkpoint {
 };
 
 inline constexpr char kCheckpointMagic[8] = {'S', 'K', 'Y', 'F', 'C', 'K', 'P', 'T'};
-inline constexpr uint32_t kCheckpointFormat = 2;
+inline constexpr uint32_t kCheckpointFormat = 3;
 
 // FNV-1a, 64-bit.
 inline uint64_t fnv1a64(std::string_view s) {
@@ -387,6 +399,9 @@ inline std::string encode_checkpoint(const Checkpoint& c) {
   put_le(out, loss_bits, 8);
   put_le(out, c.correct, 8);
   put_le(out, c.seen, 8);
+  put_le(out, c.seed, 8);
+  put_le(out, c.batch_size, 8);
+  put_le(out, c.steps_per_epoch, 8);
   put_le(out, c.fingerprint, 8);
   put_le(out, c.spec.size(), 4);
   out += c.spec;
@@ -435,6 +450,11 @@ inline Checkpoint decode_checkpoint(std::string_view b, const std::string& name)
     c.correct = take(8);
     c.seen = take(8);
   }
+  if (format >= 3) {
+    c.seed = take(8);
+    c.batch_size = take(8);
+    c.steps_per_epoch = take(8);
+  }
   c.fingerprint = take(8);
   c.spec = take_bytes(take(4));
   c.history = take_bytes(take(4));
@@ -447,6 +467,113 @@ inline std::filesystem::path checkpoint_path(const std::filesystem::path& dir, u
   return dir / ("ckpt-" + std::to_string(epoch) + (epoch_step ? "-" + std::to_string(epoch_step) : "") + ".bin");
 }
 
+// What a file is, for messages: "a FIFO", "a directory", ...
+inline std::string file_type_name(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+// The bytes of `path`, which must be a regular file: opened without following a symbolic link
+// and without blocking (a FIFO would wait for a writer), its type checked on the open file.
+// `what` starts each error message; more than max_bytes is an error.
+inline std::string read_regular_file(const std::filesystem::path& path, const std::string& what,
+                                     uint64_t max_bytes = UINT64_MAX) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) throw std::runtime_error(what + " is a symbolic link; expected a regular file");
+    throw std::runtime_error(what + ": cannot open " + path.string() + ": " + std::strerror(err));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw std::runtime_error(what + " is " + file_type_name(st.st_mode) + "; expected a regular file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw std::runtime_error(what + " is " + std::to_string(st.st_size) + " bytes; expected at most " +
+                             std::to_string(max_bytes));
+  }
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw std::runtime_error(what + ": cannot read " + path.string() + ": " + std::strerror(err));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {
+      ::close(fd);
+      throw std::runtime_error(what + " is more than " + std::to_string(max_bytes) + " bytes; expected at most " +
+                               std::to_string(max_bytes));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// The checkpoint file name `<dir>/latest` holds, or nullopt when there is no `latest`. It must be
+// a regular file naming a regular file inside <dir> by a plain name (no '/', not '..'); anything
+// else is an error naming the directory, the file and what was expected.
+inline std::optional<std::string> latest_name(const std::filesystem::path& dir) {
+  const auto latest = dir / "latest";
+  const std::string what = "checkpoint: " + latest.string();
+  const std::string expected = "the file name of a checkpoint in " + dir.string() + " (like ckpt-3.bin)";
+  struct stat st {};
+  if (::lstat(latest.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::nullopt;
+    throw std::runtime_error(what + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode))
+    throw std::runtime_error(what + " is " + file_type_name(st.st_mode) + "; expected a regular file holding " + expected);
+  std::string name = read_regular_file(latest, what, 4096);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  const bool control = std::any_of(name.begin(), name.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20; });
+  if (name.empty() || control || name.size() > 255)
+    throw std::runtime_error(what + " does not name a checkpoint file; expected " + expected);
+  if (name.find('/') != std::string::npos || name == "." || name.find("..") != std::string::npos)
+    throw std::runtime_error(what + " names '" + name + "'; expected " + expected + ", without '/' or '..'");
+  const auto path = dir / name;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) throw std::runtime_error(what + " names " + path.string() + ", which is missing");
+    throw std::runtime_error(what + " names " + path.string() + ": " + std::strerror(errno));
+  }
+  if (S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(path, ec);
+    const bool dangling = !std::filesystem::exists(path, ec);
+    throw std::runtime_error(what + " names " + path.string() + ", which is a symbolic link" +
+                             (target.empty() ? "" : " to '" + target.string() + "'") +
+                             (dangling ? " that leads nowhere" : "") + "; expected a regular checkpoint file in " +
+                             dir.string());
+  }
+  if (!S_ISREG(st.st_mode))
+    throw std::runtime_error(what + " names " + path.string() + ", which is " + file_type_name(st.st_mode) +
+                             "; expected a regular checkpoint file");
+  return name;
+}
+
+// Whether `name` is a mid-epoch checkpoint's: ckpt-<epoch>-<step>.bin.
+inline bool is_mid_epoch_checkpoint_name(std::string_view name) {
+  if (name.size() < 10 || name.substr(0, 5) != "ckpt-" || name.substr(name.size() - 4) != ".bin") return false;
+  const std::string_view mid = name.substr(5, name.size() - 9);
+  const size_t dash = mid.find('-');
+  if (dash == 0 || dash == std::string_view::npos || dash + 1 == mid.size()) return false;
+  for (size_t i = 0; i < mid.size(); ++i)
+    if (i != dash && (mid[i] < '0' || mid[i] > '9')) return false;
+  return true;
+}
+
 // Writes ckpt-<epoch>.bin (or ckpt-<epoch>-<epoch_step>.bin), then points `latest` at it (both
 // atomically: write, fsync, rename, so a checkpoint cut off mid-write is never the one `latest`
 // names). A mid-epoch checkpoint is kept only until the next one of any kind replaces it; with
@@ -455,36 +582,205 @@ inline std::filesystem::path write_checkpoint(const std::filesystem::path& dir, 
                                               uint32_t max_to_keep = 0) {
   const auto path = checkpoint_path(dir, c.epoch, c.epoch_step);
   std::string before;  // the mid-epoch checkpoint `latest` named, if any
-  std::error_code ec;
-  if (std::filesystem::exists(dir / "latest", ec)) {
-    try {
-      before = read_file(dir / "latest");
-    } catch (const std::exception&) {
-    }
-    while (!before.empty() && (before.back() == '\n' || before.back() == ' ')) before.pop_back();
-    if (before.find('-', 5) == std::string::npos || before.find('/') != std::string::npos) before.clear();
+  try {
+    before = latest_name(dir).value_or("");
+  } catch (const std::exception&) {  // a broken `latest` is replaced below
   }
+  if (!is_mid_epoch_checkpoint_name(before)) before.clear();
   write_file_atomic(path, encode_checkpoint(c));
   write_file_atomic(dir / "latest", path.filename().string() + "\n");
+  std::error_code ec;
   if (!before.empty() && before != path.filename().string()) std::filesystem::remove(dir / before, ec);
   if (max_to_keep > 0 && c.epoch_step == 0 && c.epoch > max_to_keep)
     std::filesystem::remove(checkpoint_path(dir, c.epoch - max_to_keep), ec);
   return path;
 }
 
-// The path `latest` names, or nullopt when the directory holds no checkpoint yet.
+// The path `latest` names, or nullopt when the directory holds no checkpoint yet (latest_name's
+// checks).
 inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& dir) {
+  if (auto name = latest_name(dir)) return dir / *name;
+  return std::nullopt;
+}
+
+// ---- one run per checkpoint directory ------------------------------------------------------
+// <dir>/lock, held with flock(2) by the run writing checkpoints in <dir> for as long as fit()
+// runs: a second run fails at once, naming the holder (the file holds "host=", "pid=",
+// "started=" lines). The OS lets go of the lock when the holder's process ends however it ends,
+// so the lock of a dead run (SIGKILL, a lost machine's worker) is simply taken, and said.
+class CheckpointLock {
+ public:
+  CheckpointLock() = default;
+  CheckpointLock(CheckpointLock&& o) noexcept
+      : fd_(std::exchange(o.fd_, -1)), locked_(std::exchange(o.locked_, false)), previous_(std::move(o.previous_)) {}
+  CheckpointLock& operator=(CheckpointLock&& o) noexcept {
+    if (this != &o) {
+      release();
+      fd_ = std::exchange(o.fd_, -1);
+      locked_ = std::exchange(o.locked_, false);
+      previous_ = std::move(o.previous_);
+    }
+    return *this;
+  }
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+  ~CheckpointLock() { release(); }
+
+  // Makes <dir> when missing (a dangling symbolic link or a non-directory is an error), then
+  // takes <dir>/lock. Held by another process: waits up to wait_s (saying so on `note`), then
+  // throws "checkpoint directory D is in use by another run (host H, pid P, started T) ...".
+  static CheckpointLock acquire(const std::filesystem::path& dir, double wait_s = 0, std::FILE* note = nullptr) {
+    prepare_dir(dir);
+    const auto file = dir / "lock";
+    CheckpointLock l;
+    l.fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (l.fd_ < 0) {
+      const int err = errno;
+      throw std::runtime_error("checkpoint: cannot open the lock file " + file.string() + ": " +
+                               (err == ELOOP ? std::string("it is a symbolic link; expected a regular file") : std::strerror(err)));
+    }
+    struct stat st {};
+    if (::fstat(l.fd_, &st) != 0 || !S_ISREG(st.st_mode))
+      throw std::runtime_error("checkpoint: the lock file " + file.string() + " is " + file_type_name(st.st_mode) +
+                               "; expected a regular file");
+    const auto t0 = std::chrono::steady_clock::now();
+    bool said = false;
+    for (;;) {
+      if (::flock(l.fd_, LOCK_EX | LOCK_NB) == 0) {
+        l.locked_ = true;
+        break;
+      }
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err != EWOULDBLOCK)
+        throw std::runtime_error("checkpoint: cannot lock " + file.string() + ": " + std::strerror(err));
+      const std::string holder = describe(l.contents());
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (waited >= wait_s)
+        throw std::runtime_error("checkpoint directory " + dir.string() + " is in use by another run (" + holder +
+                                 "; lock file " + file.string() + (wait_s > 0 ? ", waited " + format_seconds(wait_s) : "") +
+                                 "): two runs writing one directory would overwrite each other's checkpoints; "
+                                 "give this run its own checkpoint directory, or let that run end first");
+      if (!said && note) {
+        std::fprintf(note, "Waiting up to %s for the run holding %s (%s) to end\n", format_seconds(wait_s).c_str(),
+                     dir.c_str(), holder.c_str());
+        std::fflush(note);
+        said = true;
+      }
+      ::usleep(100000);
+    }
+    l.previous_ = l.contents();
+    const std::string mine = "host=" + hostname() + "\npid=" + std::to_string(::getpid()) + "\nstarted=" + utc_now() + "\n";
+    if (::ftruncate(l.fd_, 0) != 0 || ::pwrite(l.fd_, mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size()))
+      throw std::runtime_error("checkpoint: cannot write the lock file " + file.string() + ": " + std::strerror(errno));
+    return l;
+  }
+
+  bool held() const { return locked_; }
+  // The holder a lock was taken from ("host H, pid P, started T"), when the run before did not
+  // let go of it itself (it died); empty when it did.
+  std::string taken_over() const { return previous_.empty() ? "" : describe(previous_); }
+
+  // "host H, pid P, started T" from the lock file's lines.
+  static std::string describe(const std::string& text) {
+    auto field = [&](const std::string& key) -> std::string {
+      const std::string k = key + "=";
+      for (size_t b = 0; b < text.size();) {
+        const size_t e = std::min(text.find('\n', b), text.size());
+        if (text.compare(b, k.size(), k) == 0) return text.substr(b + k.size(), std::min<size_t>(e - b - k.size(), 200));
+        b = e + 1;
+      }
+      return "?";
+    };
+    if (text.empty()) return "its holder is not written in the lock file yet";
+    return "host " + field("host") + ", pid " + field("pid") + ", started " + field("started");
+  }
+
+ private:
+  void release() {
+    if (fd_ < 0) return;
+    if (locked_ && ::ftruncate(fd_, 0) != 0) {  // a run that ended cleanly leaves no holder behind
+    }
+    ::close(fd_);  // lets go of the flock
+    fd_ = -1;
+    locked_ = false;
+  }
+  std::string contents() const {
+    std::string out;
+    char buf[1024];
+    const ssize_t n = ::pread(fd_, buf, sizeof buf, 0);
+    if (n > 0) out.assign(buf, static_cast<size_t>(n));
+    return out;
+  }
+  static void prepare_dir(const std::filesystem::path& dir) {
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(dir.c_str(), &st) != 0) {
+      std::error_code ec;
+      const auto target = std::filesystem::read_symlink(dir, ec);
+      throw std::runtime_error("checkpoint directory " + dir.string() + " is a symbolic link to '" + target.string() +
+                               "', which does not exist: create that directory or name another checkpoint directory");
+    }
+    if (::stat(dir.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode))
+        throw std::runtime_error("checkpoint directory " + dir.string() + " is " + file_type_name(st.st_mode) +
+                                 "; expected a directory");
+      return;
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw std::runtime_error("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
+  }
+  static std::string hostname() {
+    char h[256] = {};
+    if (::gethostname(h, sizeof h - 1) != 0) return "?";
+    return h;
+  }
+  static std::string utc_now() {
+    const std::time_t t = std::time(nullptr);
+    std::tm tm {};
+    ::gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+  }
+  static std::string format_seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f s", s);
+    return buf;
+  }
+
+  int fd_ = -1;
+  bool locked_ = false;
+  std::string previous_;
+};
+
+// What an interrupted run left in a checkpoint directory, removed at the next start (under the
+// directory's lock): temporaries of atomic writes (ckpt-*.tmp.*, latest.tmp.*) and the mid-epoch
+// checkpoints `latest` does not name (all of them when it names an epoch's). Only regular files
+// are removed, by name, never through a symbolic link; nothing is pruned while `latest` is
+// missing or broken. Returns the names removed.
+inline std::vector<std::string> clean_checkpoint_dir(const std::filesystem::path& dir) {
+  std::optional<std::string> latest;
+  bool latest_ok = true;
+  try {
+    latest = latest_name(dir);
+  } catch (const std::exception&) {
+    latest_ok = false;
+  }
+  std::vector<std::string> removed;
   std::error_code ec;
-  const auto latest = dir / "latest";
-  if (!std::filesystem::exists(latest, ec)) return std::nullopt;
-  std::string name = read_file(latest);
-  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
-  if (name.empty() || name.find('/') != std::string::npos)
-    throw std::runtime_error("checkpoint: " + latest.string() + " does not name a checkpoint file");
-  const auto path = dir / name;
-  if (!std::filesystem::exists(path, ec))
-    throw std::runtime_error("checkpoint: " + latest.string() + " names " + path.string() + ", which is missing");
-  return path;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code tec;
+    if (it->symlink_status(tec).type() != std::filesystem::file_type::regular) continue;
+    const bool temporary = (name.rfind("ckpt-", 0) == 0 && name.find(".tmp.") != std::string::npos) ||
+                           name.rfind("latest.tmp.", 0) == 0;
+    const bool stale = latest_ok && latest && is_mid_epoch_checkpoint_name(name) && name != *latest;
+    if (!temporary && !stale) continue;
+    if (::unlink(it->path().c_str()) == 0) removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 // The first difference between two spec texts ("a;b;c" lists), for a mismatch message.
