@@ -27,3 +27,19 @@ def oracle():
 @pytest.fixture
 def skyforge_bin():
     return _tool("SKYFORGE_BIN")
+
+
+def processes_of(pattern, tmpdir):
+    """The pids of processes whose command line matches `pattern` (pgrep -f) and whose $TMPDIR is
+    `tmpdir`: this test's own, not those of other tests sharing the machine."""
+    pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+    mine = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours to read
+        if f"TMPDIR={tmpdir}".encode() in env:
+            mine.append(pid)
+    return mine

@@ -13,6 +13,7 @@ joblib = pytest.importorskip("joblib")
 from joblib import Parallel, delayed  # noqa: E402
 
 import skyforge  # noqa: E402
+from conftest import processes_of  # noqa: E402
 
 JOBLIB = tuple(int(x) for x in joblib.__version__.split(".")[:2])
 
@@ -146,7 +147,7 @@ def test_leaving_the_block_leaves_no_process(pool_env):
     time.sleep(0.2)
     alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
     assert not alive, f"worker processes {alive} outlived the pool"
-    out = subprocess.run(["pgrep", "-f", "skyforge._node"], capture_output=True, text=True).stdout.split()
+    out = processes_of("skyforge._node", pool_env)
     assert not out, f"node agents still running: {out}"
 
 
@@ -191,5 +192,5 @@ def test_ctrl_c_in_the_block_tears_the_pool_down(pool_env, tmp_path):
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
     assert took < 20, f"the teardown took {took:.1f} s"
     time.sleep(0.3)
-    left = subprocess.run(["pgrep", "-f", "skyforge._node|skyforge-worker"], capture_output=True, text=True).stdout.split()
+    left = processes_of("skyforge._node|skyforge-worker", pool_env)
     assert not left, f"processes left behind: {left}"

@@ -22,9 +22,20 @@ joblib = pytest.importorskip("joblib")
 from joblib import Parallel, delayed  # noqa: E402
 
 import skyforge  # noqa: E402
-from skyforge import _pool  # noqa: E402
+from skyforge import _pool, _wire  # noqa: E402
+from conftest import processes_of  # noqa: E402
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(skyforge.__file__))
+
+
+@pytest.fixture
+def tls_identity(skyforge_bin, tmp_path):
+    """A pool's TLS server context and the certificate its nodes pin, as Pool.start makes them."""
+    where = tmp_path / "tls"
+    where.mkdir(mode=0o700)
+    subprocess.run([skyforge_bin, "tls-identity", str(where)], check=True)
+    from skyforge._tls import server_context
+    return server_context(str(where / "cert.pem"), str(where / "key.pem")), (where / "cert.pem").read_text()
 
 
 @pytest.fixture
@@ -72,12 +83,11 @@ def squares_work():
 # ---- item 4: the pool's port --------------------------------------------------------------
 
 def test_silent_and_wrong_key_peers_do_not_stop_the_start_and_are_reported(pool_env, monkeypatch, capsys):
-    from multiprocessing.connection import Client
     peers, threads = [], []
 
-    def wrong_key(port):
-        try:
-            Client(("127.0.0.1", port), authkey=b"not the pool's key")
+    def wrong_key(port, cert):
+        try:  # TLS to the pool's pinned certificate, then the wrong key inside it
+            _wire.connect(("127.0.0.1", port), b"not the pool's key", cert, timeout=5)
         except Exception:  # noqa: BLE001 - refused, as it should be
             pass
 
@@ -87,7 +97,8 @@ def test_silent_and_wrong_key_peers_do_not_stop_the_start_and_are_reported(pool_
         port = (kw.get("env") or {}).get("SKYFORGE_PY_PORT")
         if port:  # the pool's port is open: three silent peers and one with a wrong key come first
             peers.extend(socket.create_connection(("127.0.0.1", int(port))) for _ in range(3))
-            threads.append(threading.Thread(target=wrong_key, args=(int(port),), daemon=True))
+            threads.append(threading.Thread(target=wrong_key, args=(int(port), kw["env"]["SKYFORGE_PY_CERT"]),
+                                            daemon=True))
             threads[-1].start()
             threads[-1].join(3)
         return real_popen(args, **kw)
@@ -109,15 +120,15 @@ def test_silent_and_wrong_key_peers_do_not_stop_the_start_and_are_reported(pool_
     assert "skyforge pool: refused 4 connections to its port" in err and "(wrong key)" in err, err
 
 
-def test_a_silent_peer_is_dropped_after_the_deadline(monkeypatch):
+def test_a_silent_peer_is_dropped_after_the_deadline(monkeypatch, tls_identity):
     # The pool waits for its nodes; a peer that says nothing is dropped once AUTH_TIMEOUT passes.
     monkeypatch.setattr(_pool, "AUTH_TIMEOUT", 1.0, raising=False)
-    gate = _pool._Gate("127.0.0.1", b"k" * 32, 1.0)
+    gate = _pool._Gate("127.0.0.1", b"k" * 32, tls_identity[0], 1.0)
     try:
         silent = socket.create_connection(gate.address)
         silent.settimeout(5)
         t0 = time.monotonic()
-        data = silent.recv(4096)  # the challenge
+        data = silent.recv(4096)  # nothing: TLS waits for the client's hello ...
         while data:
             data = silent.recv(4096)  # ... then the end, from the pool's side
         took = time.monotonic() - t0
@@ -277,7 +288,7 @@ def test_ctrl_c_while_the_pool_closes_leaves_nothing(pool_env, tmp_path):
     time.sleep(0.3)
     assert not _alive(run_pid), "`skyforge run` outlived its caller"
     assert not os.path.exists(pool_dir), f"{pool_dir} left behind"
-    left = subprocess.run(["pgrep", "-f", "skyforge._node"], capture_output=True, text=True).stdout.split()
+    left = processes_of("skyforge._node|skyforge-worker", pool_env)
     assert not left, f"node agents left behind: {left}"
 
 
@@ -370,3 +381,93 @@ def test_closing_with_results_in_flight_prints_no_traceback(pool_env, monkeypatc
                 assert "closed" in str(f.exception())
     time.sleep(0.2)
     assert not errors, f"a thread died with {errors!r}"
+
+
+# ---- item 2: nothing in cleartext on the pool's connections ----------------------------------
+
+class _Relay:
+    """A TCP relay on loopback that keeps every byte it passes, both ways."""
+
+    def __init__(self, target):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = self.sock.getsockname()
+        self.seen = bytearray()
+        self.thread = threading.Thread(target=self._run, args=(target,), daemon=True)
+        self.thread.start()
+
+    def _run(self, target):
+        import select
+        client, _ = self.sock.accept()
+        upstream = socket.create_connection(target)
+        ends = {client: upstream, upstream: client}
+        while True:
+            readable, _, _ = select.select(list(ends), [], [], 5)
+            if not readable:
+                break
+            for s in readable:
+                data = s.recv(65536)
+                if not data:
+                    for e in ends:
+                        e.close()
+                    return
+                self.seen += data
+                ends[s].sendall(data)
+
+
+def test_the_pools_connections_are_tls_and_carry_nothing_in_the_clear(tls_identity):
+    tls, cert = tls_identity
+    key = os.urandom(32)
+    gate = _pool._Gate("127.0.0.1", key, tls, 5.0)
+    relay = _Relay(gate.address)
+    try:
+        conn = _wire.connect(relay.address, key, cert, timeout=5)
+        secret = b"task-payload-3f9a1c-a secret argument"
+        conn.send_bytes(_wire.control_frame(("hello", 0, 1, os.getpid())))
+        node_conn, hello, _ = gate.ready.get(timeout=5)
+        assert hello == ("hello", 0, 1, os.getpid())
+        conn.send_bytes(secret)
+        assert node_conn.recv_bytes() == secret
+        node_conn.send_bytes(b"result-77e2-" + secret)
+        assert conn.recv_bytes() == b"result-77e2-" + secret
+        conn.close()
+        node_conn.close()
+        relay.thread.join(5)
+        wire = bytes(relay.seen)
+        assert b"3f9a1c" not in wire and b"77e2" not in wire and key not in wire
+        assert b"#CHALLENGE#" not in wire and b"hello" not in wire  # the key's handshake is inside TLS too
+        assert wire[:3] == b"\x16\x03\x01"  # a TLS handshake record opens it
+    finally:
+        gate.close()
+
+
+def test_a_node_refuses_a_pool_with_another_certificate(tls_identity, skyforge_bin, tmp_path):
+    tls, _ = tls_identity
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    subprocess.run([skyforge_bin, "tls-identity", str(other)], check=True)
+    key = os.urandom(32)
+    gate = _pool._Gate("127.0.0.1", key, tls, 5.0)
+    try:
+        import ssl
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _wire.connect(gate.address, key, (other / "cert.pem").read_text(), timeout=5)
+    finally:
+        gate.close()
+
+
+def test_a_peer_without_tls_is_refused_even_with_the_key(tls_identity):
+    from multiprocessing.connection import Client
+    tls, _ = tls_identity
+    key = os.urandom(32)
+    gate = _pool._Gate("127.0.0.1", key, tls, 5.0)
+    try:
+        with pytest.raises(Exception):
+            Client(gate.address, authkey=key)  # the right key, in the clear
+        for _ in range(300):
+            if gate.refused:
+                break
+            time.sleep(0.01)
+        assert len(gate.refused) == 1 and gate.refused[0][1].startswith("TLS handshake failed"), gate.refused
+        assert gate.ready.empty()
+    finally:
+        gate.close()
