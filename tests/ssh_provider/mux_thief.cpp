@@ -4,7 +4,9 @@
 // one shows up (the master's command line is public, and ssh binds the path only once it has
 // authenticated), binds unix sockets of its own where a client would look:
 //   - the path itself, and its siblings h0..h7 (the private directory of today's provider);
-//   - "<prefix>-h0".."<prefix>-h7" for a path ending in "-h<digit>" (the old predictable name).
+//   - "<prefix>-h0".."<prefix>-h7" for a path ending in "-h<digit>", and
+//     "<watch_dir>/skyforge-ssh-<pool>-h0..7" once a pool id shows on a command line (the old
+//     predictable names).
 // Each client that connects is answered as an OpenSSH master would (the mux hello), and what it
 // sends — its request and the descriptors it passes (its stdin among them) — is read: the
 // session's input, the pool secret with it, were it ever connected.
@@ -94,7 +96,9 @@ void serve(int c, std::string& data, std::vector<int>& fds, int ms) {
   }
 }
 
-std::vector<std::string> control_paths(const std::string& watch) {
+// What the command lines show: ControlPath=<path> under `watch`, and the pool ids of the node
+// sessions' remote directories (".../pools/'<12 hex digits>'/...") into `pools`.
+std::vector<std::string> control_paths(const std::string& watch, std::set<std::string>& pools) {
   std::vector<std::string> out;
   DIR* d = ::opendir("/proc");
   if (!d) return out;
@@ -110,6 +114,12 @@ std::vector<std::string> control_paths(const std::string& watch) {
       at += 12;
       std::string p = cmd.substr(at, cmd.find('\0', at) - at);
       if (p.rfind(watch + "/", 0) == 0) out.push_back(p);
+    }
+    for (size_t at = 0; (at = cmd.find("/pools/", at)) != std::string::npos;) {
+      at += 7;
+      size_t b = at + (at < cmd.size() && cmd[at] == '\'' ? 1 : 0), e = b;
+      while (e < cmd.size() && std::isxdigit(static_cast<unsigned char>(cmd[e]))) ++e;
+      if (e - b == 12) pools.insert(cmd.substr(b, 12));
     }
   }
   ::closedir(d);
@@ -153,8 +163,9 @@ int main(int argc, char** argv) {
       report("denied " + path + " " + std::strerror(-s));
     }
   };
+  std::set<std::string> pools;
   while (!stop) {
-    for (const auto& p : control_paths(watch)) {
+    for (const auto& p : control_paths(watch, pools)) {
       if (!seen.insert(p).second) continue;
       report("seen " + p);
       attempt(p);
@@ -163,6 +174,9 @@ int main(int argc, char** argv) {
       if (p.size() > 3 && p[p.size() - 3] == '-' && p[p.size() - 2] == 'h' && std::isdigit(static_cast<unsigned char>(p.back())))
         for (int i = 0; i < 8; ++i) attempt(p.substr(0, p.size() - 1) + std::to_string(i));
     }
+    // The old predictable names, $TMPDIR/skyforge-ssh-<pool>-h<i>, once a pool id shows.
+    for (const auto& id : pools)
+      for (int i = 0; i < 8; ++i) attempt(watch + "/skyforge-ssh-" + id + "-h" + std::to_string(i));
     for (auto& l : mine) {
       int c = ::accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) continue;

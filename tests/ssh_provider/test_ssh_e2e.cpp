@@ -249,11 +249,12 @@ TEST_F(SshE2E, ThePoolSecretNeverAppearsOnACommandLine) {
 }
 
 // Another local user races for the ControlMaster sockets (issue 33): a process of `nobody`
-// (mux_thief.cpp) watches the masters' command lines and binds unix sockets where a client of
-// the provider would look, in a TMPDIR as usual (1777). The sockets live in a private directory
-// (0700, ours), so it can bind none of them, and nothing of the run ever connects to it: the run
-// works, and neither the sessions' input nor the pool secret reach it. (The old names,
-// $TMPDIR/skyforge-ssh-<pool>-h<i>, it bound before the masters did, and took the sessions.)
+// (mux_thief.cpp) watches the command lines and binds unix sockets where a client of the
+// provider would look, in a TMPDIR as usual (1777): in the masters' directory, and the old
+// predictable names $TMPDIR/skyforge-ssh-<pool>-h<i>. The sockets live in a private directory
+// (0700, ours), so it can bind none of those, the old names are never looked at, and nothing of
+// the run ever connects to it: the run works, and neither the sessions' input nor the pool
+// secret reach it. (Before, it bound the old names before the masters did and took the sessions.)
 TEST_F(SshE2E, AnotherUserCannotTakeTheControlSockets) {
   const passwd* nobody = ::getpwnam("nobody");
   ASSERT_NE(nobody, nullptr) << "no user `nobody` here";
@@ -282,8 +283,10 @@ TEST_F(SshE2E, AnotherUserCannotTakeTheControlSockets) {
   EXPECT_EQ(hosts.size(), 2u) << r;
   EXPECT_TRUE(std::regex_search(r, std::regex("denied " + tmp_.string() + "/skyforge-ssh-[A-Za-z0-9]{6}/h0 Permission denied")))
       << r;
-  // ...but bound nothing there, and nothing connected to it.
-  EXPECT_EQ(r.find("bound "), std::string::npos) << r;
+  // ...and held the old predictable names once the pool's id showed (the sessions' command lines)...
+  EXPECT_TRUE(std::regex_search(r, std::regex("bound " + tmp_.string() + "/skyforge-ssh-[0-9a-f]{12}-h0\n"))) << r;
+  // ...but bound nothing in the run's directory, and nothing connected to it.
+  EXPECT_FALSE(std::regex_search(r, std::regex("bound " + tmp_.string() + "/skyforge-ssh-[A-Za-z0-9]{6}/"))) << r;
   EXPECT_EQ(r.find("connected "), std::string::npos) << r;
   EXPECT_EQ(r.find("stole "), std::string::npos) << r;
   EXPECT_EQ(r.find("secret"), std::string::npos) << r;
