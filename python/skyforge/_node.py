@@ -105,8 +105,9 @@ def main() -> int:
     slots = max(1, int(os.environ.get("SKYFORGE_CONCURRENCY", "1")))
     address = (os.environ["SKYFORGE_CLIENT_ADDR"], int(os.environ["SKYFORGE_PY_PORT"]))
     key = bytes.fromhex(os.environ.pop("SKYFORGE_PY_KEY"))
+    cert = os.environ.pop("SKYFORGE_PY_CERT")
     try:
-        conn = connect(address, key, timeout=30)
+        conn = connect(address, key, cert, timeout=30)
     except Exception as e:  # noqa: BLE001 - said in the job's output: the caller shows it
         print(f"skyforge pool node {node}: cannot connect to the caller at {address[0]}:{address[1]}: "
               f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)

@@ -1,11 +1,13 @@
 """A pool of Python worker processes on skyforge nodes, held for a `with` block (docs/python.md).
 
 Pool.start() runs `skyforge run` on a manifest whose job is the node agent (skyforge._node) on
-every node, and waits until every node has connected back — over TCP, authenticated with a key
-made for this pool (multiprocessing.connection's HMAC challenge-response, both ways, before any
-byte is unpickled), each connection on a thread of its own within AUTH_TIMEOUT seconds, so a
-peer that connects and says nothing costs the pool nothing. The key reaches the nodes through
-`skyforge run --env` (the job's environment): never a command line, a file or a log.
+every node, and waits until every node has connected back — over TLS 1.3 to this pool's own
+pinned certificate (_tls.py), authenticated inside it with a key made for this pool
+(multiprocessing.connection's HMAC challenge-response, both ways, before any byte is
+unpickled), each connection on a thread of its own within AUTH_TIMEOUT seconds, so a peer that
+connects and says nothing costs the pool nothing. The key and the certificate reach the nodes
+through `skyforge run --env` (the job's environment, on skyforge's sealed control plane): never
+a command line, a file or a log.
 Pool.close() — on leaving the block normally, on an exception, on Ctrl-C — says bye to every
 node, lets `skyforge run` tear the pool down, and interrupts it (its own graceful teardown) or
 kills it if it does not finish; a Ctrl-C while it waits is passed on to `skyforge run`, and the
@@ -21,6 +23,7 @@ import select
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -30,6 +33,7 @@ import time
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ._tls import server_context
 from ._wire import ErrorReport, accept_connection, control_frame, parse_control, parse_done, task_frame
 
 # A connection to the pool's port has this long to prove the key and say hello.
@@ -130,11 +134,11 @@ class _Gate:
     key and says hello on a thread of its own within `timeout` seconds, or is dropped. Nodes that
     said hello wait in `ready`; every refused peer is kept with the reason (`refused`)."""
 
-    def __init__(self, host: str, key: bytes, timeout: float):
+    def __init__(self, host: str, key: bytes, tls: ssl.SSLContext, timeout: float):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, 0), family=family, backlog=128)
         self.address: Tuple[str, int] = self.sock.getsockname()[:2]
-        self.key, self.timeout = key, timeout
+        self.key, self.tls, self.timeout = key, tls, timeout
         self.ready: "queue.SimpleQueue" = queue.SimpleQueue()  # (conn, hello, peer)
         self.refused: List[Tuple[str, str]] = []
         self._pending: Dict[socket.socket, Tuple[float, str]] = {}  # socket -> (deadline, peer)
@@ -187,7 +191,7 @@ class _Gate:
     def _handshake(self, s: socket.socket, peer: str) -> None:
         conn = None
         try:
-            conn = accept_connection(s, self.key)
+            conn = accept_connection(s, self.key, self.tls, self.timeout)
             frame = conn.recv_bytes(4096)
             hello = parse_control(frame)
             if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello"
@@ -195,12 +199,15 @@ class _Gate:
                 raise ValueError(f"its first message was not a hello: {str(hello)[:80]!r}")
         except BaseException as e:  # noqa: BLE001 - anything a peer does ends here, never in the pool
             with self._lock:
-                late = s in self._expired or self._closed
+                # (a TLS handshake that timed out ran into the same deadline)
+                late = s in self._expired or self._closed or isinstance(e, TimeoutError)
             if late:
                 why = (f"did not prove the key and say hello within {self.timeout:g} s" if not self._closed
                        else "still authenticating when the pool came up")
             elif type(e).__name__ == "AuthenticationError":
                 why = "wrong key"
+            elif isinstance(e, ssl.SSLError):
+                why = f"TLS handshake failed: {e.reason or e}"[:200]
             elif isinstance(e, EOFError):
                 why = "closed the connection before proving the key"
             else:
@@ -368,19 +375,22 @@ class Pool:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         key = secrets.token_bytes(32)
+        tls, cert_pem = self._tls_identity()
         host = self._bind_address()
         try:
-            gate = _Gate(host, key, AUTH_TIMEOUT)
+            gate = _Gate(host, key, tls, AUTH_TIMEOUT)
         except OSError as e:
             raise PoolError(f"cannot listen for the pool's nodes on {host}: {e.strerror or e}"
                             + ("" if self.listen else " (give listen=ADDRESS)")) from None
         self.address = gate.address
         try:
-            env = dict(os.environ, SKYFORGE_PY_PORT=str(gate.address[1]), SKYFORGE_PY_KEY=key.hex())
+            env = dict(os.environ, SKYFORGE_PY_PORT=str(gate.address[1]), SKYFORGE_PY_KEY=key.hex(),
+                       SKYFORGE_PY_CERT=cert_pem)
             # The nodes import this package (and what its callers' tasks import) as this process does.
             here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             env["PYTHONPATH"] = os.pathsep.join([here] + [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)])
-            args = [self.binary, "run", "--env", "SKYFORGE_PY_PORT", "--env", "SKYFORGE_PY_KEY", "--env", "PYTHONPATH"]
+            args = [self.binary, "run", "--env", "SKYFORGE_PY_PORT", "--env", "SKYFORGE_PY_KEY", "--env", "SKYFORGE_PY_CERT",
+                    "--env", "PYTHONPATH"]
             if self.verbose:
                 args.append("-v")
             self._proc = subprocess.Popen(args + [self._job_file], env=env, stdout=subprocess.PIPE,
@@ -396,6 +406,25 @@ class Pool:
             sys.stderr.write(report + "\n")
         os.unlink(self._job_file)
         self._job_file = None
+
+    def _tls_identity(self) -> Tuple[ssl.SSLContext, str]:
+        """The pool's TLS server context and the certificate its nodes pin: a fresh key and
+        self-signed certificate from `skyforge tls-identity` in the pool's private directory;
+        the key file is gone once the context holds the key."""
+        where = os.path.join(self._dir, "tls")
+        os.mkdir(where, 0o700)
+        made = subprocess.run([self.binary, "tls-identity", where], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        if made.returncode != 0:
+            raise PoolError("cannot make the pool's TLS identity: "
+                            + made.stdout.decode("utf-8", errors="replace").strip())
+        cert, key = os.path.join(where, "cert.pem"), os.path.join(where, "key.pem")
+        try:
+            tls = server_context(cert, key)
+        finally:
+            os.unlink(key)
+        with open(cert, encoding="ascii") as f:
+            return tls, f.read()
 
     def _relay_output(self) -> None:
         """`skyforge run`'s output, line by line, to this process's stdout/stderr, for as long as

@@ -1,8 +1,9 @@
 """What the pieces of a Python pool say to each other (docs/python.md, "How it works").
 
-Client <-> node agent: multiprocessing.connection over TCP, authenticated with the pool's key
-(HMAC challenge-response both ways before any message is unpickled: accept_connection() and
-connect(), the one place a connection is set up); agent <-> slot worker: a multiprocessing Pipe. Every message is one frame (send_bytes), its first byte its kind:
+Client <-> node agent: TLS 1.3 over TCP, the caller's certificate pinned by the nodes (_tls.py),
+and inside it the pool's key proven both ways (multiprocessing.connection's HMAC
+challenge-response) before any message is unpickled: accept_connection() and connect(), the one
+place a connection is set up; agent <-> slot worker: a multiprocessing Pipe. Every message is one frame (send_bytes), its first byte its kind:
 
   T task_id:u64 payload          client -> agent -> slot: a cloudpickled callable to run. The
                                  agent relays the frame as it came, without unpickling it.
@@ -21,8 +22,11 @@ import pickle
 import socket
 import struct
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+import ssl
+from multiprocessing.connection import answer_challenge, deliver_challenge
 from typing import Any, Callable, Dict, Optional, Tuple
+
+from ._tls import TlsConnection, client_context
 
 try:  # the PyPI package, as loky uses it; joblib vendors the same module
     import cloudpickle
@@ -36,14 +40,15 @@ _TASK = struct.Struct("<cQ")
 _DONE = struct.Struct("<cQIB")
 
 
-# ---- connection setup: both ends, in one place (a TLS layer would wrap these two) ------------
+# ---- connection setup: both ends, in one place ------------------------------------------------
 
-def accept_connection(sock: socket.socket, key: bytes) -> Connection:
-    """A socket the pool's listener accepted, authenticated: the node proves the key, then the
-    pool does (multiprocessing.connection's HMAC challenge-response, as Listener.accept() does).
-    Blocks; the caller bounds it by shutting `sock` down (it keeps `sock`, the Connection holds a
-    duplicate of its descriptor). Raises AuthenticationError, EOFError or OSError."""
-    conn = Connection(os.dup(sock.fileno()))
+def accept_connection(sock: socket.socket, key: bytes, tls: ssl.SSLContext, timeout: float) -> TlsConnection:
+    """A socket the pool's listener accepted: TLS 1.3 with the pool's certificate (_tls.py),
+    then, inside it, the node proves the key and the pool does (multiprocessing.connection's HMAC
+    challenge-response, as Listener.accept() does). Blocks; the caller bounds it by shutting
+    `sock` down (it keeps `sock`, the connection holds a duplicate of its descriptor). Raises
+    ssl.SSLError, AuthenticationError, EOFError, TimeoutError or OSError."""
+    conn = TlsConnection(socket.socket(fileno=os.dup(sock.fileno())), tls, server_side=True, timeout=timeout)
     try:
         deliver_challenge(conn, key)
         answer_challenge(conn, key)
@@ -53,27 +58,20 @@ def accept_connection(sock: socket.socket, key: bytes) -> Connection:
     return conn
 
 
-def connect(address: Tuple[str, int], key: bytes, timeout: float) -> Connection:
-    """A node agent's connection to the pool (the other side of accept_connection), within
-    `timeout` seconds for the TCP connect and the handshake together."""
+def connect(address: Tuple[str, int], key: bytes, cert_pem: str, timeout: float) -> TlsConnection:
+    """A node agent's connection to the pool (the other side of accept_connection): TLS 1.3 to a
+    peer holding the pool's certificate and no other, then the key both ways, within `timeout`
+    seconds for each of the TCP connect, the TLS handshake and the key's."""
     sock = socket.create_connection(address, timeout=timeout)
+    conn = TlsConnection(sock, client_context(cert_pem), server_side=False, timeout=timeout)
     try:
-        # The handshake's reads go through os.read (Connection): a receive timeout on the socket
-        # bounds them without making the descriptor non-blocking.
-        sock.setblocking(True)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(timeout), 0))
-        conn = Connection(sock.detach())
-    finally:
-        sock.close()
-    try:
+        conn.settimeout(timeout)
         answer_challenge(conn, key)
         deliver_challenge(conn, key)
+        conn.settimeout(None)  # no limit from now on
     except BaseException:
         conn.close()
         raise
-    fd = socket.socket(fileno=os.dup(conn.fileno()))
-    fd.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))  # no limit from now on
-    fd.close()
     return conn
 
 
