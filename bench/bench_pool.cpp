@@ -2,10 +2,11 @@
 // local provider, with joblib (loky, n_jobs=2) measured in the same run as the peer for
 // map throughput.
 //
-//   build/bin/bench_pool [--runs N] [--tasks N] [--baseline OTHER_SKYFORGE [--rounds N]]
+//   build/bin/bench_pool [--runs N] [--tasks N] [--no-grid] [--baseline OTHER_SKYFORGE [--rounds N]]
 //
-// --baseline: the map throughput again, alternating this build's `skyforge` with another one
-// (an older build: what a change costs), `--rounds` times each (default 5), medians compared.
+// --baseline: the round trip and the map throughput again, alternating this build's `skyforge`
+// with another one (an older build: what a change costs), `--rounds` times each (default 5),
+// medians compared.
 //
 // Figures:
 //   startup    `skyforge run` start -> all 8 workers ready (plugins loaded, hooks entered)
@@ -138,12 +139,19 @@ int main(int argc, char** argv) {
   int runs = 10, rounds = 5;
   long tasks = 100000;
   std::string baseline;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool grid = true;
+  for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--no-grid") {
+      grid = false;
+      continue;
+    }
+    if (i + 1 >= argc) break;
     if (a == "--runs") runs = std::atoi(argv[i + 1]);
     else if (a == "--tasks") tasks = std::atol(argv[i + 1]);
     else if (a == "--baseline") baseline = argv[i + 1];
     else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
+    ++i;
   }
   try {
     Bench b;
@@ -195,7 +203,9 @@ int main(int argc, char** argv) {
     }
 
     // 4. grid search: 12 fits on 2 nodes vs the same 12 one after another on 1 node
-    if (::access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) == 0) {
+    if (!grid) {
+      std::printf("grid search: skipped (--no-grid)\n");
+    } else if (::access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) == 0) {
       auto grid = [&](int nodes) {
         return b.manifest("grid" + std::to_string(nodes) + ".toml",
                           "[pool]\nnodes = " + std::to_string(nodes) +
@@ -222,19 +232,27 @@ int main(int argc, char** argv) {
       std::printf("grid search: skipped (no /usr/share/datasets/fashion-mnist: apt-get install dataset-fashion-mnist)\n");
     }
 
-    // 5. the same map, this build against another one, alternating
+    // 5. the same round trip and map, this build against another one, alternating
     if (!baseline.empty()) {
-      std::vector<double> mine, theirs;
+      std::vector<double> mine, theirs, rtt_mine, rtt_theirs;
       for (int r = 0; r < rounds; ++r)
         for (int which = 0; which < 2; ++which) {
-          Output out = b.skyforge({"run", "--timings", "--quiet-results", m2.string()}, which ? baseline : SKYFORGE_BIN);
-          Timings tt = parse_timings(out.err);
+          const std::string& bin = which ? baseline : std::string(SKYFORGE_BIN);
+          Timings tt = parse_timings(b.skyforge({"run", "--timings", "--quiet-results", m2.string()}, bin).err);
           (which ? theirs : mine).push_back(tasks / ((tt.get("ran") - tt.get("ready")) / 1000.0));
+          Timings tr = parse_timings(
+              b.skyforge({"run", "--timings", "--quiet-results", "--pipeline", "1", m1.string()}, bin).err);
+          (which ? rtt_theirs : rtt_mine).push_back(tr.get("batch_rtt_p50_us"));
         }
       std::printf("map throughput, this build vs %s, %ld empty tasks over 2 nodes, %d alternating rounds: "
                   "median %.0f vs %.0f tasks/s (this/baseline = %.2f; this build's range %.0f-%.0f, baseline's %.0f-%.0f)\n",
                   baseline.c_str(), tasks, rounds, pct(mine, 0.5), pct(theirs, 0.5), pct(mine, 0.5) / pct(theirs, 0.5),
                   pct(mine, 0), pct(mine, 1), pct(theirs, 0), pct(theirs, 1));
+      std::printf("empty task round trip p50, this build vs %s, 1 node, batch 1, 1 in flight, %d alternating rounds: "
+                  "median %.1f vs %.1f us (this/baseline = %.2f; this build's range %.1f-%.1f, baseline's %.1f-%.1f)\n",
+                  baseline.c_str(), rounds, pct(rtt_mine, 0.5), pct(rtt_theirs, 0.5),
+                  pct(rtt_mine, 0.5) / pct(rtt_theirs, 0.5), pct(rtt_mine, 0), pct(rtt_mine, 1), pct(rtt_theirs, 0),
+                  pct(rtt_theirs, 1));
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_pool: %s\n", e.what());
