@@ -195,7 +195,7 @@ class RawPeer {
       if (!plain) return std::nullopt;
       auto hdr = skyforge::net::decode_header(plain->data(), skyforge::net::kDefaultMaxFrame);
       if (hdr.type == skyforge::msg::Type::Heartbeat) continue;
-      return skyforge::net::Frame{hdr.type, plain->substr(skyforge::net::kHeaderSize)};
+      return skyforge::net::Frame{hdr.type, std::string(plain->substr(skyforge::net::kHeaderSize))};
     }
   }
 

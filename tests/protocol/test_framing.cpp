@@ -102,7 +102,7 @@ TEST(Framing, RejectsUnsupportedVersionQuotingBoth) {
 }
 
 TEST(Framing, RejectsUnknownType) {
-  for (uint16_t t : {0, 4, 9, 20, 29, 34, 999, 65535}) {
+  for (uint16_t t : {0, 4, 9, 21, 29, 34, 999, 65535}) {
     FrameDecoder d;
     const std::string h = header(kMagic, kProtocolVersion, t, 0);
     d.feed(h.data(), h.size());

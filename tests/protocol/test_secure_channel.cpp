@@ -71,13 +71,15 @@ TEST(SecureChannel, RecordsRoundTripFedByteByByte) {
   RecordSealer seal(p.client.send_key, p.client.send_iv);
   RecordOpener open(p.server.recv_key, p.server.recv_iv, 1 << 20);
   std::string wire;
-  const std::vector<std::string> msgs = {"", "a", std::string(70000, 'x'), "last"};
+  std::vector<std::string> msgs = {"", "a", std::string(70000, 'x'), "last"};
   for (const auto& m : msgs) seal.seal(wire, m);
-  EXPECT_EQ(wire.size(), 4 * (kRecordHeaderSize + kRecordTagSize) + 1 + 70000 + 4);
+  seal.seal(wire, "he", "ad+body");  // sealed in two parts, opened as one
+  msgs.push_back("head+body");
+  EXPECT_EQ(wire.size(), 5 * (kRecordHeaderSize + kRecordTagSize) + 1 + 70000 + 4 + 9);
   std::vector<std::string> got;
   for (char c : wire) {
     open.feed(&c, 1);
-    while (auto r = open.next()) got.push_back(*r);
+    while (auto r = open.next()) got.emplace_back(*r);
   }
   EXPECT_EQ(got, msgs);
   EXPECT_NO_THROW(open.finish());
@@ -99,7 +101,7 @@ TEST(SecureChannel, TheLengthIsAuthenticated) {
   RecordSealer seal(p.client.send_key, p.client.send_iv);
   RecordOpener open(p.server.recv_key, p.server.recv_iv, 1 << 20);
   std::string wire;
-  seal.seal(wire, "0123456789");
+  seal.seal(wire, "01234", "56789");  // a header and a payload, as a connection seals a frame
   wire[0] = 9;  // claim one byte less: the tag is then read from the wrong place and fails
   open.feed(wire.data(), wire.size());
   EXPECT_THROW(open.next(), ProtocolError);

@@ -107,6 +107,7 @@ std::string endpoint_text(const tcp::endpoint& ep) {
 }
 
 constexpr size_t kChallengeSize = kNonceSize + kKeyShareSize;
+constexpr size_t kKeptOutboxCapacity = 256 * 1024;  // an idle connection keeps at most this much send buffer
 constexpr size_t kAuthReplySize = 4 + kNonceSize + kKeyShareSize + kMacSize;
 constexpr uint32_t kHandshakeMaxFrame = 256;
 
@@ -134,15 +135,22 @@ FrameHeader decode_header(const char* p, uint32_t max_frame) {
   return h;
 }
 
+namespace {
+std::array<char, kHeaderSize> frame_header(msg::Type type, size_t payload_size) {
+  if (payload_size > UINT32_MAX)
+    throw ProtocolError("frame too large: " + std::to_string(payload_size) + " bytes do not fit a frame");
+  std::array<char, kHeaderSize> h{};
+  put_u32(h.data(), kMagic);
+  put_u16(h.data() + 4, kProtocolVersion);
+  put_u16(h.data() + 6, static_cast<uint16_t>(type));
+  put_u32(h.data() + 8, static_cast<uint32_t>(payload_size));
+  return h;
+}
+}  // namespace
+
 void append_frame(std::string& out, msg::Type type, std::string_view payload) {
-  if (payload.size() > UINT32_MAX)
-    throw ProtocolError("frame too large: " + std::to_string(payload.size()) + " bytes do not fit a frame");
-  char h[kHeaderSize];
-  put_u32(h, kMagic);
-  put_u16(h + 4, kProtocolVersion);
-  put_u16(h + 6, static_cast<uint16_t>(type));
-  put_u32(h + 8, static_cast<uint32_t>(payload.size()));
-  out.append(h, kHeaderSize);
+  const auto h = frame_header(type, payload.size());
+  out.append(h.data(), h.size());
   out.append(payload.data(), payload.size());
 }
 
@@ -436,20 +444,23 @@ void Connection::send(msg::Type type, std::string payload) {
     std::lock_guard<std::mutex> lock(out_mu_);
     if (!accepting_) return;
     // Sealed under the lock, so records enter the outbox (and the socket) in their numbers' order.
-    std::string frame;
-    append_frame(frame, type, payload);
+    const auto header = frame_header(type, payload.size());
+    const std::string_view head(header.data(), header.size());
     if (!write_pending_ && outbox_.empty()) {
       // Fast path: no write in flight and nothing queued, so the record goes to the kernel from
       // the calling thread (non-blocking). This saves a wake-up of the io thread per frame,
       // which dominates the round trip of small task frames. Whatever the socket does not take
       // now, and any error, is left to the asynchronous path below.
-      std::string record;
-      sealer_.seal(record, frame);
-      ssize_t n = ::send(socket_.native_handle(), record.data(), record.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n == static_cast<ssize_t>(record.size())) return;
-      outbox_.assign(record, n > 0 ? static_cast<size_t>(n) : 0, std::string::npos);
+      sealer_.seal(outbox_, head, payload);  // the outbox is empty: sealed there, sent from there
+      ssize_t n = ::send(socket_.native_handle(), outbox_.data(), outbox_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n == static_cast<ssize_t>(outbox_.size())) {
+        if (outbox_.capacity() > kKeptOutboxCapacity) std::string().swap(outbox_);  // a big frame's buffer is not kept
+        else outbox_.clear();
+        return;
+      }
+      if (n > 0) outbox_.erase(0, static_cast<size_t>(n));
     } else {
-      sealer_.seal(outbox_, frame);
+      sealer_.seal(outbox_, head, payload);
     }
     queued = outbox_.size();
     if (queued > opts_.max_queued_bytes) {

@@ -18,6 +18,7 @@ namespace {
 
 constexpr size_t kKeySize = 32;
 constexpr size_t kIvSize = 12;
+constexpr size_t kKeptCapacity = 256 * 1024;  // an idle opener keeps at most this much buffer
 
 [[noreturn]] void crypto_failed(const char* what) {
   throw std::runtime_error(std::string("OpenSSL: ") + what + " failed");
@@ -192,24 +193,26 @@ RecordSealer::~RecordSealer() = default;
 RecordSealer::RecordSealer(RecordSealer&&) noexcept = default;
 RecordSealer& RecordSealer::operator=(RecordSealer&&) noexcept = default;
 
-void RecordSealer::seal(std::string& out, std::string_view plaintext) {
-  if (plaintext.size() > static_cast<size_t>(INT_MAX) || plaintext.size() > UINT32_MAX)
-    throw ProtocolError("record too large: " + std::to_string(plaintext.size()) + " bytes");
+void RecordSealer::seal(std::string& out, std::string_view head, std::string_view body) {
+  const size_t n = head.size() + body.size();
+  if (n > static_cast<size_t>(INT_MAX) || n > UINT32_MAX)
+    throw ProtocolError("record too large: " + std::to_string(n) + " bytes");
   if (seq_ == UINT64_MAX) throw ProtocolError("record sequence exhausted: the connection must end");
   const auto nonce = record_nonce(iv_, seq_++);
   const size_t at = out.size();
-  out.resize(at + kRecordHeaderSize + plaintext.size() + kRecordTagSize);
+  out.resize(at + kRecordHeaderSize + n + kRecordTagSize);
   char* hdr = out.data() + at;
-  put_u32(hdr, static_cast<uint32_t>(plaintext.size()));
+  put_u32(hdr, static_cast<uint32_t>(n));
   auto* ct = reinterpret_cast<unsigned char*>(hdr + kRecordHeaderSize);
   int len = 0;
   EVP_CIPHER_CTX* c = ctx_->c;
   if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce.data()) != 1 ||
       EVP_EncryptUpdate(c, nullptr, &len, reinterpret_cast<const unsigned char*>(hdr), kRecordHeaderSize) != 1 ||
-      (!plaintext.empty() &&
-       EVP_EncryptUpdate(c, ct, &len, bytes(plaintext), static_cast<int>(plaintext.size())) != 1) ||
-      EVP_EncryptFinal_ex(c, ct + plaintext.size(), &len) != 1 ||
-      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, kRecordTagSize, ct + plaintext.size()) != 1) {
+      (!head.empty() && EVP_EncryptUpdate(c, ct, &len, bytes(head), static_cast<int>(head.size())) != 1) ||
+      (!body.empty() &&
+       EVP_EncryptUpdate(c, ct + head.size(), &len, bytes(body), static_cast<int>(body.size())) != 1) ||
+      EVP_EncryptFinal_ex(c, ct + n, &len) != 1 ||
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, kRecordTagSize, ct + n) != 1) {
     out.resize(at);
     crypto_failed("ChaCha20-Poly1305 seal");
   }
@@ -234,6 +237,7 @@ void RecordOpener::feed(const char* data, size_t size) {
   if (pos_ > 0 && (pos_ == buf_.size() || pos_ >= buf_.size() / 2)) {
     buf_.erase(0, pos_);
     pos_ = 0;
+    if (buf_.empty() && buf_.capacity() > kKeptCapacity) std::string().swap(buf_);  // not kept for a big record
   }
   // Judge a pending length before buffering more than it: an oversized record is refused from
   // its 4 bytes.
@@ -255,11 +259,11 @@ void RecordOpener::feed(const char* data, size_t size) {
   buf_.append(data, size);
 }
 
-std::optional<std::string> RecordOpener::next() {
+std::optional<std::string_view> RecordOpener::next() {
   if (!error_.empty()) throw ProtocolError(error_);
   const size_t have = buf_.size() - pos_;
   if (have < kRecordHeaderSize) return std::nullopt;
-  const char* hdr = buf_.data() + pos_;
+  char* hdr = buf_.data() + pos_;
   const size_t n = get_u32(hdr);
   if (n > max_plaintext_) {  // a later record's length, checked here once the earlier ones are out
     error_ = "record too large: " + std::to_string(n) + " bytes exceed the limit of " + std::to_string(max_plaintext_) +
@@ -271,18 +275,19 @@ std::optional<std::string> RecordOpener::next() {
   const size_t total = kRecordHeaderSize + n + kRecordTagSize;
   if (have < total) return std::nullopt;
   const auto nonce = record_nonce(iv_, seq_);
-  std::string plain(n, '\0');
-  const auto* ct = reinterpret_cast<const unsigned char*>(hdr + kRecordHeaderSize);
+  // Opened in place: the plaintext takes the ciphertext's bytes (a stream cipher's output is
+  // the length of its input), so a record costs no allocation and no copy here.
+  auto* text = reinterpret_cast<unsigned char*>(hdr + kRecordHeaderSize);
   int len = 0;
   EVP_CIPHER_CTX* c = ctx_->c;
   const bool ok =
       EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce.data()) == 1 &&
       EVP_DecryptUpdate(c, nullptr, &len, reinterpret_cast<const unsigned char*>(hdr), kRecordHeaderSize) == 1 &&
-      (n == 0 || EVP_DecryptUpdate(c, bytes(plain), &len, ct, static_cast<int>(n)) == 1) &&
-      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, kRecordTagSize, const_cast<unsigned char*>(ct + n)) == 1 &&
-      EVP_DecryptFinal_ex(c, bytes(plain) + n, &len) == 1;
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, kRecordTagSize, text + n) == 1 &&
+      (n == 0 || EVP_DecryptUpdate(c, text, &len, text, static_cast<int>(n)) == 1) &&
+      EVP_DecryptFinal_ex(c, text + n, &len) == 1;
   if (!ok) {
-    OPENSSL_cleanse(plain.data(), plain.size());
+    OPENSSL_cleanse(text, n);
     error_ = "record " + std::to_string(seq_) +
              " failed authentication: altered, replayed, reordered or not sealed with this connection's key";
     buf_.clear();
@@ -291,12 +296,8 @@ std::optional<std::string> RecordOpener::next() {
     throw ProtocolError(error_);
   }
   ++seq_;
-  pos_ += total;
-  if (pos_ == buf_.size()) {
-    buf_.clear();
-    pos_ = 0;
-  }
-  return plain;
+  pos_ += total;  // the buffer is compacted by the next feed(), so the view stays valid until then
+  return std::string_view(reinterpret_cast<const char*>(text), n);
 }
 
 void RecordOpener::finish() {

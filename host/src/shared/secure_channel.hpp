@@ -80,8 +80,9 @@ class RecordSealer {
   RecordSealer(RecordSealer&&) noexcept;
   RecordSealer& operator=(RecordSealer&&) noexcept;
 
-  // Appends one record holding `plaintext` to `out`.
-  void seal(std::string& out, std::string_view plaintext);
+  // Appends one record holding `head` then `body` (a frame's header and its payload, sealed
+  // where they lie: the payload is not copied first) to `out`.
+  void seal(std::string& out, std::string_view head, std::string_view body = {});
   uint64_t records() const { return seq_; }
 
  private:
@@ -102,9 +103,10 @@ class RecordOpener {
   RecordOpener& operator=(RecordOpener&&) noexcept;
 
   void feed(const char* data, size_t size);
-  // The next record's plaintext, or nullopt if more bytes are needed. Throws ProtocolError
-  // ("record too large", "a record failed authentication ...").
-  std::optional<std::string> next();
+  // The next record's plaintext, or nullopt if more bytes are needed: a view into the opener's
+  // buffer (opened in place), valid until the next feed(). Throws ProtocolError ("record too
+  // large", "record N failed authentication ...").
+  std::optional<std::string_view> next();
   // At end of stream: throws ProtocolError ("truncated record: got X of Y bytes") if a partial
   // record is pending (or the sticky error).
   void finish();
