@@ -188,6 +188,15 @@ std::string make_control_dir(const std::string& parent) {
   if (dir.size() + 7 > kSocketPathRoom)  // "/h" and up to 5 digits
     throw Error("ssh provider: TMPDIR (" + parent + ") is too long for the control sockets' paths (at most " +
                 std::to_string(kSocketPathRoom - 27) + " characters): set a shorter TMPDIR");
+  // In a directory others may write without the sticky bit, another user could rename ours away
+  // and put one of theirs in its place between our check of a socket and ssh's connect to it.
+  struct stat ps {};
+  if (::stat(parent.c_str(), &ps) != 0)
+    throw Error("ssh provider: TMPDIR " + parent + ": " + std::strerror(errno));
+  if ((ps.st_mode & (S_IWGRP | S_IWOTH)) && !(ps.st_mode & S_ISVTX))
+    throw Error("ssh provider: TMPDIR " + parent + " is writable by other users and not sticky (mode 0" + std::to_string((ps.st_mode >> 6) & 7) +
+                std::to_string((ps.st_mode >> 3) & 7) + std::to_string(ps.st_mode & 7) +
+                "): another user could replace the control sockets' directory; use a private TMPDIR or a 1777 one");
   if (!::mkdtemp(dir.data()))
     throw Error("ssh provider: cannot make a private directory for the control sockets in " + parent + ": " +
                 std::strerror(errno));

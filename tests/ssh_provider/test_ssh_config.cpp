@@ -143,6 +143,19 @@ TEST_F(ControlSocketDir, IsMadePrivateAndTrustsOnlyOurOwnSocket) {
   EXPECT_EQ(c.problem, "");
 }
 
+TEST_F(ControlSocketDir, RefusesATmpdirOthersMayWriteWithoutTheStickyBit) {
+  ASSERT_EQ(::chmod(parent.c_str(), 0777), 0);
+  try {
+    make_control_dir(parent);
+    ADD_FAILURE() << "a 0777 TMPDIR was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("is writable by other users and not sticky (mode 0777)"), std::string::npos)
+        << e.what();
+  }
+  ASSERT_EQ(::chmod(parent.c_str(), 01777), 0);  // /tmp's mode: sticky, so only the owner renames
+  EXPECT_NO_THROW(make_control_dir(parent));
+}
+
 TEST_F(ControlSocketDir, RefusesASocketOfAnotherUserOrOpenToOthers) {
   const std::string dir = make_control_dir(parent);
   sockets.push_back(bind_socket(dir + "/h0", 0600));

@@ -98,7 +98,12 @@ void write_tls_identity(const std::filesystem::path& dir) {
   });
   const std::string cert_pem = pem([&](BIO* b) { return PEM_write_bio_X509(b, x.get()); });
   write_private(dir / "key.pem", key_pem);
-  write_private(dir / "cert.pem", cert_pem);
+  try {
+    write_private(dir / "cert.pem", cert_pem);
+  } catch (...) {
+    ::unlink((dir / "key.pem").c_str());  // no key is left without its certificate
+    throw;
+  }
 }
 
 }  // namespace skyforge
