@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <fstream>
 #include <set>
@@ -156,6 +157,13 @@ std::string remove_pool_state(const fs::path& state_root, const std::string& poo
   return "local state " + dir.string() + ": removed";
 }
 
+bool is_login_name(const std::string& name) {
+  if (name.empty() || name.size() > 32 || name[0] == '-' || name[0] == '.') return false;
+  for (unsigned char c : name)
+    if (!std::isalnum(c) && c != '_' && c != '.' && c != '-') return false;
+  return true;
+}
+
 std::chrono::seconds parse_duration(const std::string& text) {
   if (text.empty()) throw std::invalid_argument("empty duration");
   size_t used = 0;
@@ -223,6 +231,9 @@ AwsOptions AwsOptions::from(const Options& o) {
   }
   a.use_private_ip = o.get_bool("use_private_ip", false);
   a.ssh_user = o.get("ssh_user", "");
+  if (!a.ssh_user.empty() && !is_login_name(a.ssh_user))
+    throw invalid("option 'ssh_user': expected a login name (letters, digits, '_', '.', '-'; at most 32, not "
+                  "starting with '.' or '-'), got " + shown_tag(a.ssh_user));
   a.ssh_cidr = o.get("ssh_cidr", a.ssh_cidr);
   a.root_volume_gb = int(o.get_int("root_volume_gb", 0));
   if (a.root_volume_gb < 0 || a.root_volume_gb > 16384) throw invalid("option 'root_volume_gb': expected 0 to 16384");
@@ -296,26 +307,47 @@ std::vector<InstanceView> instances_of(const pugi::xml_document& doc) {
   return out;
 }
 
-std::string dead_man_user_data(std::chrono::seconds ttl) {
+std::string dead_man_user_data(std::chrono::seconds ttl, const std::string& user, const std::string& lease_file,
+                               int check_every_s) {
   // Runs once, as root, at first boot (cloud-init). Powers the machine off -- terminated, by
   // InstanceInitiatedShutdownBehavior -- when the lease file has not been touched for ttl
   // seconds: the worker touches it while it holds the host's lease and ages it to the epoch
   // the moment it loses it, so a lost host costs at most one check interval more.
+  //
+  // The lease is the login user's alone (the workers run as it): its directory 0700 and the file
+  // 0600, both owned by that user, so no other local user can keep a lost machine billing (touch)
+  // or power it off mid-job (age it). The file is made, chowned and chmodded while the directory
+  // is still root's 0700, and chown -h never follows a link: the user never gets a moment to plant
+  // a symlink that root would then chown. The check trusts the lease only as a regular file (not
+  // a symlink; lstat), owned by the user, neither group- nor world-writable, in a directory of the
+  // same kind; a lease it cannot trust counts as stale (powered off): an untrusted lease must
+  // never keep a machine alive, while powering off at worst ends a job the host sees as lost.
   std::ostringstream s;
   s << "#!/bin/sh\n"
        "# skyforge dead-man switch (docs/providers.md, \"aws: when the host dies\")\n"
-       "ttl=" << ttl.count() << "\n"
-       "lease=" << kLeaseFile << "\n"
-       "mkdir -p \"$(dirname \"$lease\")\" && chmod 1777 \"$(dirname \"$lease\")\"\n"
-       "touch \"$lease\" && chmod 666 \"$lease\"\n"
+       "umask 077\n"
        "nohup sh -c '\n"
-       "  while sleep 5; do\n"
-       "    now=$(date +%s); last=$(stat -c %Y \"$0\" 2>/dev/null || echo 0)\n"
-       "    if [ $((now - last)) -gt \"$1\" ]; then\n"
-       "      logger -t skyforge \"lease $0 untouched for more than $1 s: powering off\" 2>/dev/null\n"
-       "      exec poweroff\n"
-       "    fi\n"
-       "  done' \"$lease\" \"$ttl\" >/dev/null 2>&1 &\n";
+       "  ttl=$1 user=$2 lease=$3 every=$4 dir=$(dirname \"$3\") start=$(date +%s)\n"
+       "  off() { logger -t skyforge \"$1: powering off\" 2>/dev/null; exec poweroff; }\n"
+       "  # The login user: cloud-init makes it before user scripts run; an image of its own may later.\n"
+       "  until uid=$(id -u -- \"$user\" 2>/dev/null) && gid=$(id -g -- \"$user\" 2>/dev/null); do\n"
+       "    [ $(($(date +%s) - start)) -gt \"$ttl\" ] && off \"no user $user after $ttl s\"\n"
+       "    sleep \"$every\"\n"
+       "  done\n"
+       "  { [ -L \"$dir\" ] && rm -f -- \"$dir\"; mkdir -p -- \"$dir\" && chown -h 0:0 -- \"$dir\" && chmod 700 -- \"$dir\" &&\n"
+       "    rm -rf -- \"$lease\" && : > \"$lease\" && chown -h \"$uid:$gid\" -- \"$lease\" && chmod 600 -- \"$lease\" &&\n"
+       "    chown -h \"$uid:$gid\" -- \"$dir\"; } || off \"cannot make the lease $lease\"\n"
+       "  # Trusted: of this type (lstat: a symlink is not), owned by the user, not group/world-writable.\n"
+       "  ours() { want=$2; set -- $(stat -c \"%f %u\" -- \"$1\" 2>/dev/null) && [ \"$2\" = \"$uid\" ] &&\n"
+       "           [ $((0x$1 & 0xF000)) -eq $((want)) ] && [ $((0x$1 & 0022)) -eq 0 ]; }\n"
+       "  while sleep \"$every\"; do\n"
+       "    ours \"$dir\" 0x4000 || off \"lease directory $dir is not a directory of $user, writable by it alone\"\n"
+       "    ours \"$lease\" 0x8000 || off \"lease $lease is not a regular file of $user, writable by it alone\"\n"
+       "    now=$(date +%s); last=$(stat -c %Y -- \"$lease\" 2>/dev/null || echo 0)\n"
+       "    [ $((now - last)) -gt \"$ttl\" ] && off \"lease $lease untouched for more than $ttl s\"\n"
+       "  done' skyforge-dead-man "
+    << ttl.count() << ' ' << providers::shell_quote(user) << ' ' << providers::shell_quote(lease_file) << ' ' << check_every_s
+    << " >/dev/null 2>&1 &\n";
   return s.str();
 }
 
@@ -465,7 +497,7 @@ std::vector<InstanceView> Ec2Pool::run_instances(uint32_t n) {
   if (types.empty()) types.push_back("m6i.large");
   std::vector<std::string> subnets = opt_.subnets;
   if (subnets.empty()) subnets.push_back("");
-  const std::string user_data = base64(dead_man_user_data(opt_.ttl));
+  const std::string user_data = base64(dead_man_user_data(opt_.ttl, ssh_user_));
   std::string last_error;
   int attempt_no = 0;
   for (const auto& type : types) {

@@ -106,11 +106,17 @@ struct InstanceView {
 // Every instance `doc` (a DescribeInstances or RunInstances response) lists.
 std::vector<InstanceView> instances_of(const pugi::xml_document& doc);
 
+inline constexpr const char* kLeaseFile = "/run/skyforge/lease";
 // The user data of a pool's instances: the dead-man switch (a shell script cloud-init runs as
 // root at first boot). The node's worker keeps `lease_file` fresh while it holds the host's lease
-// (SKYFORGE_LEASE_FILE) and ages it to the epoch when it loses it.
-std::string dead_man_user_data(std::chrono::seconds ttl);
-inline constexpr const char* kLeaseFile = "/run/skyforge/lease";
+// (SKYFORGE_LEASE_FILE) and ages it to the epoch when it loses it. The lease file (0600) and its
+// directory (0700) belong to `user`, the login the workers run as; a lease that is not a regular
+// file of that user's, writable by it alone, counts as stale. Checked every `check_every_s`
+// seconds (tests run it for real with a shorter interval and a lease path of their own).
+std::string dead_man_user_data(std::chrono::seconds ttl, const std::string& user,
+                               const std::string& lease_file = kLeaseFile, int check_every_s = 5);
+// A login name the user data may name: [A-Za-z0-9_][A-Za-z0-9._-]*, at most 32 characters.
+bool is_login_name(const std::string& name);
 
 class Ec2Pool {
  public:

@@ -150,8 +150,8 @@ TEST_F(Ec2PoolTest, TheDeadManSwitchIsTheUserData) {
   ASSERT_GT(n, 0);
   decoded.resize(size_t(n));
   while (!decoded.empty() && decoded.back() == '\0') decoded.pop_back();
-  EXPECT_EQ(decoded, dead_man_user_data(std::chrono::hours(1)));
-  EXPECT_NE(decoded.find("ttl=3600"), std::string::npos);
+  EXPECT_EQ(decoded, dead_man_user_data(std::chrono::hours(1), "ubuntu")) << "the lease is the login user's";
+  EXPECT_NE(decoded.find("skyforge-dead-man 3600 'ubuntu' '/run/skyforge/lease' 5 "), std::string::npos) << decoded;
   EXPECT_NE(decoded.find("poweroff"), std::string::npos);
 }
 
@@ -322,6 +322,11 @@ TEST(AwsOptionsTest, BadOptionsAreNamed) {
   expect_invalid({{"image", "centos-7"}}, "ubuntu-24.04");
   expect_invalid({{"key_name", "mine"}}, "identity_file");
   expect_invalid({{"sweep_timeout", "0"}}, "option 'sweep_timeout': expected 1 to 3600 seconds");
+  // The login name goes into the instances' user data (the lease's owner): a name, never a command.
+  expect_invalid({{"ssh_user", "ubuntu; poweroff"}}, "option 'ssh_user': expected a login name");
+  expect_invalid({{"ssh_user", "-u0"}}, "option 'ssh_user'");
+  expect_invalid({{"ssh_user", "a'b"}}, "option 'ssh_user'");
+  EXPECT_EQ(AwsOptions::from(options_of({{"ssh_user", "ec2-user"}})).ssh_user, "ec2-user");
   EXPECT_EQ(AwsOptions::from(options_of({})).sweep_timeout, std::chrono::seconds(30));
   AwsOptions ok = AwsOptions::from(options_of({{"ttl", "90m"}, {"instance_type", "g5.xlarge"},
                                                {"fallback_instance_types", "g5.2xlarge\ng6.xlarge"}}));
