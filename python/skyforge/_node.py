@@ -1,9 +1,10 @@
 """The node agent of a Python pool: `python -m skyforge._node`, the command app `skyforge run`
 starts on every node for skyforge.joblib_pool() (docs/python.md).
 
-It connects to the client at $SKYFORGE_CLIENT_ADDR:$SKYFORGE_PY_PORT, proves the pool key
-($SKYFORGE_PY_KEY, from the job's environment, never argv), starts one worker process per slot
-($SKYFORGE_CONCURRENCY) that lives as long as the pool, and hands each task to a free slot. A
+It connects to the client at $SKYFORGE_CLIENT_ADDR:$SKYFORGE_PY_PORT — trying again, with
+jittered backoff, for up to CONNECT_TIMEOUT seconds (a crowded port drops a connection) — proves
+the pool key ($SKYFORGE_PY_KEY, from the job's environment, never argv), starts one worker
+process per slot ($SKYFORGE_CONCURRENCY) that lives as long as the pool, and hands each task to a free slot. A
 worker that dies (a segfault, os._exit) fails the task it held, naming the node and slot, and is
 replaced, so the pool stays usable. When the client says bye or its connection ends, the agent
 stops its workers and leaves — and with it the node.
@@ -13,8 +14,13 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import random
+import ssl
 import sys
 import threading
+import time
+from collections import Counter
+from multiprocessing import AuthenticationError
 
 from . import _slot
 from ._wire import ErrorReport, connect, control_frame, done_frame, dumps, kind_of, parse_control, parse_task
@@ -96,6 +102,37 @@ class Slot:
             pass  # a dead worker: the next task finds out and replaces it
 
 
+# How long a node agent keeps trying to connect to the pool's caller.
+CONNECT_TIMEOUT = 30.0
+
+
+def connect_with_retries(address, key: bytes, cert: str, timeout: float = CONNECT_TIMEOUT):
+    """connect() again and again, 0.1 s apart at first, doubling to 2 s, each pause jittered (so
+    the nodes of a pool do not come back in step), until it works or `timeout` seconds have
+    passed: then one ConnectionError that says how many tries failed, and how. A certificate that
+    is not the pinned one, or a wrong key, ends it at once: trying again cannot change them."""
+    deadline = time.monotonic() + timeout
+    failures: "Counter[str]" = Counter()
+    last = ""
+    pause = 0.1
+    while True:
+        try:
+            return connect(address, key, cert, timeout=deadline - time.monotonic())
+        except (ssl.SSLCertVerificationError, AuthenticationError):
+            raise
+        except Exception as e:  # noqa: BLE001 - refused, reset, dropped, timed out: try again
+            last = f"{type(e).__name__}: {e}"
+            failures[last] += 1
+        left = deadline - time.monotonic()
+        if left > 0:
+            time.sleep(min(left, pause * random.uniform(0.5, 1.5)))
+            pause = min(pause * 2, 2.0)
+        if time.monotonic() >= deadline:
+            tries = sum(failures.values())
+            how = "; ".join(f"{what} ({n}x)" if n > 1 else what for what, n in failures.most_common(5))
+            raise ConnectionError(f"{tries} tr{'ies' if tries != 1 else 'y'} in {timeout:g} s failed: {how}"
+                                  + (f"; the last: {last}" if len(failures) > 1 else ""))
+
 cancelled = set()  # task ids the client no longer wants (joblib's abort_everything)
 leaving = threading.Event()  # the client said bye or went away: queued tasks are skipped
 
@@ -107,7 +144,7 @@ def main() -> int:
     key = bytes.fromhex(os.environ.pop("SKYFORGE_PY_KEY"))
     cert = os.environ.pop("SKYFORGE_PY_CERT")
     try:
-        conn = connect(address, key, cert, timeout=30)
+        conn = connect_with_retries(address, key, cert)
     except Exception as e:  # noqa: BLE001 - said in the job's output: the caller shows it
         print(f"skyforge pool node {node}: cannot connect to the caller at {address[0]}:{address[1]}: "
               f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)

@@ -5,7 +5,8 @@ every node, and waits until every node has connected back — over TLS 1.3 to th
 pinned certificate (_tls.py), authenticated inside it with a key made for this pool
 (multiprocessing.connection's HMAC challenge-response, both ways, before any byte is
 unpickled), each connection on a thread of its own within AUTH_TIMEOUT seconds, so a peer that
-connects and says nothing costs the pool nothing. The key and the certificate reach the nodes
+connects and says nothing costs the pool nothing, and a flood of them cannot keep the nodes
+out (_Gate; the nodes also try again, _node.py). The key and the certificate reach the nodes
 through `skyforge run --env` (the job's environment, on skyforge's sealed control plane): never
 a command line, a file or a log.
 Pool.close() — on leaving the block normally, on an exception, on Ctrl-C — says bye to every
@@ -30,16 +31,23 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._tls import server_context
 from ._wire import ErrorReport, accept_connection, control_frame, parse_control, parse_done, task_frame
 
-# A connection to the pool's port has this long to prove the key and say hello.
-AUTH_TIMEOUT = 5.0
-# Connections authenticating at once; more are refused until some finish.
-MAX_PENDING = 64
+# A connection to the pool's port has this long to prove the key and say hello (a node needs a
+# few round trips: milliseconds on a LAN, a second on the worst links).
+AUTH_TIMEOUT = 3.0
+# Connections authenticating at once; more wait in the kernel's backlog (_BACKLOG deep) until
+# one finishes, or until the oldest of the busiest source has had CROWDED_AGE s and is dropped.
+MAX_PENDING = 128
+CROWDED_AGE = 0.5
+_BACKLOG = 1024
+# Refused peers kept by name (all are counted).
+REFUSED_KEPT = 1000
 # The longest line of `skyforge run`'s output read at once (a longer one comes in pieces).
 _LINE_MAX = 1 << 16
 
@@ -129,20 +137,38 @@ class Node:
             s.close()
 
 
+class _Pending:
+    __slots__ = ("since", "deadline", "peer", "source", "cut")
+
+    def __init__(self, since: float, deadline: float, peer: str, source: str):
+        self.since, self.deadline, self.peer, self.source = since, deadline, peer, source
+        self.cut: Optional[str] = None  # why the gate ended it (its handshake thread says so)
+
+
 class _Gate:
     """The pool's TCP port while the pool starts: one thread accepts; each connection proves the
     key and says hello on a thread of its own within `timeout` seconds, or is dropped. Nodes that
-    said hello wait in `ready`; every refused peer is kept with the reason (`refused`)."""
+    said hello wait in `ready`; every refused peer is counted with the reason (`refused` keeps the
+    first REFUSED_KEPT of them).
 
-    def __init__(self, host: str, key: bytes, tls: ssl.SSLContext, timeout: float):
+    A new connection is never closed for want of room. With MAX_PENDING connections
+    authenticating, the gate stops accepting (the kernel's backlog holds the new ones, in the
+    order they came) until one of them has had CROWDED_AGE seconds — far more than a node needs
+    — and then drops that one to make room: the oldest of the source address that holds the
+    most, so one source (a flood of silent connections) cannot keep the others out, and a flood
+    from the nodes' own address only delays them by about CROWDED_AGE."""
+
+    def __init__(self, host: str, key: bytes, tls: ssl.SSLContext, timeout: float, port: int = 0):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.create_server((host, 0), family=family, backlog=128)
+        self.sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
         self.address: Tuple[str, int] = self.sock.getsockname()[:2]
         self.key, self.tls, self.timeout = key, tls, timeout
         self.ready: "queue.SimpleQueue" = queue.SimpleQueue()  # (conn, hello, peer)
-        self.refused: List[Tuple[str, str]] = []
-        self._pending: Dict[socket.socket, Tuple[float, str]] = {}  # socket -> (deadline, peer)
-        self._expired: set = set()
+        self.refused: List[Tuple[str, str]] = []  # (peer, why): the first REFUSED_KEPT
+        self.refused_count = 0
+        self._by_source: "Counter[str]" = Counter()  # refused, by source address
+        self._by_reason: "Counter[str]" = Counter()
+        self._pending: Dict[socket.socket, _Pending] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._accept_loop, daemon=True, name="skyforge-pool-accept")
@@ -150,15 +176,23 @@ class _Gate:
 
     def refuse(self, peer: str, why: str) -> None:
         with self._lock:
-            self.refused.append((peer, why))
+            self.refused_count += 1
+            self._by_source[peer.rsplit(":", 1)[0]] += 1
+            self._by_reason[why] += 1
+            if len(self.refused) < REFUSED_KEPT:
+                self.refused.append((peer, why))
 
     def _accept_loop(self) -> None:
         while not self._closed:
+            self._expire()
+            wait = self._make_room()
+            if wait is not None:  # crowded, nobody old enough to drop yet: the backlog holds the new ones
+                time.sleep(min(max(wait, 0.005), 0.1))
+                continue
             try:
                 readable, _, _ = select.select([self.sock], [], [], 0.1)
             except (OSError, ValueError):
                 return  # closed
-            self._expire()
             if not readable or self._closed:
                 continue
             try:
@@ -166,30 +200,46 @@ class _Gate:
             except OSError:
                 continue
             peer = f"{addr[0]}:{addr[1]}"
+            now = time.monotonic()
             with self._lock:
-                crowded = len(self._pending) >= MAX_PENDING
-                if not crowded:
-                    self._pending[s] = (time.monotonic() + self.timeout, peer)
-            if crowded:
-                self.refuse(peer, f"{MAX_PENDING} connections were already authenticating")
-                s.close()
-                continue
+                self._pending[s] = _Pending(now, now + self.timeout, peer, addr[0])
             threading.Thread(target=self._handshake, args=(s, peer), daemon=True,
                              name="skyforge-pool-handshake").start()
 
-    def _expire(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            late = [s for s, (deadline, _) in self._pending.items() if now >= deadline and s not in self._expired]
-            self._expired.update(late)
-        for s in late:
+    def _cut(self, victims: List[socket.socket]) -> None:
+        for s in victims:
             try:
                 s.shutdown(socket.SHUT_RDWR)  # wakes its handshake thread: EOFError
             except OSError:
                 pass
 
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [s for s, p in self._pending.items() if p.cut is None and now >= p.deadline]
+            for s in late:
+                self._pending[s].cut = f"did not prove the key and say hello within {self.timeout:g} s"
+        self._cut(late)
+
+    def _make_room(self) -> Optional[float]:
+        """None when there is room for one more connection (having dropped one to make it, if
+        need be); otherwise how long until one may be dropped."""
+        now = time.monotonic()
+        with self._lock:
+            live = [(s, p) for s, p in self._pending.items() if p.cut is None]
+            if len(live) < MAX_PENDING:
+                return None
+            per_source = Counter(p.source for _, p in live)
+            old = [(s, p) for s, p in live if now - p.since >= CROWDED_AGE]
+            if not old:
+                return min(p.since for _, p in live) + CROWDED_AGE - now
+            s, p = max(old, key=lambda sp: (per_source[sp[1].source], now - sp[1].since))
+            p.cut = f"not authenticated after {CROWDED_AGE:g} s, with {MAX_PENDING} connections authenticating"
+        self._cut([s])
+        return None
+
     def _handshake(self, s: socket.socket, peer: str) -> None:
-        conn = None
+        conn, pending = None, None
         try:
             conn = accept_connection(s, self.key, self.tls, self.timeout)
             frame = conn.recv_bytes(4096)
@@ -197,13 +247,19 @@ class _Gate:
             if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello"
                     and all(isinstance(x, int) for x in hello[1:])):
                 raise ValueError(f"its first message was not a hello: {str(hello)[:80]!r}")
+            with self._lock:
+                pending = self._pending.pop(s, None)
+                if pending is not None and pending.cut is not None:  # cut just as it said hello
+                    raise EOFError("cut")
         except BaseException as e:  # noqa: BLE001 - anything a peer does ends here, never in the pool
             with self._lock:
-                # (a TLS handshake that timed out ran into the same deadline)
-                late = s in self._expired or self._closed or isinstance(e, TimeoutError)
-            if late:
-                why = (f"did not prove the key and say hello within {self.timeout:g} s" if not self._closed
-                       else "still authenticating when the pool came up")
+                pending = self._pending.pop(s, pending)
+            if pending is not None and pending.cut is not None:
+                why = pending.cut
+            elif self._closed:
+                why = "still authenticating when the pool came up"
+            elif isinstance(e, TimeoutError):  # the TLS handshake ran into the same deadline
+                why = f"did not prove the key and say hello within {self.timeout:g} s"
             elif type(e).__name__ == "AuthenticationError":
                 why = "wrong key"
             elif isinstance(e, ssl.SSLError):
@@ -215,32 +271,24 @@ class _Gate:
             self.refuse(peer, why)
             if conn is not None:
                 conn.close()
-            self._forget(s)
+            s.close()
             return
-        self._forget(s)
-        self.ready.put((conn, hello, peer))
-
-    def _forget(self, s: socket.socket) -> None:
-        with self._lock:
-            self._pending.pop(s, None)
-            self._expired.discard(s)
         s.close()
+        self.ready.put((conn, hello, peer))
 
     def close(self) -> None:
         """No more connections; those still authenticating are dropped (and counted)."""
         self._closed = True
         self._thread.join(2)
         try:
-            self.sock.close()
+            self.sock.close()  # what waited in the backlog is reset by the kernel (not counted: never seen)
         except OSError:
             pass
         with self._lock:
-            pending = list(self._pending)
-        for s in pending:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            pending = [s for s, p in self._pending.items() if p.cut is None]
+            for s in pending:
+                self._pending[s].cut = "still authenticating when the pool came up"
+        self._cut(pending)
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
             with self._lock:
@@ -255,14 +303,24 @@ class _Gate:
             conn.close()
 
     def summary(self) -> str:
+        """One line: how many connections were refused, and who and why — each of them when
+        there are a few, else counted by source address and by reason (with the first few)."""
         with self._lock:
-            refused = list(self.refused)
-        if not refused:
+            count, refused = self.refused_count, self.refused[:5]
+            by_source, by_reason = self._by_source.most_common(), self._by_reason.most_common()
+        if not count:
             return ""
-        shown = "; ".join(f"{peer} ({why})" for peer, why in refused[:5])
-        more = f"; and {len(refused) - 5} more" if len(refused) > 5 else ""
-        return (f"skyforge pool: refused {len(refused)} connection{'s' if len(refused) != 1 else ''} "
-                f"to its port {self.address[1]}: {shown}{more}")
+        head = f"skyforge pool: refused {count} connection{'s' if count != 1 else ''} to its port {self.address[1]}"
+        if count <= 5:
+            return head + ": " + "; ".join(f"{peer} ({why})" for peer, why in refused)
+
+        def counted(items):
+            shown = ", ".join(f"{n} {what}" for what, n in items[:5])
+            return shown + (f", {sum(n for _, n in items[5:])} more" if len(items) > 5 else "")
+
+        return (f"{head}: {counted([(f'from {a}', n) for a, n in by_source])}; "
+                f"why: {counted(by_reason)}; the first: "
+                + "; ".join(f"{peer} ({why})" for peer, why in refused[:3]))
 
 
 class Pool:
@@ -278,7 +336,8 @@ class Pool:
         self.listen = listen
         self.start_timeout, self.verbose = start_timeout, verbose
         self.nodes: List[Node] = []
-        self.refused: List[Tuple[str, str]] = []  # peers the port refused while the pool started
+        self.refused: List[Tuple[str, str]] = []  # peers the port refused while the pool started (the first 1000)
+        self.refused_count = 0  # all of them
         self.address: Optional[Tuple[str, int]] = None  # where the pool listened for its nodes
         self._proc: Optional[subprocess.Popen] = None
         self._relay: Optional[threading.Thread] = None
@@ -400,7 +459,7 @@ class Pool:
             self._accept(gate)
         finally:
             gate.close()
-            self.refused = list(gate.refused)
+            self.refused, self.refused_count = list(gate.refused), gate.refused_count
         report = gate.summary()
         if report:
             sys.stderr.write(report + "\n")

@@ -21,6 +21,7 @@ import os
 import pickle
 import socket
 import struct
+import time
 from dataclasses import dataclass
 import ssl
 from multiprocessing.connection import answer_challenge, deliver_challenge
@@ -60,12 +61,21 @@ def accept_connection(sock: socket.socket, key: bytes, tls: ssl.SSLContext, time
 
 def connect(address: Tuple[str, int], key: bytes, cert_pem: str, timeout: float) -> TlsConnection:
     """A node agent's connection to the pool (the other side of accept_connection): TLS 1.3 to a
-    peer holding the pool's certificate and no other, then the key both ways, within `timeout`
-    seconds for each of the TCP connect, the TLS handshake and the key's."""
-    sock = socket.create_connection(address, timeout=timeout)
-    conn = TlsConnection(sock, client_context(cert_pem), server_side=False, timeout=timeout)
+    peer holding the pool's certificate and no other, then the key both ways: the TCP connect and
+    the TLS handshake within `timeout` seconds, and each message of the key's within what is left
+    of them."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        rest = deadline - time.monotonic()
+        if rest <= 0:
+            raise TimeoutError(f"not connected within {timeout:g} s")
+        return rest
+
+    sock = socket.create_connection(address, timeout=left())
+    conn = TlsConnection(sock, client_context(cert_pem), server_side=False, timeout=left())
     try:
-        conn.settimeout(timeout)
+        conn.settimeout(left())
         answer_challenge(conn, key)
         deliver_challenge(conn, key)
         conn.settimeout(None)  # no limit from now on

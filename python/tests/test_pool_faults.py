@@ -7,6 +7,7 @@ closes, a pool.toml in a read-only directory and close() racing a node's reader 
 behind and print no traceback."""
 import functools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -139,6 +140,154 @@ def test_a_silent_peer_is_dropped_after_the_deadline(monkeypatch, tls_identity):
             time.sleep(0.01)
         assert gate.refused == [(f"127.0.0.1:{silent.getsockname()[1]}",
                                  "did not prove the key and say hello within 1 s")]
+    finally:
+        gate.close()
+
+
+class Flood:
+    """`count` connections to the pool's port that never say a word, held open from this
+    process; each one the pool drops is opened again at once, until stop()."""
+
+    def __init__(self, port, count):
+        self.port, self.count, self.opened = port, count, 0
+        self.held = []
+        self._stop = threading.Event()
+        self._fill()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _fill(self):
+        while len(self.held) < self.count and not self._stop.is_set():
+            try:
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=1)
+            except OSError:
+                return  # the port is gone (the pool is up) or the backlog is full: later
+            s.setblocking(False)
+            self.held.append(s)
+            self.opened += 1
+
+    def _run(self):
+        while not self._stop.wait(0.01):
+            alive = []
+            for s in self.held:
+                try:
+                    if s.recv(4096) == b"":
+                        s.close()  # dropped by the pool
+                        continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    s.close()
+                    continue
+                alive.append(s)
+            self.held = alive
+            self._fill()
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(5)
+        for s in self.held:
+            s.close()
+
+
+def test_a_flood_of_silent_connections_does_not_stop_the_start_and_is_reported(pool_env, monkeypatch, capsys):
+    # 200 silent connections (more than MAX_PENDING), each one the pool drops opened again at
+    # once, from the nodes' own address, held from before the nodes start until the pool is up.
+    # Before: every connection past the 64th was closed on arrival, the nodes' among them, and
+    # a node tried once: `skyforge run ended before the pool was up`.
+    assert _pool.MAX_PENDING < 200
+    floods = []
+    real_popen = subprocess.Popen
+
+    def popen(args, **kw):
+        port = (kw.get("env") or {}).get("SKYFORGE_PY_PORT")
+        if port:
+            floods.append(Flood(int(port), 200))
+        return real_popen(args, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    t0 = time.monotonic()
+    try:
+        with skyforge.joblib_pool(nodes=2, concurrency=1, start_timeout=30) as pool:
+            took = time.monotonic() - t0
+            within(30, squares_work)
+    finally:
+        for f in floods:
+            f.stop()
+    assert floods and floods[0].opened >= 200, floods[0].opened
+    assert took < 15, f"the pool took {took:.1f} s to start under the flood"
+    # Every peer the pool dropped is counted, and the crowded port dropped the flood's, not the nodes'.
+    assert pool.refused_count >= 200 and len(pool.refused) == min(pool.refused_count, _pool.REFUSED_KEPT), \
+        (pool.refused_count, len(pool.refused))
+    assert all(peer.startswith("127.0.0.1:") for peer, _ in pool.refused)
+    whys = {why for _, why in pool.refused}
+    crowded = f"not authenticated after {_pool.CROWDED_AGE:g} s, with {_pool.MAX_PENDING} connections authenticating"
+    assert crowded in whys, whys
+    assert whys <= {crowded, "still authenticating when the pool came up",
+                    f"did not prove the key and say hello within {_pool.AUTH_TIMEOUT:g} s"}, whys
+    err = capsys.readouterr().err
+    line = f"skyforge pool: refused {pool.refused_count} connections to its port {pool.address[1]}: " \
+           f"{pool.refused_count} from 127.0.0.1; why: "
+    assert line in err and crowded in err, err[-2000:]
+    assert "cannot connect" not in err, err[-2000:]
+
+
+def test_a_node_tries_again_until_the_pool_is_there(tls_identity):
+    from skyforge import _node
+    tls, cert = tls_identity
+    key = os.urandom(32)
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]  # closed again: nothing listens there for now
+    out = {}
+
+    def node():
+        try:
+            out["conn"] = _node.connect_with_retries(("127.0.0.1", port), key, cert, timeout=20)
+        except BaseException as e:  # noqa: BLE001
+            out["error"] = e
+
+    t = threading.Thread(target=node, daemon=True)
+    t.start()
+    time.sleep(1.5)  # refused a few times meanwhile
+    assert t.is_alive() and not out, out
+    gate = _pool._Gate("127.0.0.1", key, tls, 5.0, port=port)
+    try:
+        t.join(10)
+        assert "conn" in out, out
+        out["conn"].send_bytes(_wire.control_frame(("hello", 0, 1, os.getpid())))
+        conn, hello, _ = gate.ready.get(timeout=5)
+        assert hello == ("hello", 0, 1, os.getpid())
+        conn.close()
+        out["conn"].close()
+    finally:
+        gate.close()
+
+
+def test_a_node_that_cannot_connect_says_each_failure_once_at_its_deadline(tls_identity, skyforge_bin, tmp_path):
+    from skyforge import _node
+    tls, cert = tls_identity
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError) as e:
+        _node.connect_with_retries(("127.0.0.1", port), os.urandom(32), cert, timeout=2)
+    took = time.monotonic() - t0
+    assert 2 <= took < 4, took
+    assert re.fullmatch(r"\d+ tries in 2 s failed: ConnectionRefusedError: .* \(\d+x\)", str(e.value)), str(e.value)
+    # Another certificate or key cannot change on a retry: said at once.
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    subprocess.run([skyforge_bin, "tls-identity", str(other)], check=True)
+    gate = _pool._Gate("127.0.0.1", os.urandom(32), tls, 5.0)
+    try:
+        import ssl
+        t0 = time.monotonic()
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _node.connect_with_retries(gate.address, os.urandom(32), (other / "cert.pem").read_text(), timeout=30)
+        from multiprocessing import AuthenticationError
+        with pytest.raises(AuthenticationError):
+            _node.connect_with_retries(gate.address, os.urandom(32), cert, timeout=30)
+        assert time.monotonic() - t0 < 5
     finally:
         gate.close()
 
