@@ -1,13 +1,16 @@
 // Checkpoint directories under attack (CTest label `faults`): a second run on a locked directory,
 // the lock of a dead run, `latest` naming a FIFO, a path with '..', a dangling symbolic link,
 // the checkpoint directory itself a dangling link, and the leftovers of an interrupted run
-// (temporaries, stale mid-epoch checkpoints). The pieces of keras_callbacks.hpp on real files
+// (temporaries, stale mid-epoch checkpoints), a directory user `nobody` can write (refused before
+// anything is written) and links planted at temporaries' names (never followed). The pieces of keras_callbacks.hpp on real files
 // and real processes; the fit()-level behaviour is in test_checkpoint_faults_fit.cpp.
 #include <skyforge/keras_callbacks.hpp>
 
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -230,9 +235,16 @@ TEST(CheckpointLock, ADanglingOrWrongDirectoryIsAClearError) {
   EXPECT_EQ(e, "checkpoint directory " + (dir.path / "ckpt").string() + " is a symbolic link to '" +
                    (dir.path / "scratch" / "run1").string() +
                    "', which does not exist: create that directory or name another checkpoint directory");
-  // A link to a directory that exists is fine.
+  // A link to a directory that exists is refused too: it could be turned elsewhere between the
+  // check and the writes. The error names the directory to use instead.
   fs::create_directories(dir.path / "scratch" / "run1");
-  EXPECT_TRUE(K::CheckpointLock::acquire(dir.path / "ckpt").held());
+  e = timed([&] { K::CheckpointLock::acquire(dir.path / "ckpt"); }).error;
+  EXPECT_EQ(e, "checkpoint directory " + (dir.path / "ckpt").string() + " is a symbolic link to '" +
+                   (dir.path / "scratch" / "run1").string() +
+                   "'; expected the directory itself (a link can be turned elsewhere between the check and the "
+                   "writes): name " + (dir.path / "scratch" / "run1").string() + " instead");
+  EXPECT_FALSE(fs::exists(dir.path / "scratch" / "run1" / "lock"));
+  EXPECT_TRUE(K::CheckpointLock::acquire(dir.path / "scratch" / "run1").held());
   std::ofstream(dir.path / "file") << "x";
   e = timed([&] { K::CheckpointLock::acquire(dir.path / "file"); }).error;
   EXPECT_EQ(e, "checkpoint directory " + (dir.path / "file").string() + " is a regular file; expected a directory");
@@ -312,4 +324,189 @@ TEST(CheckpointClean, TheRunsSeedBatchAndStepsRoundTrip) {
   EXPECT_EQ(old.seed, 0u);
   EXPECT_EQ(old.epoch_step, 50u);
   EXPECT_EQ(old.state, "state");
+}
+
+// ---- a directory another user can write; links planted at temporaries' names ---------------------
+namespace {
+
+std::set<std::string> listing(const fs::path& d) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(d)) names.insert(e.path().filename().string());
+  return names;
+}
+
+// Runs `f` in a forked child as user `nobody` (setgid, setgroups, setuid: it cannot get root
+// back); true when it exited 0.
+bool as_nobody(const std::function<bool()>& f) {
+  const struct passwd* pw = ::getpwnam("nobody");
+  if (!pw) return false;
+  const uid_t uid = pw->pw_uid;
+  const gid_t gid = pw->pw_gid;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0 || ::setuid(0) == 0) ::_exit(90);
+    ::umask(0);
+    ::_exit(f() ? 0 : 1);
+  }
+  int st = 0;
+  if (child < 0 || ::waitpid(child, &st, 0) != child) return false;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+}  // namespace
+
+// The reviewer's attack: user nobody makes a 0777 checkpoint directory in a shared sticky
+// directory and plants links named like the run's temporaries (<name>.tmp.<pid>, for the next
+// 300 pids) to a file of root's. The run (root) refuses the directory before it writes anything
+// there, its lock included; and the writer itself, pointed at that directory, never follows them.
+TEST(CheckpointDirSafety, ANobodyOwnedWorldWritableDirectoryIsRefusedBeforeAnythingIsWritten) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to be another user (nobody) in a child";
+  const struct passwd* pw = ::getpwnam("nobody");
+  if (!pw) GTEST_SKIP() << "no user nobody";
+  const uid_t nobody = pw->pw_uid;
+  TempDir dir("nobody_dir");
+  ASSERT_EQ(::chmod(dir.path.c_str(), 0755), 0);
+  const fs::path shared = dir.path / "shared";  // like /var/tmp: 1777
+  ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  const fs::path victim = dir.path / "victim";
+  std::ofstream(victim) << "keep";
+  const fs::path ck = shared / "ckpt";
+  const pid_t me = ::getpid();
+  ASSERT_TRUE(as_nobody([&] {
+    if (::mkdir(ck.c_str(), 0777) != 0) return false;
+    for (int i = 0; i < 300; ++i)
+      for (const std::string name : {"ckpt-1.bin", "latest", "ckpt-0-5.bin"})
+        if (::symlink(victim.c_str(), (ck / (name + ".tmp." + std::to_string(me + i))).c_str()) != 0) return false;
+    return true;
+  })) << "the attacker's setup failed";
+  struct stat st {};
+  ASSERT_EQ(::stat(ck.c_str(), &st), 0);
+  ASSERT_EQ(st.st_uid, nobody);
+  const std::set<std::string> before = listing(ck);
+
+  const std::string e = timed([&] { K::CheckpointLock::acquire(ck); }).error;
+  EXPECT_EQ(e, "checkpoint directory " + ck.string() + " is owned by uid " + std::to_string(nobody) + " (" + pw->pw_name +
+                   ") with mode 0777; expected a directory owned by this run's user (uid 0 (root)) that no other user "
+                   "can write (like 0700 or 0755): another user who can write there could plant a checkpoint this run "
+                   "would resume or remove its lock; name a directory of your own (a missing one is made with mode 0700)");
+  EXPECT_EQ(listing(ck), before) << "something was written in the refused directory";
+  EXPECT_EQ(K::read_file(victim), "keep");
+
+  // The writer on its own (as the reviewer's root process did after lock and clean): the
+  // planted links are not followed, the victim keeps its bytes.
+  K::write_checkpoint(ck, some_checkpoint(1));
+  K::write_checkpoint(ck, some_checkpoint(1, 5));
+  EXPECT_EQ(K::read_file(victim), "keep");
+  EXPECT_EQ(K::latest_checkpoint(ck), ck / "ckpt-1-5.bin");
+  EXPECT_TRUE(fs::is_symlink(ck / ("latest.tmp." + std::to_string(me))));
+}
+
+TEST(CheckpointDirSafety, OnlyADirectoryOfOurOwnThatNoOneElseCanWriteIsUsed) {
+  TempDir dir("own_dir");
+  ASSERT_EQ(::chmod(dir.path.c_str(), 0755), 0);
+  // Missing: made 0700 (whatever the umask), parents and all.
+  const fs::path made = dir.path / "runs" / "a" / "ckpt";
+  const mode_t old_umask = ::umask(0);
+  EXPECT_TRUE(K::CheckpointLock::acquire(made).held());
+  ::umask(old_umask);
+  struct stat st {};
+  ASSERT_EQ(::stat(made.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_TRUE(K::CheckpointLock::acquire(dir.path / "runs" / "b" / "ckpt" / "").held());  // a trailing '/'
+  ASSERT_EQ(::stat((dir.path / "runs" / "b" / "ckpt").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+
+  // Ours, 0755: used as it is.
+  const fs::path open_dir = dir.path / "readable";
+  ASSERT_EQ(::mkdir(open_dir.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(open_dir.c_str(), 0755), 0);
+  EXPECT_TRUE(K::CheckpointLock::acquire(open_dir).held());
+
+  // Ours but group-writable (a umask of 002) or world-writable and sticky: refused, with the fix.
+  for (const mode_t mode : {mode_t{0770}, mode_t{0775}, mode_t{01777}}) {
+    const fs::path d = dir.path / ("w" + std::to_string(mode));
+    ASSERT_EQ(::mkdir(d.c_str(), 0700), 0);
+    ASSERT_EQ(::chmod(d.c_str(), mode), 0);
+    const std::string e = timed([&] { K::CheckpointLock::acquire(d); }).error;
+    EXPECT_NE(e.find("checkpoint directory " + d.string() + " is owned by uid " + std::to_string(::geteuid())), std::string::npos) << e;
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode));
+    EXPECT_NE(e.find(std::string(" with mode ") + octal + "; expected"), std::string::npos) << e;
+    EXPECT_NE(e.find("that no other user can write"), std::string::npos) << e;
+    EXPECT_NE(e.find("`chmod go-w " + d.string() + "`"), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(d / "lock")) << mode;
+  }
+
+  // Ours, 0700, but inside a directory anyone can write without the sticky bit: refused.
+  const fs::path open_parent = dir.path / "open";
+  ASSERT_EQ(::mkdir(open_parent.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open_parent.c_str(), 0777), 0);
+  ASSERT_EQ(::mkdir((open_parent / "ckpt").c_str(), 0700), 0);
+  std::string e = timed([&] { K::CheckpointLock::acquire(open_parent / "ckpt"); }).error;
+  EXPECT_NE(e.find("checkpoint directory " + (open_parent / "ckpt").string() + " is inside " + open_parent.string() +
+                   " (owned by uid " + std::to_string(::geteuid())),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("mode 0777), which any user can write and which has no sticky bit"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(open_parent / "ckpt" / "lock"));
+  ASSERT_EQ(::chmod(open_parent.c_str(), 01777), 0);  // sticky (like /tmp): fine
+  EXPECT_TRUE(K::CheckpointLock::acquire(open_parent / "ckpt").held());
+}
+
+// In our own directory: links planted at the names of temporaries (the old <name>.tmp.<pid>, and
+// a name the writer is made to draw) are never followed — not to a file, not to a file that does
+// not exist yet — and a temporary left by a crash is still one the next start cleans.
+TEST(CheckpointDirSafety, ALinkAtATemporarysNameIsNeverFollowed) {
+  TempDir dir("tmp_links");
+  TempDir outside("tmp_links_outside");
+  const fs::path d = dir.path;
+  const fs::path victim = outside.path / "victim";
+  std::ofstream(victim) << "keep";
+  const fs::path absent = outside.path / "made-through-a-link";
+  const std::string pid = std::to_string(::getpid());
+  for (const std::string name : {"ckpt-1.bin", "ckpt-2.bin", "history.csv"})
+    fs::create_symlink(victim, d / (name + ".tmp." + pid));
+  fs::create_symlink(absent, d / ("latest.tmp." + pid));
+  K::write_checkpoint(d, some_checkpoint(1));
+  K::write_checkpoint(d, some_checkpoint(2));
+  K::write_file_atomic(d / "history.csv", "epoch,loss\n0,1\n");
+  EXPECT_EQ(K::read_file(victim), "keep");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(absent)));
+  EXPECT_EQ(K::latest_checkpoint(d), d / "ckpt-2.bin");
+  EXPECT_EQ(K::read_file(d / "history.csv"), "epoch,loss\n0,1\n");
+
+  // The name drawn is one that is taken (a link to the victim, then one to nowhere): another is
+  // drawn, nothing is followed.
+  static int calls = 0;
+  calls = 0;
+  auto guessed = []() -> std::string {
+    ++calls;
+    return calls == 1 ? "guess" : calls == 2 ? "dangling" : "free";
+  };
+  fs::create_symlink(victim, d / "ckpt-3.bin.tmp.guess");
+  fs::create_symlink(absent, d / "ckpt-3.bin.tmp.dangling");
+  fs::path tmp;
+  const int fd = K::detail::create_temporary(d / "ckpt-3.bin", 0644, tmp, +guessed);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(tmp, d / "ckpt-3.bin.tmp.free");
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(::write(fd, "new", 3), 3);
+  ::close(fd);
+  EXPECT_EQ(K::read_file(victim), "keep");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(absent)));
+  EXPECT_EQ(K::read_file(tmp), "new");
+
+  // The real names: <name>.tmp.<16 random hex digits>, a new one each time, and what a crash
+  // leaves of them (these, never renamed) is cleaned at the next start; the links are kept.
+  fs::path a, b;
+  ::close(K::detail::create_temporary(d / "ckpt-4.bin", 0644, a));
+  ::close(K::detail::create_temporary(d / "latest", 0644, b));
+  EXPECT_TRUE(std::regex_match(a.filename().string(), std::regex(R"(ckpt-4\.bin\.tmp\.[0-9a-f]{16})"))) << a;
+  EXPECT_TRUE(std::regex_match(b.filename().string(), std::regex(R"(latest\.tmp\.[0-9a-f]{16})"))) << b;
+  const std::vector<std::string> removed = K::clean_checkpoint_dir(d);
+  EXPECT_EQ(removed, (std::vector<std::string>{"ckpt-3.bin.tmp.free", a.filename().string(), b.filename().string()}));
+  EXPECT_TRUE(fs::is_symlink(d / ("latest.tmp." + pid)));
+  EXPECT_EQ(K::read_file(victim), "keep");
 }

@@ -33,7 +33,9 @@
 #include <ctime>
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -290,28 +292,76 @@ inline History parse_history_csv(std::string_view text, char sep = ',') {
 }
 
 // ---- files ---------------------------------------------------------------------------------
-// Writes `bytes` to `path` atomically: a temporary file beside it, fsync, rename over. Readers
-// see the old file or the new one, never a torn one.
-inline void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
+namespace detail {
+// 16 hex digits from getrandom(2): the unguessable part of a temporary's name.
+inline std::string random_suffix() {
+  unsigned char b[8] = {};
+  size_t got = 0;
+  while (got < sizeof b) {
+    const ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      throw std::runtime_error(std::string("cannot name a temporary file: getrandom: ") + std::strerror(errno));
+    }
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (const unsigned char c : b) {
+    s.push_back(kHex[c >> 4]);
+    s.push_back(kHex[c & 15]);
+  }
+  return s;
+}
+
+// Creates a new file beside `path`, <path>.tmp.<random>, the way mkstemp(3) does: O_EXCL, so
+// that nothing already there (a file, a symbolic link planted at the name, to a file or to
+// nowhere) is ever opened, truncated or followed; another name is drawn then. `mode` is masked
+// by the umask as open(2) does. Returns the descriptor; `tmp` is set to the name. next_suffix:
+// the name's random part (a test hook).
+inline int create_temporary(const std::filesystem::path& path, mode_t mode, std::filesystem::path& tmp,
+                            std::string (*next_suffix)() = random_suffix) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    tmp = path.string() + ".tmp." + next_suffix();
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd >= 0) return fd;
+    if (errno == EEXIST || errno == ELOOP) continue;
+    throw std::runtime_error("cannot create " + tmp.string() + ": " + std::strerror(errno));
+  }
+  throw std::runtime_error("cannot create a temporary file beside " + path.string() +
+                           ": 100 random names were all taken (is someone planting files there?)");
+}
+}  // namespace detail
+
+// Writes `bytes` to `path` atomically: a new temporary file beside it (<path>.tmp.<16 random hex
+// digits>, created exclusively, never through a symbolic link: detail::create_temporary), fsync,
+// rename over `path` (which replaces a link at `path` itself, never its target). Readers see the
+// old file or the new one, never a torn one. The file's mode is `mode` less the umask.
+inline void write_file_atomic(const std::filesystem::path& path, std::string_view bytes, mode_t mode = 0644) {
   std::error_code ec;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
   if (ec) throw std::runtime_error("cannot create directory " + path.parent_path().string() + ": " + ec.message());
-  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create " + tmp.string() + ": " + std::strerror(errno));
+  std::filesystem::path tmp;
+  const int fd = detail::create_temporary(path, mode, tmp);
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      const int err = errno;
+      const int err = w < 0 ? errno : EIO;
       ::close(fd);
       std::filesystem::remove(tmp, ec);
       throw std::runtime_error("cannot write " + tmp.string() + ": " + std::strerror(err));
     }
     done += static_cast<size_t>(w);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    std::filesystem::remove(tmp, ec);
+    throw std::runtime_error("cannot sync " + tmp.string() + ": " + std::strerror(err));
+  }
+  if (::close(fd) != 0) {
     const int err = errno;
     std::filesystem::remove(tmp, ec);
     throw std::runtime_error("cannot sync " + tmp.string() + ": " + std::strerror(err));
@@ -626,16 +676,21 @@ class CheckpointLock {
   CheckpointLock& operator=(const CheckpointLock&) = delete;
   ~CheckpointLock() { release(); }
 
-  // Makes <dir> when missing (a dangling symbolic link or a non-directory is an error), then
-  // takes <dir>/lock. Held by another process: waits up to wait_s (saying so on `note`), then
-  // throws "checkpoint directory D is in use by another run (host H, pid P, started T) ...".
+  // Makes <dir> when missing (mode 0700) and refuses one another user could write (prepare_dir:
+  // a symbolic link, another user's, group- or world-writable, or in a world-writable parent
+  // without the sticky bit; a dangling link or a non-directory is an error too), before anything
+  // is written there; then takes <dir>/lock. Held by another process: waits up to wait_s (saying
+  // so on `note`), then throws "checkpoint directory D is in use by another run (host H, pid P,
+  // started T) ...".
   static CheckpointLock acquire(const std::filesystem::path& dir, double wait_s = 0, std::FILE* note = nullptr) {
-    prepare_dir(dir);
+    const int dfd = prepare_dir(dir);
     const auto file = dir / "lock";
     CheckpointLock l;
-    l.fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    l.fd_ = ::openat(dfd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    const int open_err = errno;
+    ::close(dfd);
     if (l.fd_ < 0) {
-      const int err = errno;
+      const int err = open_err;
       throw std::runtime_error("checkpoint: cannot open the lock file " + file.string() + ": " +
                                (err == ELOOP ? std::string("it is a symbolic link; expected a regular file") : std::strerror(err)));
     }
@@ -712,23 +767,92 @@ class CheckpointLock {
     if (n > 0) out.assign(buf, static_cast<size_t>(n));
     return out;
   }
-  static void prepare_dir(const std::filesystem::path& dir) {
+  // Makes <dir> when missing (mode 0700; missing parents as mkdir -p does), then checks it is
+  // safe to trust: a directory itself (not a symbolic link, which could be turned elsewhere
+  // between this check and the writes), owned by this process's effective user and writable by
+  // no one else (group and others: no w bit), inside no directory that anyone may write without
+  // the sticky bit (where another user could swap it for their own). Whoever else can write a
+  // checkpoint directory can plant a checkpoint the run resumes (CRC-32C is not a MAC) or remove
+  // its lock. Returns the directory open (O_DIRECTORY|O_NOFOLLOW), as checked.
+  static int prepare_dir(const std::filesystem::path& dir) {
     struct stat st {};
-    if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(dir.c_str(), &st) != 0) {
+    if (::lstat(dir.c_str(), &st) != 0 && errno == ENOENT) {
+      // The missing parents 0755 at most (not writable by others even with a umask of 0), the
+      // directory itself 0700.
+      const std::filesystem::path last = dir.has_filename() ? dir : dir.parent_path();  // "ckpt/": ckpt
+      std::vector<std::filesystem::path> missing{last};
+      for (auto p = last.parent_path(); !p.empty() && p != p.root_path() && ::lstat(p.c_str(), &st) != 0;
+           p = p.parent_path())
+        missing.push_back(p);
+      for (auto it = missing.rbegin(); it != missing.rend(); ++it)
+        if (::mkdir(it->c_str(), *it == last ? 0700 : 0755) != 0 && errno != EEXIST)
+          throw std::runtime_error("cannot create checkpoint directory " + dir.string() + ": " + it->string() + ": " +
+                                   std::strerror(errno));
+    }
+    if (::lstat(dir.c_str(), &st) != 0)
+      throw std::runtime_error("checkpoint directory " + dir.string() + ": " + std::strerror(errno));
+    if (S_ISLNK(st.st_mode)) {
       std::error_code ec;
       const auto target = std::filesystem::read_symlink(dir, ec);
+      struct stat tst {};
+      if (::stat(dir.c_str(), &tst) != 0)
+        throw std::runtime_error("checkpoint directory " + dir.string() + " is a symbolic link to '" + target.string() +
+                                 "', which does not exist: create that directory or name another checkpoint directory");
+      const auto real = std::filesystem::canonical(dir, ec);
       throw std::runtime_error("checkpoint directory " + dir.string() + " is a symbolic link to '" + target.string() +
-                               "', which does not exist: create that directory or name another checkpoint directory");
+                               "'; expected the directory itself (a link can be turned elsewhere between the check "
+                               "and the writes): name " + (ec ? target : real).string() + " instead");
     }
-    if (::stat(dir.c_str(), &st) == 0) {
-      if (!S_ISDIR(st.st_mode))
-        throw std::runtime_error("checkpoint directory " + dir.string() + " is " + file_type_name(st.st_mode) +
-                                 "; expected a directory");
-      return;
+    if (!S_ISDIR(st.st_mode))
+      throw std::runtime_error("checkpoint directory " + dir.string() + " is " + file_type_name(st.st_mode) +
+                               "; expected a directory");
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error("cannot open checkpoint directory " + dir.string() + ": " + std::strerror(errno));
+    try {
+      if (::fstat(fd, &st) != 0)
+        throw std::runtime_error("cannot stat checkpoint directory " + dir.string() + ": " + std::strerror(errno));
+      const uid_t me = ::geteuid();
+      const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+      if (st.st_uid != me || others_write)
+        throw std::runtime_error(
+            "checkpoint directory " + dir.string() + " is owned by " + user_name(st.st_uid) + " with mode " +
+            mode_text(st.st_mode) + "; expected a directory owned by this run's user (" + user_name(me) +
+            ") that no other user can write (like 0700 or 0755): another user who can write there could plant a "
+            "checkpoint this run would resume or remove its lock; " +
+            (st.st_uid == me ? "`chmod go-w " + dir.string() + "`, or name another directory"
+                             : std::string("name a directory of your own (a missing one is made with mode 0700)")));
+      std::error_code ec;
+      const auto real = std::filesystem::canonical(dir, ec);
+      for (auto p = real.parent_path(); !ec && !p.empty(); p = p.parent_path()) {
+        struct stat pst {};
+        if (::stat(p.c_str(), &pst) == 0 && (pst.st_mode & S_IWOTH) && !(pst.st_mode & S_ISVTX))
+          throw std::runtime_error("checkpoint directory " + dir.string() + " is inside " + p.string() + " (owned by " +
+                                   user_name(pst.st_uid) + ", mode " + mode_text(pst.st_mode) +
+                                   "), which any user can write and which has no sticky bit: another user could "
+                                   "put a directory of their own in its place; expected parents only their owners "
+                                   "can write (or sticky, like /tmp): name a directory elsewhere");
+        if (p == p.root_path()) break;
+      }
+    } catch (...) {
+      ::close(fd);
+      throw;
     }
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw std::runtime_error("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
+    return fd;
+  }
+  // "uid 65534 (nobody)".
+  static std::string user_name(uid_t uid) {
+    std::string s = "uid " + std::to_string(uid);
+    struct passwd pw {};
+    struct passwd* found = nullptr;
+    char buf[4096];
+    if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found && found->pw_name) s += std::string(" (") + found->pw_name + ")";
+    return s;
+  }
+  // "0777", "1777".
+  static std::string mode_text(mode_t mode) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+    return buf;
   }
   static std::string hostname() {
     char h[256] = {};
