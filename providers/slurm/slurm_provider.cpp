@@ -48,6 +48,18 @@ srun --overlap --ntasks-per-node=1 -J skyforge-janitor rm -rf "$P"
 
 }  // namespace
 
+std::string stage_dirs_program() {
+  // mkdir without -p first: on a node-local stage_dir it is ours only if we made it; on a shared
+  // one another node of the pool may have made it a moment ago, so the owner and mode decide.
+  return R"sh(umask 077; P=$1; shift
+mkdir -m 700 "$P" 2>/dev/null
+if [ -L "$P" ] || [ ! -d "$P" ] || [ ! -O "$P" ] || [ "$(stat -c %a "$P")" != 700 ]; then
+  echo "the pool's directory $P on $(hostname) is not this user's own 0700 directory (owner $(stat -c %U "$P" 2>/dev/null), mode $(stat -c %a "$P" 2>/dev/null)): another user may have made it first" >&2
+  exit 1
+fi
+mkdir -p "$@")sh";
+}
+
 SlurmConfig SlurmConfig::from(const Options& o) {
   SlurmConfig c;
   c.partition = o.get("partition", "");
@@ -216,7 +228,8 @@ void SlurmProvider::stage() {
   // The directories first (one step on every node), then each file with sbcast.
   std::set<std::string> dirs;
   for (const auto& f : stage_files_) dirs.insert(pool_dir() + "/stage" + fs::path(f).parent_path().string());
-  std::vector<std::string> args = {"--jobid=" + job_, "--overlap", "--ntasks-per-node=1", "-J", "skyforge-stage", "mkdir", "-p"};
+  std::vector<std::string> args = {"--jobid=" + job_, "--overlap", "--ntasks-per-node=1", "-J", "skyforge-stage",
+                                   "sh", "-c", stage_dirs_program(), "sh", pool_dir()};
   args.insert(args.end(), dirs.begin(), dirs.end());
   CommandResult r = slurm("srun", args);
   if (r.status != 0) throw Error("slurm provider: making the pool's directory on the nodes failed: " + last_line(r.err));

@@ -37,6 +37,12 @@ struct SlurmConfig {
 std::vector<std::string> sbatch_args(const SlurmConfig& c, uint32_t nodes, const std::string& pool_id,
                                      const std::string& batch_script);
 
+// The shell program (for `sh -c PROGRAM sh POOL_DIR DIR...`) that makes the pool's directory on
+// a node and the stage directories under it. The pool's directory is this user's alone (0700):
+// one that is there already and is not (made by another user who read the pool id in squeue, or
+// a symlink) is refused, so nobody else can swap a staged file before the job runs it.
+std::string stage_dirs_program();
+
 // "NodeName=n1 ... NodeAddr=10.0.0.2 ..." lines (`scontrol -o show node`) → name → address.
 std::map<std::string, std::string> node_addresses(const std::string& scontrol_output);
 

@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <filesystem>
+#include <unistd.h>
+#include <sys/stat.h>
 #include <functional>
 
 #include "slurm_provider.hpp"
@@ -23,6 +28,64 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// The stage directories' program, run for real with sh as the nodes run it.
+struct StageDirs : ::testing::Test {
+  void SetUp() override {
+    std::string t = std::filesystem::temp_directory_path().string() + "/sf-stage-XXXXXX";
+    ASSERT_NE(::mkdtemp(t.data()), nullptr);
+    root = t;
+    ASSERT_EQ(::chmod(root.c_str(), 01777), 0);  // like /tmp
+  }
+  void TearDown() override { std::filesystem::remove_all(root); }
+  // sh -c PROGRAM sh POOL DIRS...: exit status, stderr in `err`.
+  int run(const std::string& pool, const std::vector<std::string>& dirs) {
+    std::string program;
+    for (char c : stage_dirs_program()) program += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    std::string cmd = "sh -c '" + program + "' sh '" + pool + "'";
+    for (const auto& d : dirs) cmd += " '" + d + "'";
+    cmd += " 2>" + root + "/err";
+    const int st = std::system(cmd.c_str());
+    std::ifstream f(root + "/err");
+    err.assign(std::istreambuf_iterator<char>(f), {});
+    return WEXITSTATUS(st);
+  }
+  std::string root, err;
+};
+
+TEST_F(StageDirs, MakesThePoolsDirectoryPrivate) {
+  const std::string pool = root + "/skyforge-0123456789ab";
+  ASSERT_EQ(run(pool, {pool + "/stage/usr/bin", pool + "/stage/opt"}), 0) << err;
+  struct stat st {};
+  ASSERT_EQ(::lstat(pool.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  ASSERT_EQ(::lstat((pool + "/stage/usr/bin").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 077, 0u);
+  EXPECT_EQ(run(pool, {pool + "/stage/lib"}), 0) << "ours already (another node on a shared stage_dir): " << err;
+}
+
+TEST_F(StageDirs, RefusesADirectoryThatIsNotOursAlone) {
+  const std::string pool = root + "/skyforge-0123456789ab";
+  ASSERT_EQ(::mkdir(pool.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(pool.c_str(), 0777), 0);  // planted, open to all (an attacker's would also be theirs)
+  EXPECT_EQ(run(pool, {pool + "/stage/x"}), 1);
+  EXPECT_NE(err.find("is not this user's own 0700 directory"), std::string::npos) << err;
+  EXPECT_NE(err.find("mode 777"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(pool + "/stage"));
+  std::filesystem::remove(pool);
+  ASSERT_EQ(::mkdir((root + "/elsewhere").c_str(), 0700), 0);
+  ASSERT_EQ(::symlink((root + "/elsewhere").c_str(), pool.c_str()), 0);  // a symlink to a directory of ours
+  EXPECT_EQ(run(pool, {pool + "/stage/x"}), 1) << err;
+  EXPECT_FALSE(std::filesystem::exists(root + "/elsewhere/stage"));
+  if (::geteuid() == 0) {  // another owner: chown is root's
+    std::filesystem::remove(pool);
+    ASSERT_EQ(::mkdir(pool.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(pool.c_str(), 65534, 65534), 0);
+    EXPECT_EQ(run(pool, {pool + "/stage/x"}), 1);
+    EXPECT_NE(err.find("owner nobody"), std::string::npos) << err;
+  }
 }
 
 TEST(SlurmOptions, BecomeSbatchOptions) {
