@@ -35,7 +35,7 @@ from collections import Counter
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._tls import server_context
+from ._tls import _readable, server_context
 from ._wire import ErrorReport, accept_connection, control_frame, parse_control, parse_done, task_frame
 
 # A connection to the pool's port has this long to prove the key and say hello (a node needs a
@@ -190,7 +190,7 @@ class _Gate:
                 time.sleep(min(max(wait, 0.005), 0.1))
                 continue
             try:
-                readable, _, _ = select.select([self.sock], [], [], 0.1)
+                readable = _readable(self.sock, 0.1)  # poll(2): any descriptor number
             except (OSError, ValueError):
                 return  # closed
             if not readable or self._closed:

@@ -17,6 +17,7 @@ does not allow.
 """
 from __future__ import annotations
 
+import math
 import select
 import socket
 import ssl
@@ -27,6 +28,14 @@ from typing import Optional
 
 _LEN = struct.Struct("!Q")
 _CHUNK = 256 * 1024
+
+
+def _readable(sock: socket.socket, timeout: Optional[float]) -> bool:
+    """Whether `sock` has something to read within `timeout` seconds (None: wait). poll(2), not
+    select(2): a process with many files open has descriptors past select's 1024."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
 
 
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
@@ -71,7 +80,7 @@ class TlsConnection:
                 except ssl.SSLWantReadError:
                     self._flush()
                     left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([sock], [], [], left)[0]:
+                    if left <= 0 or not _readable(sock, left):
                         raise TimeoutError(f"TLS handshake not done within {timeout:g} s")
                     if not self._pump():
                         raise EOFError("the peer closed the connection during the TLS handshake")
@@ -161,7 +170,7 @@ class TlsConnection:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._message_ready(None) is None:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self._sock], [], [], left)[0]:
+            if not _readable(self._sock, left):
                 return False
             if not self._pump():
                 return True  # recv_bytes will raise EOFError
