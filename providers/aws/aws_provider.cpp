@@ -56,11 +56,6 @@ bool sshd_answers(const std::string& addr, std::chrono::milliseconds wait) {
   return ok;
 }
 
-fs::path state_root() {
-  const char* rt = std::getenv("XDG_RUNTIME_DIR");
-  return rt && *rt ? fs::path(rt) : fs::temp_directory_path();
-}
-
 }  // namespace
 
 AwsProvider::AwsProvider(const Context& ctx) : Provider(ctx), ctx_(ctx), opt_(AwsOptions::from(ctx.options)) {
@@ -167,12 +162,21 @@ std::vector<std::string> AwsProvider::reconcile(bool terminate) {
   for (const auto& w : warnings) host().warn("aws: sweep: " + w);
   // A killed host's local state of those pools (their private key, known_hosts) goes too; only
   // a real directory inside the state root, never what a symlink or a crafted tag points at.
-  const fs::path root = state_root();
+  // Each state root a run may have used (state_roots(): the runtime directory when the session
+  // had one, else the state home), so a pool made from a cron job is found from a login too.
+  std::vector<fs::path> roots;
+  try {
+    roots = state_roots(process_env());
+  } catch (const std::exception& e) {
+    host().warn(std::string("aws: sweep: no local state looked for: ") + e.what());
+  }
   for (const auto& pool : pools) {
-    std::string refused;
-    const std::string removed = remove_pool_state(root, pool, &refused);
-    if (!removed.empty()) report.push_back(removed);
-    if (!refused.empty()) host().warn("aws: sweep: local state of pool " + pool + " not removed: " + refused);
+    for (const auto& root : roots) {
+      std::string refused;
+      const std::string removed = remove_pool_state(root, pool, &refused);
+      if (!removed.empty()) report.push_back(removed);
+      if (!refused.empty()) host().warn("aws: sweep: local state of pool " + pool + " not removed: " + refused);
+    }
   }
   return report;
 }
@@ -239,7 +243,7 @@ Provisioned AwsProvider::provision(const PoolSpec& spec) {
     throw Error("aws provider: pool id " + shown_tag(spec.pool_id) + ": expected " + std::to_string(kPoolIdLength) +
                     " lowercase hex digits, as skyforge makes them",
                 SF_ERR_INVALID);
-  const fs::path state = pool_state_dir(state_root(), spec.pool_id);
+  const fs::path state = pool_state_dir(make_state_root(process_env()), spec.pool_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     pool_ = std::make_unique<Ec2Pool>(opt_, std::move(client), state, [h = host()](const std::string& l) { h.info(l); });

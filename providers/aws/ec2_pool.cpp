@@ -1,10 +1,15 @@
 #include "ec2_pool.hpp"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
+#include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <set>
@@ -124,6 +129,104 @@ std::string shown_tag(const std::string& value) {
 
 fs::path pool_state_dir(const fs::path& state_root, const std::string& pool_id) {
   return state_root / ("skyforge-aws-" + pool_id);
+}
+
+namespace {
+
+std::string user_of(uid_t uid) {
+  passwd pw{}, *found = nullptr;
+  char buf[1024];
+  std::string out = "uid " + std::to_string(uid);
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found) out += " (" + std::string(pw.pw_name) + ")";
+  return out;
+}
+
+std::string mode_of(mode_t m) {
+  char s[8];
+  std::snprintf(s, sizeof s, "%04o", unsigned(m & 07777));
+  return s;
+}
+
+}  // namespace
+
+std::vector<fs::path> state_roots(const std::function<std::string(const std::string&)>& env) {
+  std::vector<fs::path> roots;
+  auto absolute = [&](const char* name) {
+    const std::string v = env(name);
+    return !v.empty() && v[0] == '/' ? fs::path(v) : fs::path();
+  };
+  if (fs::path rt = absolute("XDG_RUNTIME_DIR"); !rt.empty()) roots.push_back(rt);
+  if (fs::path st = absolute("XDG_STATE_HOME"); !st.empty())
+    roots.push_back(st / "skyforge");
+  else if (fs::path home = absolute("HOME"); !home.empty())
+    roots.push_back(home / ".local" / "state" / "skyforge");
+  if (roots.empty())
+    throw Error("aws provider: no place for a pool's local state (its private key): none of XDG_RUNTIME_DIR, "
+                "XDG_STATE_HOME, HOME is set to an absolute path (/tmp is never used: another local user could "
+                "make the pool's directory there first)",
+                SF_ERR_INVALID);
+  return roots;
+}
+
+fs::path make_state_root(const std::function<std::string(const std::string&)>& env) {
+  const auto roots = state_roots(env);
+  const std::string rt = env("XDG_RUNTIME_DIR");
+  if (!rt.empty() && roots.front() == fs::path(rt)) return roots.front();  // the user's own, 0700, by its spec
+  std::error_code ec;
+  fs::create_directories(roots.front().parent_path(), ec);
+  if (ec)
+    throw Error("aws provider: cannot make " + roots.front().parent_path().string() + " for the pools' local state: " +
+                    ec.message(),
+                SF_ERR);
+  make_private_dir(roots.front());
+  return roots.front();
+}
+
+void make_private_dir(const fs::path& dir) {
+  auto refuse = [&](const std::string& what) {
+    return Error("aws provider: the local state directory " + dir.string() + " " + what +
+                     ": refused, nothing in it or where it leads touched (expected a real directory owned by this "
+                     "user, " + user_of(::geteuid()) + ", mode 0700, as skyforge makes it; another local user may "
+                     "have made it first; if it is yours, remove it)",
+                 SF_ERR);
+  };
+  if (dir.empty() || !dir.is_absolute()) throw Error("aws provider: local state directory \"" + dir.string() + "\": expected an absolute path", SF_ERR_INVALID);
+  // The parent first: where others may rename or replace entries, no check below would hold.
+  const fs::path parent = dir.parent_path();
+  struct stat pst{};
+  if (::stat(parent.c_str(), &pst) != 0)
+    throw Error("aws provider: the local state root " + parent.string() + ": " + std::strerror(errno), SF_ERR);
+  if ((pst.st_mode & (S_IWGRP | S_IWOTH)) && !(pst.st_mode & S_ISVTX))
+    throw Error("aws provider: the local state root " + parent.string() + " (owner " + user_of(pst.st_uid) +
+                    ", mode " + mode_of(pst.st_mode) + ") is writable by other users and not sticky: refused "
+                    "(expected a directory only its owner can write to, or a sticky one like /tmp)",
+                SF_ERR);
+  const bool made = ::mkdir(dir.c_str(), 0700) == 0;
+  if (!made && errno != EEXIST)
+    throw Error("aws provider: cannot make the local state directory " + dir.string() + ": " + std::strerror(errno), SF_ERR);
+  struct stat st{};
+  if (::lstat(dir.c_str(), &st) != 0)
+    throw Error("aws provider: the local state directory " + dir.string() + ": " + std::strerror(errno), SF_ERR);
+  if (S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    const fs::path to = fs::read_symlink(dir, ec);
+    throw refuse("is a symlink (to " + (ec ? std::string("?") : to.string()) + ", owner " + user_of(st.st_uid) + ")");
+  }
+  if (!S_ISDIR(st.st_mode)) throw refuse("is not a directory (owner " + user_of(st.st_uid) + ")");
+  if (st.st_uid != ::geteuid())
+    throw refuse("is owned by " + user_of(st.st_uid) + ", not by this user (mode " + mode_of(st.st_mode) + ")");
+  if (made) {
+    // Ours, just made: 0700 exactly, whatever the umask took away (through the directory itself,
+    // never a name that could have been swapped since).
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat fst{};
+    const bool same = fd >= 0 && ::fstat(fd, &fst) == 0 && fst.st_dev == st.st_dev && fst.st_ino == st.st_ino;
+    const bool ok = same && ::fchmod(fd, 0700) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!ok) throw refuse("changed while it was made");
+  } else if ((st.st_mode & 07777) != 0700) {
+    throw refuse("has mode " + mode_of(st.st_mode) + ", not 0700 (owner " + user_of(st.st_uid) + ")");
+  }
 }
 
 std::string remove_pool_state(const fs::path& state_root, const std::string& pool_id, std::string* refused) {
@@ -417,8 +520,7 @@ std::string Ec2Pool::resolve_image() {
 
 void Ec2Pool::make_key_pair() {
   if (!opt_.key_name.empty()) return;
-  fs::create_directories(state_dir_);
-  fs::permissions(state_dir_, fs::perms::owner_all, fs::perm_options::replace);
+  if (!state_dir_ours_) throw Error("aws provider: no local state directory for the pool's key pair", SF_ERR);
   const fs::path key = state_dir_ / "id_ed25519";
   std::error_code ec;
   fs::remove(key, ec);
@@ -664,6 +766,11 @@ std::vector<InstanceView> Ec2Pool::create(const std::string& pool_id, uint32_t n
     throw invalid("pool id " + shown_tag(pool_id) + ": expected " + std::to_string(kPoolIdLength) +
                   " lowercase hex digits, as skyforge makes them");
   pool_id_ = pool_id;
+  // The pool's own directory (its private key, known_hosts) before anything is made in the cloud.
+  if (!state_dir_.empty()) {
+    make_private_dir(state_dir_);
+    state_dir_ours_ = true;
+  }
   image_id_ = resolve_image();
   check_cancelled();
   make_key_pair();
@@ -782,7 +889,7 @@ void Ec2Pool::teardown(const std::vector<std::string>& only) {
       }
     }
     std::error_code ec;
-    if (!state_dir_.empty()) fs::remove_all(state_dir_, ec);
+    if (state_dir_ours_) fs::remove_all(state_dir_, ec);
     std::lock_guard<std::mutex> lock(mu_);
     if (errors.empty()) {
       made_group_id_.clear();

@@ -71,6 +71,23 @@ std::string shown_tag(const std::string& value);
 
 // A pool's local state (its private key, known_hosts): `state_root`/skyforge-aws-<pool id>.
 std::filesystem::path pool_state_dir(const std::filesystem::path& state_root, const std::string& pool_id);
+
+// The state roots, the one a new pool uses first: $XDG_RUNTIME_DIR when it is set to an absolute
+// path (a directory of this user's alone, 0700), then $XDG_STATE_HOME/skyforge, else
+// $HOME/.local/state/skyforge. Never /tmp: a pool's name is not secret, and another local user
+// could make it there first. `skyforge sweep` looks in each. Throws Error when none of those
+// variables is an absolute path.
+std::vector<std::filesystem::path> state_roots(const std::function<std::string(const std::string&)>& env);
+// The first of state_roots(), ready for a pool's directory: a $XDG_STATE_HOME/skyforge or
+// ~/.local/state/skyforge root is made (its parents as usual, itself by make_private_dir).
+std::filesystem::path make_state_root(const std::function<std::string(const std::string&)>& env);
+// Makes `dir` this user's own directory, mode 0700, or refuses it: mkdir(2) of the last component
+// alone (never through a symlink), then lstat(2). One already there is used only when it is a real
+// directory (not a symlink), owned by this user (the effective uid) and exactly 0700, inside a
+// parent that others cannot write to (or a sticky one, like /tmp); anything else throws Error
+// naming the path, what it is (symlink target, owner, mode) and what was expected, and nothing
+// under it or where it leads is touched.
+void make_private_dir(const std::filesystem::path& dir);
 // What `skyforge sweep` does with the local state of a pool it swept: removes
 // pool_state_dir(state_root, pool_id) when it is a real directory directly inside the state root
 // (canonical paths compared), and nothing else -- never a path outside the state root, never
@@ -180,6 +197,7 @@ class Ec2Pool {
   AwsOptions opt_;
   std::unique_ptr<Ec2Client> ec2_;
   std::filesystem::path state_dir_;
+  bool state_dir_ours_ = false;  // made or checked by make_private_dir: only then removed at teardown
   Log log_;
   Log status_;
   std::string pool_id_;

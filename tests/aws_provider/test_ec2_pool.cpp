@@ -241,6 +241,7 @@ TEST_F(Ec2PoolTest, AHundredProvisionsAndTeardownsLeaveNothing) {
 // it down, and leaves a pool that has not expired alone.
 TEST_F(Ec2PoolTest, SweepTakesDownWhatExpiredAndNothingElse) {
   // The dead host: a process that makes its pool and dies without tearing anything down.
+  fs::create_directories(state_);  // the state root of both pools (each makes only its own directory)
   pid_t child = ::fork();
   if (child == 0) {
     try {
