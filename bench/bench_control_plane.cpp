@@ -1,7 +1,8 @@
 // bench_control_plane — what one host can drive: N simulated workers' control-plane connections
 // and heartbeats held by one server, through the real classes of host/src/shared/protocol.hpp
-// (net::Server, net::connect(), net::Connection, the HMAC handshake), with the host's settings
-// (heartbeat every 400 ms both ways, lease 4 s, one io thread polling for 50 us after each burst of
+// (net::Server, net::connect(), net::Connection, the sealed channel's handshake: X25519 key
+// shares and HMAC proofs, then ChaCha20-Poly1305 records), with the host's settings (heartbeat
+// every 400 ms both ways, lease 4 s, one io thread polling for 50 us after each burst of
 // work, as `skyforge run` does: run_io_with_spin).
 //
 //   build/bin/bench_control_plane [--workers 1000] [--seconds 10] [--warmup 2]
@@ -356,7 +357,7 @@ int run_server(const Args& a) {
     std::printf("control plane, %d simulated workers on one host (heartbeat %d ms both ways, lease %d ms, Progress every %d ms; "
                 "server: 1 io thread, spin %d us; clients: 1 process, %d io thread(s))\n",
                 a.workers, kHeartbeatMs, kLeaseMs, a.progress_ms, a.spin_us, a.client_threads);
-    std::printf("connect: %d handshakes (HMAC) one after another in %.2f s (%.0f/s); server RSS %.1f MiB before, "
+    std::printf("connect: %d handshakes (X25519 + HMAC) one after another in %.2f s (%.0f/s); server RSS %.1f MiB before, "
                 "%.1f MiB with them (%.1f KiB per connection)\n",
                 a.workers, connect_s, a.workers / connect_s, rss_empty / 1024.0, rss_connected / 1024.0,
                 double(rss_connected - rss_empty) / a.workers);
