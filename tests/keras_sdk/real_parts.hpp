@@ -82,6 +82,17 @@ struct SpiedCpu {
   uint64_t engine_step() const { return CpuInstance::engine_step(spy.last_engine); }
 };
 
+// Compile options on a spied cpu backend: one engine thread (ranks are threads and the machine
+// may have 1-2 cores), `comm` for data parallelism (null: one rank), `seed`.
+inline skyforge::keras::CompileOptions bind(SpiedCpu& b, const sf_communicator* comm = nullptr, uint64_t seed = 7) {
+  skyforge::keras::CompileOptions o;
+  o.backend = b.backend();
+  o.communicator = skyforge::Communicator(comm);
+  o.seed = seed;
+  o.threads = 1;
+  return o;
+}
+
 // Forwards every sf_communicator call to `real` and records its signature ("allreduce n=3
 // f64 sum", "broadcast 84 B root 0", ...), in call order.
 class CommSpy {

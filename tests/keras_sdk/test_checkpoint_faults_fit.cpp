@@ -26,18 +26,10 @@ using model_util::make_data;
 using model_util::small_model;
 using model_util::Synthetic;
 using real::run_ranks;
+using real::bind;
 using real::SpiedCpu;
 
 namespace {
-
-K::CompileOptions bind(SpiedCpu& b, const sf_communicator* comm = nullptr, uint64_t seed = 7) {
-  K::CompileOptions o;
-  o.backend = b.backend();
-  o.communicator = skyforge::Communicator(comm);
-  o.seed = seed;
-  o.threads = 1;
-  return o;
-}
 
 K::FitOptions fit_options(const fs::path& ckpt, uint32_t epochs, bool resume, std::FILE* out = nullptr) {
   K::FitOptions o;

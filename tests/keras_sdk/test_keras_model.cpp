@@ -32,19 +32,10 @@ using model_util::slice;
 using model_util::small_model;
 using model_util::Synthetic;
 using real::run_ranks;
+using real::bind;
 using real::SpiedCpu;
 
 namespace {
-
-// One engine thread: ranks are threads and the machine may have 1-2 cores.
-K::CompileOptions bind(SpiedCpu& b, const sf_communicator* comm = nullptr, uint64_t seed = 7) {
-  K::CompileOptions o;
-  o.backend = b.backend();
-  o.communicator = skyforge::Communicator(comm);
-  o.seed = seed;
-  o.threads = 1;
-  return o;
-}
 
 // The TensorBoard scalars `tag` in the event files of `dir`, as (step, value) in file order.
 std::vector<std::pair<int64_t, float>> scalars_in(const fs::path& dir, const std::string& tag) {
