@@ -26,6 +26,7 @@
 #include <string>
 #include <thread>
 
+#include "lock_holder.hpp"
 #include "test_util.hpp"
 
 namespace K = skyforge::keras;
@@ -198,24 +199,8 @@ TEST(CheckpointLock, ASecondHolderFailsAtOnceNamingTheFirst) {
 
 TEST(CheckpointLock, ADeadHoldersLockIsTakenOver) {
   TempDir dir("lock_dead");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {  // a run that takes the lock and is then SIGKILLed
-    ::close(ready[0]);
-    try {
-      K::CheckpointLock l = K::CheckpointLock::acquire(dir.path);
-      if (::write(ready[1], "1", 1) != 1) ::_exit(2);
-      for (;;) ::pause();
-    } catch (...) {
-      ::_exit(1);
-    }
-  }
-  ::close(ready[1]);
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ::close(ready[0]);
+  const pid_t child = fork_lock_holder(dir.path);  // a run that holds the lock (before any thread starts)
+  ASSERT_GT(child, 0);
   const std::string err = timed([&] { K::CheckpointLock::acquire(dir.path); }).error;
   EXPECT_NE(err.find("is in use by another run (host "), std::string::npos) << err;
   EXPECT_NE(err.find(", pid " + std::to_string(child) + ", started "), std::string::npos) << err;

@@ -17,6 +17,7 @@
 
 #include "model_util.hpp"
 #include "real_parts.hpp"
+#include "lock_holder.hpp"
 #include "test_util.hpp"
 
 namespace K = skyforge::keras;
@@ -58,24 +59,8 @@ std::string text_of(std::FILE* f) {
 TEST(CheckpointFit, ALockedDirectoryFailsAtOnceAndADeadHoldersIsTakenOver) {
   TempDir dir("fit_locked");
   const fs::path ckpt = dir.path / "ckpt";
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  const pid_t child = ::fork();  // before any thread starts
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(ready[0]);
-    try {
-      K::CheckpointLock l = K::CheckpointLock::acquire(ckpt);
-      if (::write(ready[1], "1", 1) != 1) ::_exit(2);
-      for (;;) ::pause();
-    } catch (...) {
-      ::_exit(1);
-    }
-  }
-  ::close(ready[1]);
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ::close(ready[0]);
+  const pid_t child = fork_lock_holder(ckpt);  // a run that holds the lock (before any thread starts)
+  ASSERT_GT(child, 0);
 
   const Synthetic d = make_data(64, 3);
   SpiedCpu b;
