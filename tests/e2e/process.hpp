@@ -32,39 +32,52 @@ struct Output {
   double seconds = 0;
 };
 
+// Starts argv[0] (a path) with this process's environment plus `env_extra`, its stdout and
+// stderr the write ends of two new pipes; returns its pid and the read ends in out_fd/err_fd.
+inline pid_t spawn_with_pipes(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env_extra,
+                              int& out_fd, int& err_fd) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) throw std::runtime_error("pipe");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  std::vector<std::string> envs;
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string s(*e);
+    auto eq = s.find('=');
+    if (eq != std::string::npos) env[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  for (auto& [k, v] : env_extra) env[k] = v;
+  for (auto& [k, v] : env) envs.push_back(k + "=" + v);
+  std::vector<char*> cenv, cargv;
+  for (auto& e : envs) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  std::vector<std::string> a = argv;
+  for (auto& s : a) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, cargv[0], &fa, nullptr, cargv.data(), cenv.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+  close(err[1]);
+  if (rc != 0) {
+    close(out[0]);
+    close(err[0]);
+    throw std::runtime_error("posix_spawn " + argv[0]);
+  }
+  out_fd = out[0];
+  err_fd = err[0];
+  return pid;
+}
+
 // A child process with its stdout/stderr drained into strings.
 class Child {
  public:
   Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env_extra) {
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) throw std::runtime_error("pipe");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    std::vector<std::string> envs;
-    std::map<std::string, std::string> env;
-    for (char** e = environ; *e; ++e) {
-      std::string s(*e);
-      auto eq = s.find('=');
-      if (eq != std::string::npos) env[s.substr(0, eq)] = s.substr(eq + 1);
-    }
-    for (auto& [k, v] : env_extra) env[k] = v;
-    for (auto& [k, v] : env) envs.push_back(k + "=" + v);
-    std::vector<char*> cenv, cargv;
-    for (auto& e : envs) cenv.push_back(e.data());
-    cenv.push_back(nullptr);
-    std::vector<std::string> a = argv;
-    for (auto& s : a) cargv.push_back(s.data());
-    cargv.push_back(nullptr);
     start_ = std::chrono::steady_clock::now();
-    if (posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), cenv.data()) != 0)
-      throw std::runtime_error("posix_spawn " + argv[0]);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    close(err[1]);
-    out_fd_ = out[0];
-    err_fd_ = err[0];
+    pid_ = spawn_with_pipes(argv, env_extra, out_fd_, err_fd_);
     reader_ = std::thread([this] { drain(); });
   }
   ~Child() {

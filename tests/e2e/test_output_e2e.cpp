@@ -35,31 +35,9 @@ using Clock = std::chrono::steady_clock;
 class HeldReader {
  public:
   HeldReader(const std::vector<std::string>& argv, const std::map<std::string, std::string>& extra) {
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) throw std::runtime_error("pipe");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    std::map<std::string, std::string> env;
-    for (char** e = environ; *e; ++e) {
-      std::string s(*e);
-      if (auto eq = s.find('='); eq != std::string::npos) env[s.substr(0, eq)] = s.substr(eq + 1);
-    }
-    for (auto& [k, v] : extra) env[k] = v;
-    std::vector<std::string> envs, args = argv;
-    for (auto& [k, v] : env) envs.push_back(k + "=" + v);
-    std::vector<char*> cenv, cargv;
-    for (auto& e : envs) cenv.push_back(e.data());
-    cenv.push_back(nullptr);
-    for (auto& a : args) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    if (posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), cenv.data()) != 0) throw std::runtime_error("spawn");
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    close(err[1]);
-    out_fd_ = out[0];
-    err_thread_ = std::thread([this, fd = err[0]] {
+    int err_fd = -1;
+    pid_ = skyforge::test::spawn_with_pipes(argv, extra, out_fd_, err_fd);
+    err_thread_ = std::thread([this, fd = err_fd] {
       char buf[65536];
       for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
         std::lock_guard<std::mutex> lock(mu_);
