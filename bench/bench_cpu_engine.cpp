@@ -13,7 +13,7 @@
 // training set. Counters: items_per_second (samples/s) and step (seconds per step). The
 // machine may be shared: read the CPU column and the counters, which use CPU time.
 #include "cpu_engine.hpp"
-#include "kernels.hpp"
+#include "cpu_ops.hpp"
 #include "simd.hpp"
 
 #include <benchmark/benchmark.h>
@@ -170,7 +170,7 @@ void BM_gemm(benchmark::State& s) {
 }
 
 // The same plain GEMMs in simd.hpp's register tiles (what k::gemm runs instead of OpenBLAS with
-// the AVX-512 table, see kernels.hpp). Args as BM_gemm; op(B) = B only. Skipped without AVX2.
+// the AVX-512 table, see cpu_ops.hpp). Args as BM_gemm; op(B) = B only. Skipped without AVX2.
 void BM_tile_gemm(benchmark::State& s) {
   const skyforge::cpu::simd::Kernels* sk = skyforge::cpu::simd::kernels();
   if (!sk) {

@@ -1,6 +1,6 @@
 // The cpu backend's engine: model assembly, training step, data parallelism, optimizers,
 // state_dict.
-#include "kernels.hpp"
+#include "cpu_ops.hpp"
 
 #include <skyforge/engine_state.hpp>
 #include <skyforge/initial_weights.hpp>
@@ -37,7 +37,7 @@ int usable_cores() {
 namespace {
 
 // OpenBLAS runs single-threaded: the engine's OpenMP threads split big GEMMs themselves
-// (kernels.hpp, gemm), so one pool of exactly `threads` threads does all the work.
+// (cpu_ops.hpp, gemm), so one pool of exactly `threads` threads does all the work.
 void use_single_threaded_blas() {
   static std::atomic<bool> done{false};
   if (!done.exchange(true)) openblas_set_num_threads(1);

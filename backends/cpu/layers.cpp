@@ -1,5 +1,5 @@
 // The cpu backend's layers (Keras semantics, NHWC, float32) and the loss.
-#include "kernels.hpp"
+#include "cpu_ops.hpp"
 
 #include <skyforge/kernels/philox.hpp>
 #include <skyforge/layer_schema.hpp>

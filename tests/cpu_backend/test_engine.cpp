@@ -343,7 +343,7 @@ TEST(Determinism, SameSeedSameParamsBitForBit) {
 }
 
 TEST(Determinism, ThreadCountDoesNotChangeResults) {
-  // Every kernel's split follows the data's shape, never the thread count (kernels.hpp): the
+  // Every kernel's split follows the data's shape, never the thread count (cpu_ops.hpp): the
   // same bits on 1, 2 and 3 threads, for the kernel table this process runs (CTest runs this
   // test once per table: the CPU's best, avx2 and the portable OpenBLAS path).
   Synthetic d(128, 8);

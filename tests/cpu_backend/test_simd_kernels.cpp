@@ -4,7 +4,7 @@
 // order, the weight gradient's over the output pixels of the batch in order. GEMM: over the
 // reduction index. So the results must be bit-identical, for each instruction set the CPU has,
 // whichever internal path a shape takes.
-#include "kernels.hpp"
+#include "cpu_ops.hpp"
 #include "simd.hpp"
 
 #include "helpers.hpp"
@@ -189,7 +189,7 @@ TEST(SimdGemm, TilesAreTheFmaChains) {
   });
 }
 
-// k::gemm routes a GEMM to the tiles or to OpenBLAS (kernels.hpp): either way the engine's thread
+// k::gemm routes a GEMM to the tiles or to OpenBLAS (cpu_ops.hpp): either way the engine's thread
 // split must not change a bit, and the two must agree to rounding. Every table this CPU has, and
 // the portable path (OpenBLAS alone); shapes split by rows and by columns, with ragged blocks.
 TEST(SimdGemm, EngineGemmIsThreadCountInvariantAndAgreesWithOpenBlas) {

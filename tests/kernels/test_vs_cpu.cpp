@@ -3,7 +3,7 @@
 // both are plain float code (bias + activation, the loss gradient, Adam and SGD); batch
 // normalization adds its double sums in another order, so it agrees to float rounding.
 #include "../cpu_backend/helpers.hpp"
-#include "kernels.hpp"
+#include "cpu_ops.hpp"
 #include "reference.hpp"
 
 #include <gtest/gtest.h>

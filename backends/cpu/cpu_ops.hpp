@@ -1,5 +1,7 @@
-// Internal kernels of the cpu backend: BLAS wrapper, OpenMP loop helpers, deterministic
-// reductions. Not installed; included by the engine's .cpp files only.
+// The cpu backend's threaded building blocks: the GEMM (OpenBLAS or simd.hpp's tiles), OpenMP
+// loop helpers, deterministic row reductions, bias + activation. Not installed; included by the
+// engine's .cpp files only (the engine's tests and benchmarks too). Not the shared kernels of
+// kernels/ (skyforge/kernels/*.hpp), which both engines read.
 #pragma once
 
 #include "cpu_engine.hpp"
