@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
     from joblib.parallel import FallbackToBackend  # type: ignore
 
 from ._pool import Pool, PoolError, WorkerLostError
-from ._wire import dumps_task
+from ._payloads import dumps_task
 
 _active: Optional[Pool] = None  # the pool of the innermost `with skyforge.joblib_pool(...)`
 _active_lock = threading.Lock()

@@ -23,7 +23,9 @@ from collections import Counter
 from multiprocessing import AuthenticationError
 
 from . import _slot
-from ._wire import ErrorReport, connect, control_frame, done_frame, dumps, kind_of, parse_control, parse_task
+from ._handshake import connect
+from ._payloads import ErrorReport, dumps
+from ._wire import FROM_DRIVER, FrameError, control_frame, done_frame, kind_of, parse_control, parse_task
 
 
 class Slot:
@@ -137,6 +139,34 @@ cancelled = set()  # task ids the client no longer wants (joblib's abort_everyth
 leaving = threading.Event()  # the client said bye or went away: queued tasks are skipped
 
 
+def listen(conn, node: int, workers, tasks) -> int:
+    """The agent's reading of the caller, until bye or the end of the connection (0), or a frame
+    it refuses (1, said on stderr): tasks to the node's queue, shared arguments to every slot,
+    cancels to `cancelled`. It only reads: a slot busy with a long task never stops the node
+    from hearing the caller (a cancel, a put for the next call, a bye)."""
+    while True:
+        try:
+            frame = conn.recv_bytes()
+        except (EOFError, OSError):
+            return 0
+        try:
+            if kind_of(frame) == b"T":
+                tasks.put((parse_task(frame)[0], frame))
+                continue
+            msg = parse_control(frame, FROM_DRIVER)
+        except FrameError as e:
+            print(f"skyforge pool node {node}: the caller sent a frame this node refuses (docs/python-plane.md): {e}",
+                  file=sys.stderr, flush=True)
+            return 1
+        if msg[0] in ("put", "drop"):
+            for w in workers:
+                w.control.put(msg)
+        elif msg[0] == "cancel":
+            cancelled.update(msg[1])
+        else:  # bye
+            return 0
+
+
 def main() -> int:
     node = int(os.environ["SKYFORGE_NODE"])
     slots = max(1, int(os.environ.get("SKYFORGE_CONCURRENCY", "1")))
@@ -159,25 +189,7 @@ def main() -> int:
     tasks: "queue.SimpleQueue" = queue.SimpleQueue()
     workers = [Slot(ctx, node, i, tasks, send) for i in range(slots)]
     send(control_frame(("hello", node, slots, os.getpid())))
-    # This loop only reads: a slot busy with a long task never stops the node from hearing the
-    # client (a cancel, a put for the next call, a bye).
-    while True:
-        try:
-            frame = conn.recv_bytes()
-        except (EOFError, OSError):
-            break
-        if kind_of(frame) == b"T":
-            tasks.put((parse_task(frame)[0], frame))
-            continue
-        msg = parse_control(frame)
-        kind = msg[0]
-        if kind in ("put", "drop"):
-            for w in workers:
-                w.control.put(msg)
-        elif kind == "cancel":
-            cancelled.update(msg[1])
-        elif kind == "bye":
-            break
+    status = listen(conn, node, workers, tasks)
     leaving.set()
     for _ in workers:
         tasks.put(None)
@@ -185,7 +197,7 @@ def main() -> int:
         w.proc.join(5)
         if w.proc.is_alive():
             w.proc.kill()
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Pool.start() runs `skyforge run` on a manifest whose job is the node agent (skyforge._node) on
 every node, and waits until every node has connected back — over TLS 1.3 to this pool's own
 pinned certificate (_tls.py), authenticated inside it with a key made for this pool
-(multiprocessing.connection's HMAC challenge-response, both ways, before any byte is
-unpickled), each connection on a thread of its own within AUTH_TIMEOUT seconds, so a peer that
+(an HMAC-SHA256 challenge-response, both ways, before any byte is unpickled: _handshake.py,
+docs/python-plane.md), each connection on a thread of its own within AUTH_TIMEOUT seconds, so a peer that
 connects and says nothing costs the pool nothing, and a flood of them cannot keep the nodes
 out (_Gate; the nodes also try again, _node.py). The key and the certificate reach the nodes
 through `skyforge run --env` (the job's environment, on skyforge's sealed control plane): never
@@ -25,7 +25,6 @@ import shutil
 import signal
 import socket
 import ssl
-import struct
 import subprocess
 import sys
 import tempfile
@@ -35,8 +34,10 @@ from collections import Counter
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ._handshake import accept_connection
+from ._payloads import ErrorReport
 from ._tls import _readable, server_context
-from ._wire import ErrorReport, accept_connection, control_frame, parse_control, parse_done, task_frame
+from ._wire import FROM_NODE, FrameError, control_frame, parse_control, parse_done, task_frame
 
 # A connection to the pool's port has this long to prove the key and say hello (a node needs a
 # few round trips: milliseconds on a LAN, a second on the worst links).
@@ -242,11 +243,7 @@ class _Gate:
         conn, pending = None, None
         try:
             conn = accept_connection(s, self.key, self.tls, self.timeout)
-            frame = conn.recv_bytes(4096)
-            hello = parse_control(frame)
-            if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello"
-                    and all(isinstance(x, int) for x in hello[1:])):
-                raise ValueError(f"its first message was not a hello: {str(hello)[:80]!r}")
+            hello = parse_control(conn.recv_bytes(4096), FROM_NODE)
             with self._lock:
                 pending = self._pending.pop(s, None)
                 if pending is not None and pending.cut is not None:  # cut just as it said hello
@@ -261,7 +258,9 @@ class _Gate:
             elif isinstance(e, TimeoutError):  # the TLS handshake ran into the same deadline
                 why = f"did not prove the key and say hello within {self.timeout:g} s"
             elif type(e).__name__ == "AuthenticationError":
-                why = "wrong key"
+                why = str(e)[:200]  # "wrong key", or how its proof is malformed
+            elif isinstance(e, FrameError):
+                why = f"its first message was refused: {e}"[:200]
             elif isinstance(e, ssl.SSLError):
                 why = f"TLS handshake failed: {e.reason or e}"[:200]
             elif isinstance(e, EOFError):
@@ -638,8 +637,8 @@ class Pool:
                     return
                 try:
                     task_id, slot, ok, payload = parse_done(frame)
-                except struct.error:
-                    self._lose(node, f"it sent a frame that is not a task's end ({bytes(frame[:1])!r})")
+                except FrameError as e:
+                    self._lose(node, f"it sent a frame the pool refuses (docs/python-plane.md): {e}")
                     node.shut_down()
                     return
                 with self._lock:

@@ -1,7 +1,7 @@
 """One slot's Python worker process: runs tasks one after another for as long as the pool lives.
 
 Started by the node agent (skyforge._node); reads task and control frames (skyforge._wire) from
-its pipe and answers each task with a done frame. Nested joblib parallelism inside a task
+its pipe (multiprocessing's own framing: the agent relays the caller's task frames as they came) and answers each task with a done frame. Nested joblib parallelism inside a task
 runs sequentially, as joblib's own rule for nested calls in a worker says.
 """
 from __future__ import annotations
@@ -10,7 +10,8 @@ import os
 import pickle
 import traceback
 
-from ._wire import ErrorReport, done_frame, dumps, kind_of, loads_task, parse_control, parse_task
+from ._payloads import ErrorReport, dumps, loads_task
+from ._wire import FROM_DRIVER, done_frame, kind_of, parse_control, parse_task
 
 
 def _sequential_nested():
@@ -76,7 +77,7 @@ def serve(conn, node: int, slot: int) -> None:
             except (BrokenPipeError, OSError):
                 return
             continue
-        msg = parse_control(frame)
+        msg = parse_control(frame, FROM_DRIVER)
         if msg[0] == "put":
             store[msg[1]] = pickle.loads(msg[2])
         elif msg[0] == "drop":

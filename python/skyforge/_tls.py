@@ -1,19 +1,19 @@
-"""TLS 1.3 for the Python pool's connections (docs/python.md, "How it works").
+"""TLS 1.3 for the Python pool's connections (docs/python-plane.md).
 
 The pool's caller makes a throwaway key and self-signed certificate per pool (`skyforge
 tls-identity`, OpenSSL through the skyforge binary: Python's ssl module cannot make one), serves
 TLS 1.3 with it, and hands the certificate to the nodes in their environment, which reaches them
 through skyforge's sealed control plane. A node accepts that certificate and no other (the pin
 is the trust: no CA, no host name). The pool's key is then proven both ways inside the channel
-(_wire.py), so each side knows the other holds it, and nothing — tasks, results, the key's
+(_handshake.py), so each side knows the other holds it, and nothing — tasks, results, the key's
 challenge — crosses the network in cleartext.
 
 TlsConnection is a message connection over one TLS socket with the methods of
 multiprocessing.connection.Connection that the pool uses (send_bytes, recv_bytes, poll, fileno,
-close). It drives an ssl.SSLObject through memory BIOs under one lock and does the socket I/O
-itself, outside that lock, so that one thread may block receiving while others send: an
-SSLSocket shared that way would use one OpenSSL object from two threads at once, which OpenSSL
-does not allow.
+close), each message behind _wire's length prefix. It drives an ssl.SSLObject through memory
+BIOs under one lock and does the socket I/O itself, outside that lock, so that one thread may
+block receiving while others send: an SSLSocket shared that way would use one OpenSSL object
+from two threads at once, which OpenSSL does not allow.
 """
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ import math
 import select
 import socket
 import ssl
-import struct
 import threading
 import time
 from typing import Optional
 
-_LEN = struct.Struct("!Q")
+from ._wire import RECORD_HEADER, record_header, record_length
+
 _CHUNK = 256 * 1024
 
 
@@ -130,12 +130,7 @@ class TlsConnection:
         return True
 
     def _message_ready(self, maxlength: Optional[int]) -> Optional[int]:
-        if len(self._plain) < _LEN.size:
-            return None
-        (n,) = _LEN.unpack_from(self._plain)
-        if maxlength is not None and n > maxlength:
-            raise OSError(f"message of {n} bytes is longer than {maxlength}")
-        return n if len(self._plain) >= _LEN.size + n else None
+        return record_length(self._plain, maxlength)
 
     # -- multiprocessing.connection.Connection's methods --------------------------------------
 
@@ -147,7 +142,7 @@ class TlsConnection:
             view = view[:size]
         with self._send_lock:
             with self._lock:
-                self._ssl.write(_LEN.pack(len(view)))
+                self._ssl.write(record_header(len(view)))
                 for i in range(0, len(view), _CHUNK):
                     self._ssl.write(view[i:i + _CHUNK])
                 data = self._out.read()
@@ -158,8 +153,8 @@ class TlsConnection:
         while True:
             n = self._message_ready(maxlength)
             if n is not None:
-                msg = bytes(self._plain[_LEN.size:_LEN.size + n])
-                del self._plain[:_LEN.size + n]
+                msg = bytes(self._plain[RECORD_HEADER.size:RECORD_HEADER.size + n])
+                del self._plain[:RECORD_HEADER.size + n]
                 return msg
             if self._closed:
                 raise OSError("handle is closed")

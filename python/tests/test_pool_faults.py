@@ -23,7 +23,7 @@ joblib = pytest.importorskip("joblib")
 from joblib import Parallel, delayed  # noqa: E402
 
 import skyforge  # noqa: E402
-from skyforge import _pool, _wire  # noqa: E402
+from skyforge import _handshake, _pool, _wire  # noqa: E402
 from conftest import processes_of  # noqa: E402
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(skyforge.__file__))
@@ -88,7 +88,7 @@ def test_silent_and_wrong_key_peers_do_not_stop_the_start_and_are_reported(pool_
 
     def wrong_key(port, cert):
         try:  # TLS to the pool's pinned certificate, then the wrong key inside it
-            _wire.connect(("127.0.0.1", port), b"not the pool's key", cert, timeout=5)
+            _handshake.connect(("127.0.0.1", port), b"not the pool's key", cert, timeout=5)
         except Exception:  # noqa: BLE001 - refused, as it should be
             pass
 
@@ -399,7 +399,7 @@ def test_an_exception_whose_str_raises_keeps_its_type(pool_env):
 CLOSE_SLOWLY = """
 import functools, sys, time
 from skyforge._pool import Pool
-from skyforge._wire import dumps_task
+from skyforge._payloads import dumps_task
 pool = Pool(nodes=1, concurrency=1).start()
 pool.submit(dumps_task(functools.partial(time.sleep, 60), {}))
 time.sleep(0.5)  # the task runs: its node takes seconds to leave after bye
@@ -516,7 +516,7 @@ def big(i):
 def test_closing_with_results_in_flight_prints_no_traceback(pool_env, monkeypatch):
     errors = []
     monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
-    from skyforge._wire import dumps_task
+    from skyforge._payloads import dumps_task
     for _ in range(2):
         pool = _pool.Pool(nodes=2, concurrency=2).start()
         futures = [pool.submit(dumps_task(functools.partial(big, i), {})) for i in range(40)]
@@ -569,7 +569,7 @@ def test_the_pools_connections_are_tls_and_carry_nothing_in_the_clear(tls_identi
     gate = _pool._Gate("127.0.0.1", key, tls, 5.0)
     relay = _Relay(gate.address)
     try:
-        conn = _wire.connect(relay.address, key, cert, timeout=5)
+        conn = _handshake.connect(relay.address, key, cert, timeout=5)
         secret = b"task-payload-3f9a1c-a secret argument"
         conn.send_bytes(_wire.control_frame(("hello", 0, 1, os.getpid())))
         node_conn, hello, _ = gate.ready.get(timeout=5)
@@ -599,7 +599,7 @@ def test_a_node_refuses_a_pool_with_another_certificate(tls_identity, skyforge_b
     try:
         import ssl
         with pytest.raises(ssl.SSLCertVerificationError):
-            _wire.connect(gate.address, key, (other / "cert.pem").read_text(), timeout=5)
+            _handshake.connect(gate.address, key, (other / "cert.pem").read_text(), timeout=5)
     finally:
         gate.close()
 
