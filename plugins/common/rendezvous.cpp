@@ -78,29 +78,26 @@ std::string publish_once(const Host& host, const std::string& key, int64_t timeo
   }
 }
 
-uint16_t head_port(const Host& host, const InstanceInfo& info, const std::string& key, uint16_t fixed,
-                   int64_t timeout_ms, const std::string& who, const std::string& what) {
-  if (fixed != 0) return fixed;
+uint16_t head_port(const Host& host, const InstanceInfo& info, const std::string& key, const RendezvousOptions& opts,
+                   const std::string& who, const std::string& what) {
+  if (opts.port != 0) return opts.port;
   std::function<std::string()> make;
   if (info.is_head) make = [&] { return std::to_string(pick_free_port(who)); };
-  std::string text = publish_once(host, key, timeout_ms, make, who,
+  std::string text = publish_once(host, key, opts.timeout_ms, make, who,
                                   "the head node did not publish " + what + "; raise the rendezvous_timeout option");
   return parse_port_text(text, key, who);
 }
 
-int64_t timeout_ms_option(const Options& o, const std::string& who, const std::string& name, int64_t fallback_s) {
-  int64_t s = o.get_int(name, fallback_s);
-  if (s <= 0)
-    throw Error(who + ": " + name + ": expected a positive number of seconds, got " + std::to_string(s), SF_ERR_INVALID);
-  return s * 1000;
-}
-
-uint16_t port_option(const Options& o, const std::string& who, const std::string& name) {
-  int64_t v = o.get_int(name, 0);
-  if (v < 0 || v > 65535)
-    throw Error(who + ": " + name + ": expected 0 (automatic) or a TCP port 1..65535, got " + std::to_string(v),
+RendezvousOptions rendezvous_options(const Options& o, const std::string& who, const std::string& port_name) {
+  const int64_t port = o.get_int(port_name, 0);
+  if (port < 0 || port > 65535)
+    throw Error(who + ": " + port_name + ": expected 0 (automatic) or a TCP port 1..65535, got " + std::to_string(port),
                 SF_ERR_INVALID);
-  return uint16_t(v);
+  const int64_t timeout_s = o.get_int("rendezvous_timeout", 120);
+  if (timeout_s <= 0)
+    throw Error(who + ": rendezvous_timeout: expected a positive number of seconds, got " + std::to_string(timeout_s),
+                SF_ERR_INVALID);
+  return RendezvousOptions{.port = uint16_t(port), .timeout_ms = timeout_s * 1000};
 }
 
 }  // namespace skyforge::fw

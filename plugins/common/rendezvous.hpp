@@ -28,15 +28,18 @@ uint16_t parse_port_text(const std::string& text, const std::string& key, const 
 std::string publish_once(const Host& host, const std::string& key, int64_t timeout_ms,
                          const std::function<std::string()>& make, const std::string& who, const std::string& hint);
 
-// A port the head node listens on: `fixed` when non-zero, otherwise a free port the head picks
-// (publish_once under `key`, only the head may claim it) and the other nodes read.
-uint16_t head_port(const Host& host, const InstanceInfo& info, const std::string& key, uint16_t fixed,
-                   int64_t timeout_ms, const std::string& who, const std::string& what);
+// The options every rendezvous reads, validated when the plugin loads: a port (`port_name`;
+// 0 = automatic, 1..65535) and `rendezvous_timeout` in seconds (> 0, default 120). A bad value
+// throws Error(SF_ERR_INVALID) naming the option, prefixed by `who`.
+struct RendezvousOptions {
+  uint16_t port = 0;
+  int64_t timeout_ms = 120000;
+};
+RendezvousOptions rendezvous_options(const Options& o, const std::string& who, const std::string& port_name);
 
-// Option helpers: a `rendezvous_timeout` in seconds (> 0) as milliseconds, a port option
-// (0 = automatic, 1..65535); both throw Error(SF_ERR_INVALID) naming the option.
-int64_t timeout_ms_option(const Options& o, const std::string& who, const std::string& name = "rendezvous_timeout",
-                          int64_t fallback_s = 120);
-uint16_t port_option(const Options& o, const std::string& who, const std::string& name);
+// A port the head node listens on: `opts.port` when non-zero, otherwise a free port the head
+// picks (publish_once under `key`, only the head may claim it) and the other nodes read.
+uint16_t head_port(const Host& host, const InstanceInfo& info, const std::string& key, const RendezvousOptions& opts,
+                   const std::string& who, const std::string& what);
 
 }  // namespace skyforge::fw

@@ -7,12 +7,10 @@
 
 #include <stdexcept>
 
-#include <skyforge/accelerator.hpp>
-#include "devices.hpp"
 #include "fanout.hpp"
 #include "hf_env.hpp"
 #include "rendezvous.hpp"
-#include "torch_env.hpp"
+#include "torch_node.hpp"
 
 namespace {
 
@@ -22,11 +20,9 @@ namespace fw = skyforge::fw;
 
 class HuggingFace : public skyforge::Framework {
  public:
-  explicit HuggingFace(const skyforge::Context& ctx) : Framework(ctx) {
+  explicit HuggingFace(const skyforge::Context& ctx)
+      : Framework(ctx), backend_(st::backend_option(options(), "huggingface")) {
     try {
-      backend_ = options().get("backend", "auto");
-      st::resolve_backend(backend_, 0);
-      st::resolve_nproc(options().get_int("nproc_per_node", 1), 0);
       int64_t steps = options().get_int("gradient_accumulation_steps", 0);
       if (steps < 0 || steps > 1000000)
         throw std::invalid_argument("gradient_accumulation_steps: expected 0 (unset) or a count, got " +
@@ -43,46 +39,27 @@ class HuggingFace : public skyforge::Framework {
     } catch (const std::invalid_argument& e) {
       throw skyforge::Error(std::string("huggingface: ") + e.what(), SF_ERR_INVALID);
     }
-    master_port_ = fw::port_option(options(), "huggingface", "master_port");
-    timeout_ms_ = fw::timeout_ms_option(options(), "huggingface");
+    rendezvous_ = fw::rendezvous_options(options(), "huggingface", "master_port");
   }
 
   void around_app_enter(const skyforge::InstanceInfo& info, const skyforge::Env& env) override {
-    if (info.head_addr.empty()) throw skyforge::Error("huggingface: the pool has no head address");
-    try {
-      nproc_ = st::resolve_nproc(options().get_int("nproc_per_node", 1), fw::local_devices(info, env));
-      ranks_ = st::compute_ranks(fw::placement(info, nproc_));
-    } catch (const std::invalid_argument& e) {
-      throw skyforge::Error(std::string("huggingface: ") + e.what(), SF_ERR_INVALID);
-    }
-    uint16_t port = fw::head_port(host(), info, "torch/" + info.pool_id + "/master_port", master_port_, timeout_ms_,
-                                  "huggingface", "MASTER_PORT (or set the master_port option)");
-    rdzv_ = st::Rendezvous{info.head_addr, port, info.pool_id};
-    for (auto [key, value] : st::environment(ranks_, rdzv_, st::resolve_backend(backend_, info.accelerators))) {
-      if (key == fw::kFanoutAdd) value = fw::add_words(env.get(key).value_or(""), fw::split_words(value));
-      env.set(key, value);
-    }
-    for (const auto& [key, value] : st::default_environment(ranks_))
-      if (!env.get(key)) env.set(key, value);
+    node_ = st::export_node_environment(host(), info, env, options(), backend_, rendezvous_, "huggingface");
     shf::Settings s = settings_;
     s.work_dir = info.work_dir;
     for (const auto& [key, value] : shf::environment(s)) env.set(key, value);
   }
 
   std::vector<std::string> launcher(const skyforge::InstanceInfo&, std::vector<std::string> argv) override {
-    if (fw::is_accelerate_launch(argv)) return shf::accelerate_launch_argv(std::move(argv), ranks_, rdzv_);
-    if (nproc_ <= 1 || fw::is_torchrun(argv)) return argv;
+    if (fw::is_accelerate_launch(argv)) return shf::accelerate_launch_argv(std::move(argv), node_.ranks, node_.rendezvous);
+    if (node_.nproc <= 1 || fw::is_torchrun(argv)) return argv;
     return fw::fanout_argv(std::move(argv));
   }
 
  private:
   std::string backend_;
   shf::Settings settings_;
-  uint16_t master_port_ = 0;
-  int64_t timeout_ms_ = 120000;
-  uint32_t nproc_ = 1;
-  st::Ranks ranks_;
-  st::Rendezvous rdzv_;
+  fw::RendezvousOptions rendezvous_;
+  st::Node node_;
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include <skyforge/accelerator.hpp>
 #include "devices.hpp"
+#include "export_env.hpp"
 #include "fanout.hpp"
 #include "jax_env.hpp"
 #include "rendezvous.hpp"
@@ -22,8 +23,7 @@ namespace fw = skyforge::fw;
 class Jax : public skyforge::Framework {
  public:
   explicit Jax(const skyforge::Context& ctx) : Framework(ctx) {
-    port_ = fw::port_option(options(), "jax", "coordinator_port");
-    timeout_ms_ = fw::timeout_ms_option(options(), "jax");
+    rendezvous_ = fw::rendezvous_options(options(), "jax", "coordinator_port");
     nproc_option_ = options().get_int("nproc_per_node", 1);
     if (nproc_option_ < 0 || nproc_option_ > 65536)
       throw skyforge::Error("jax: nproc_per_node: expected 0 (one per local device) or a count, got " +
@@ -43,8 +43,8 @@ class Jax : public skyforge::Framework {
     nproc_ = nproc_option_ > 0 ? uint32_t(nproc_option_) : (devices > 0 ? devices : 1);
     sj::Settings s;
     s.coordinator_host = info.head_addr;
-    s.coordinator_port = fw::head_port(host(), info, "jax/" + info.pool_id + "/coordinator_port", port_, timeout_ms_,
-                                       "jax", "the coordinator port (or set the coordinator_port option)");
+    s.coordinator_port = fw::head_port(host(), info, "jax/" + info.pool_id + "/coordinator_port", rendezvous_, "jax",
+                                       "the coordinator port (or set the coordinator_port option)");
     s.local_devices = devices;
     s.cpu_devices = cpu_devices_;
     s.per_process_devices = env.get(fw::kFanoutDevices).has_value();
@@ -56,10 +56,7 @@ class Jax : public skyforge::Framework {
     } catch (const std::invalid_argument& e) {
       throw skyforge::Error(std::string("jax: ") + e.what(), SF_ERR_INVALID);
     }
-    for (auto [key, value] : vars) {
-      if (key == fw::kFanoutAdd) value = fw::add_words(env.get(key).value_or(""), fw::split_words(value));
-      env.set(key, value);
-    }
+    fw::export_environment(env, vars);
   }
 
   std::vector<std::string> launcher(const skyforge::InstanceInfo&, std::vector<std::string> argv) override {
@@ -82,8 +79,7 @@ class Jax : public skyforge::Framework {
     return dir.string();
   }
 
-  uint16_t port_ = 0;
-  int64_t timeout_ms_ = 120000;
+  fw::RendezvousOptions rendezvous_;
   int64_t nproc_option_ = 1;
   uint32_t cpu_devices_ = 0;
   bool python_hook_ = true;

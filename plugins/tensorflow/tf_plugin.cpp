@@ -17,10 +17,8 @@ namespace fw = skyforge::fw;
 
 class TensorFlow : public skyforge::Framework {
  public:
-  explicit TensorFlow(const skyforge::Context& ctx) : Framework(ctx) {
-    port_ = fw::port_option(options(), "tensorflow", "port");
-    timeout_ms_ = fw::timeout_ms_option(options(), "tensorflow");
-  }
+  explicit TensorFlow(const skyforge::Context& ctx)
+      : Framework(ctx), rendezvous_(fw::rendezvous_options(options(), "tensorflow", "port")) {}
 
   void around_app_enter(const skyforge::InstanceInfo& info, const skyforge::Env& env) override {
     const std::string address = !info.private_ip.empty() ? info.private_ip : info.head_addr;
@@ -29,11 +27,13 @@ class TensorFlow : public skyforge::Framework {
     const std::string hint = "a node did not publish its TF_CONFIG address; raise the rendezvous_timeout option";
     // Our own entry first (nobody waits on us while we wait on them), then everyone else's.
     workers[info.node] = fw::publish_once(
-        host(), stf::worker_key(info.pool_id, info.node), timeout_ms_,
-        [&] { return fw::host_port(address, port_ ? port_ : fw::pick_free_port("tensorflow")); }, "tensorflow", hint);
+        host(), stf::worker_key(info.pool_id, info.node), rendezvous_.timeout_ms,
+        [&] { return fw::host_port(address, rendezvous_.port ? rendezvous_.port : fw::pick_free_port("tensorflow")); },
+        "tensorflow", hint);
     for (uint32_t n = 0; n < info.total_nodes; ++n)
       if (n != info.node)
-        workers[n] = fw::publish_once(host(), stf::worker_key(info.pool_id, n), timeout_ms_, nullptr, "tensorflow", hint);
+        workers[n] =
+            fw::publish_once(host(), stf::worker_key(info.pool_id, n), rendezvous_.timeout_ms, nullptr, "tensorflow", hint);
     try {
       env.set("TF_CONFIG", stf::tf_config(workers, info.node));
     } catch (const std::invalid_argument& e) {
@@ -42,8 +42,7 @@ class TensorFlow : public skyforge::Framework {
   }
 
  private:
-  uint16_t port_ = 0;
-  int64_t timeout_ms_ = 120000;
+  fw::RendezvousOptions rendezvous_;
 };
 
 }  // namespace

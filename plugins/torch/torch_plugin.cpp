@@ -13,14 +13,10 @@
 // copy i with RANK = node * nproc + i and LOCAL_RANK = machine_slot * nproc + i.
 #include <skyforge/sdk.hpp>
 
-#include <stdexcept>
-
-#include <skyforge/accelerator.hpp>
 #include "address.hpp"
-#include "devices.hpp"
 #include "fanout.hpp"
 #include "rendezvous.hpp"
-#include "torch_env.hpp"
+#include "torch_node.hpp"
 
 namespace {
 
@@ -29,37 +25,13 @@ namespace fw = skyforge::fw;
 
 class Torch : public skyforge::Framework {
  public:
-  explicit Torch(const skyforge::Context& ctx) : Framework(ctx) {
-    // Validated here so that a bad value fails when the host loads the plugin, before any node.
-    try {
-      backend_ = options().get("backend", "auto");
-      st::resolve_backend(backend_, 0);
-      st::resolve_nproc(options().get_int("nproc_per_node", 1), 0);
-    } catch (const std::invalid_argument& e) {
-      throw skyforge::Error(std::string("torch: ") + e.what(), SF_ERR_INVALID);
-    }
-    master_port_ = fw::port_option(options(), "torch", "master_port");
-    timeout_ms_ = fw::timeout_ms_option(options(), "torch");
-  }
+  explicit Torch(const skyforge::Context& ctx)
+      : Framework(ctx),
+        backend_(st::backend_option(options(), "torch")),
+        rendezvous_(fw::rendezvous_options(options(), "torch", "master_port")) {}
 
   void around_app_enter(const skyforge::InstanceInfo& info, const skyforge::Env& env) override {
-    if (info.head_addr.empty()) throw skyforge::Error("torch: the pool has no head address");
-    st::Ranks ranks;
-    try {
-      nproc_ = st::resolve_nproc(options().get_int("nproc_per_node", 1), fw::local_devices(info, env));
-      ranks = st::compute_ranks(fw::placement(info, nproc_));
-    } catch (const std::invalid_argument& e) {
-      throw skyforge::Error(std::string("torch: ") + e.what(), SF_ERR_INVALID);
-    }
-    uint16_t port = fw::head_port(host(), info, "torch/" + info.pool_id + "/master_port", master_port_, timeout_ms_,
-                                  "torch", "MASTER_PORT (or set the master_port option)");
-    st::Rendezvous rdzv{info.head_addr, port, info.pool_id};
-    for (auto [key, value] : st::environment(ranks, rdzv, st::resolve_backend(backend_, info.accelerators))) {
-      if (key == fw::kFanoutAdd) value = fw::add_words(env.get(key).value_or(""), fw::split_words(value));
-      env.set(key, value);
-    }
-    for (const auto& [key, value] : st::default_environment(ranks))
-      if (!env.get(key)) env.set(key, value);
+    nproc_ = st::export_node_environment(host(), info, env, options(), backend_, rendezvous_, "torch").nproc;
     // Gloo and NCCL bind to the interface the hostname resolves to unless told: on a pool of
     // several hosts whose names resolve to 127.0.x.x, each rank would offer its peers a loopback
     // address. The interface that holds the node's pool address is the one its peers reach.
@@ -76,8 +48,7 @@ class Torch : public skyforge::Framework {
 
  private:
   std::string backend_;
-  uint16_t master_port_ = 0;
-  int64_t timeout_ms_ = 120000;
+  fw::RendezvousOptions rendezvous_;
   uint32_t nproc_ = 1;
 };
 
