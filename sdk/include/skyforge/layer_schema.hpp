@@ -241,16 +241,12 @@ inline Checked check(const OptionDef& o, std::string_view text) {
   return c;
 }
 
-// ---- a parsed layer -------------------------------------------------------------------------------
-class LayerConfig {
+// ---- checked options ------------------------------------------------------------------------------
+// Options checked against their definitions, every one present (defaults filled in), each as
+// canonical text and typed: what a parsed layer (LayerConfig) and a parsed optimizer
+// (optimizer_schema.hpp's OptimizerConfig) hold.
+class OptionValues {
  public:
-  LayerConfig(const LayerDef& def, size_t index) : def_(&def), index_(index), values_(def.options.size()) {}
-
-  const LayerDef& def() const { return *def_; }
-  std::string_view type() const { return def_->type; }
-  size_t index() const { return index_; }
-  const std::string& name() const { return name_; }  // the optional `name` option; "" when absent
-
   uint32_t count(std::string_view option) const { return at(option, OptionKind::count).size.h; }
   Size2 size(std::string_view option) const { return at(option, OptionKind::size2).size; }
   double real(std::string_view option) const { return at(option, OptionKind::real).real; }
@@ -260,13 +256,85 @@ class LayerConfig {
   // Every option, canonical text, in the schema's order (what a backend receives).
   std::vector<std::pair<std::string, std::string>> options() const {
     std::vector<std::pair<std::string, std::string>> out;
-    for (size_t i = 0; i < values_.size(); ++i) out.emplace_back(def_->options[i].name, values_[i].canonical);
+    for (size_t i = 0; i < values_.size(); ++i) out.emplace_back(defs_[i].name, values_[i].canonical);
+    return out;
+  }
+
+  // How every message names the owner: "layer 3 (conv2d)", "optimizer adam".
+  const std::string& where() const { return where_; }
+
+ protected:
+  OptionValues(std::span<const OptionDef> defs, std::string where)
+      : defs_(defs), values_(defs.size()), where_(std::move(where)) {}
+
+  // Checks (key, text) pairs against the definitions and fills in the defaults; fail(message)
+  // throws. Unknown options are errors (a typo like unit=128 must not pass silently), reported
+  // after the required ones; `extra(key, text)` takes a key the definitions do not hold first
+  // (a layer's `name`) and says whether it did.
+  template <class Pairs, class Fail, class Extra>
+  void check_all(const Pairs& options, const Fail& fail, const Extra& extra) {
+    std::vector<bool> given(defs_.size(), false);
+    std::optional<std::string> unknown;
+    for (const auto& [key, text] : options) {
+      size_t i = 0;
+      while (i < defs_.size() && defs_[i].name != key) ++i;
+      if (i == defs_.size()) {
+        if (!extra(key, text) && !unknown) unknown = key;
+        continue;
+      }
+      Checked v = check(defs_[i], text);
+      if (!v.ok) fail("option '" + std::string(key) + "': " + v.error);
+      values_[i] = std::move(v);
+      given[i] = true;
+    }
+    for (size_t i = 0; i < defs_.size(); ++i) {
+      if (given[i]) continue;
+      const OptionDef& o = defs_[i];
+      if (o.required()) fail("option '" + std::string(o.name) + "' is required");
+      if (o.default_from.empty()) {
+        values_[i] = check(o, o.fallback);
+        continue;
+      }
+      size_t j = 0;
+      while (j < i && defs_[j].name != o.default_from) ++j;
+      if (j == i) throw std::logic_error("schema: " + std::string(o.name) + " defaults to an option that is not before it");
+      values_[i] = check(o, values_[j].canonical);
+    }
+    if (unknown) fail("unknown option '" + *unknown + "'");
+  }
+
+ private:
+  const Checked& at(std::string_view option, OptionKind kind) const {
+    for (size_t i = 0; i < values_.size(); ++i)
+      if (defs_[i].name == option && defs_[i].kind == kind) return values_[i];
+    // A backend asked for an option its owner does not have: a bug in the backend, not in input.
+    throw std::logic_error(where_ + ": the schema has no option '" + std::string(option) + "' of that kind");
+  }
+  std::span<const OptionDef> defs_;
+  std::vector<Checked> values_;  // parallel to defs_
+  std::string where_;
+};
+
+// ---- a parsed layer -------------------------------------------------------------------------------
+class LayerConfig : public OptionValues {
+ public:
+  LayerConfig(const LayerDef& def, size_t index)
+      : OptionValues(def.options, "layer " + std::to_string(index) + " (" + std::string(def.type) + ")"),
+        def_(&def),
+        index_(index) {}
+
+  const LayerDef& def() const { return *def_; }
+  std::string_view type() const { return def_->type; }
+  size_t index() const { return index_; }
+  const std::string& name() const { return name_; }  // the optional `name` option; "" when absent
+
+  // Every option, canonical text, in the schema's order, then `name` when given.
+  std::vector<std::pair<std::string, std::string>> options() const {
+    auto out = OptionValues::options();
     if (!name_.empty()) out.emplace_back("name", name_);
     return out;
   }
 
-  // "layer 3 (conv2d)": how every message names the layer.
-  std::string where() const { return "layer " + std::to_string(index_) + " (" + std::string(def_->type) + ")"; }
   [[noreturn]] void fail(const std::string& message) const { throw LayerError(where() + ": " + message); }
 
   // The shape rule: output shape, parameter counts, window geometry; refuses a shape the layer
@@ -283,15 +351,8 @@ class LayerConfig {
 
  private:
   friend LayerConfig parse(std::string_view, const std::vector<std::pair<std::string, std::string>>&, size_t);
-  const Checked& at(std::string_view option, OptionKind kind) const {
-    for (size_t i = 0; i < values_.size(); ++i)
-      if (def_->options[i].name == option && def_->options[i].kind == kind) return values_[i];
-    // A backend asked for an option its layer does not have: a bug in the backend, not in input.
-    throw std::logic_error(where() + ": the schema has no option '" + std::string(option) + "' of that kind");
-  }
   const LayerDef* def_;
   size_t index_;
-  std::vector<Checked> values_;  // parallel to def().options
   std::string name_;
 };
 
@@ -512,15 +573,16 @@ inline std::vector<std::string> type_names() {
   return out;
 }
 
-inline const OptionDef* find_option(const LayerDef& def, std::string_view name) {
+// An option's definition in a LayerDef (or optimizer_schema.hpp's OptimizerDef); nullptr when absent.
+template <class Def>
+const OptionDef* find_option(const Def& def, std::string_view name) {
   for (const OptionDef& o : def.options)
     if (o.name == name) return &o;
   return nullptr;
 }
 
 // Checks a layer's text options against the schema and fills in the defaults. `index` names the
-// layer in messages. Unknown options are errors (a typo like unit=128 must not pass silently);
-// `name` is accepted on every layer.
+// layer in messages. Unknown options are errors; `name` is accepted on every layer.
 inline LayerConfig parse(std::string_view type, const std::vector<std::pair<std::string, std::string>>& options,
                          size_t index) {
   const LayerDef* def = find(type);
@@ -531,38 +593,13 @@ inline LayerConfig parse(std::string_view type, const std::vector<std::pair<std:
                      std::string(type) + "' (known: " + known + ")");
   }
   LayerConfig c(*def, index);
-  std::vector<bool> given(def->options.size(), false);
-  const std::string* unknown = nullptr;  // reported after the required ones
-  for (const auto& [key, text] : options) {
-    if (key == "name") {
-      c.name_ = text;
-      continue;
-    }
-    const OptionDef* o = find_option(*def, key);
-    if (!o) {
-      if (!unknown) unknown = &key;
-      continue;
-    }
-    const size_t i = static_cast<size_t>(o - def->options.data());
-    Checked v = check(*o, text);
-    if (!v.ok) c.fail("option '" + key + "': " + v.error);
-    c.values_[i] = std::move(v);
-    given[i] = true;
-  }
-  for (size_t i = 0; i < def->options.size(); ++i) {
-    if (given[i]) continue;
-    const OptionDef& o = def->options[i];
-    if (o.required()) c.fail("option '" + std::string(o.name) + "' is required");
-    if (o.default_from.empty()) {
-      c.values_[i] = check(o, o.fallback);
-    } else {
-      const OptionDef* from = find_option(*def, o.default_from);
-      const size_t j = static_cast<size_t>(from - def->options.data());
-      if (j > i) throw std::logic_error("layer schema: " + std::string(o.name) + " defaults to a later option");
-      c.values_[i] = check(o, c.values_[j].canonical);
-    }
-  }
-  if (unknown) c.fail("unknown option '" + *unknown + "'");
+  c.check_all(
+      options, [&](const std::string& message) { c.fail(message); },
+      [&](const std::string& key, const std::string& text) {
+        if (key != "name") return false;
+        c.name_ = text;
+        return true;
+      });
   return c;
 }
 

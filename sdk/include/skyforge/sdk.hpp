@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include <skyforge/config_keys.hpp>
 #include <skyforge/data.hpp>
 
 namespace skyforge {
@@ -267,6 +268,12 @@ class Host {
     const char* v = (s_ && s_->config) ? s_->config(s_->ctx, key.c_str()) : nullptr;
     if (!v) return std::nullopt;
     return std::string(v);
+  }
+  // A declared key (skyforge/config_keys.hpp), typed: its value, else its default, else nothing.
+  // Throws config::ConfigError (SF_ERR_INVALID) for a value not of the key's type.
+  template <class T>
+  std::optional<T> config(const config::Key<T>& key) const {
+    return key.find([this](const std::string& k) { return config(k); });
   }
   // The pool's communicator (ABI 1.1 hosts, on a node). Throws when there is none.
   Communicator communicator() const {
