@@ -569,87 +569,105 @@ int load_client_provider(const std::string& cmd, const std::string& provider, co
   return kExitOk;
 }
 
-// `skyforge sweep`: the provider's reconcile hook (ABI 1.6) finds, by its own marks, what it left
-// behind for pools that are gone (a host killed before its teardown, a lost network) and tears it
-// down. The aws provider: instances whose skyforge:expires tag has passed.
-int cmd_sweep(int argc, char** argv) {
-  po::options_description desc(
-      "usage: skyforge sweep --provider NAME [options] [<job.toml>]\n\n"
-      "Finds what the provider NAME left behind for pools that are gone -- by its own marks, e.g. the\n"
-      "aws provider's instances whose skyforge:expires tag has passed -- and tears it down (with\n"
-      "--dry-run, only lists it). The provider's options come from --option KEY=VALUE and, when a\n"
-      "manifest whose [pool] names the same provider is given, from its [provider] table. Exits 0\n"
-      "when nothing is left, 1 when something could not be torn down, 2 on bad input.\n\noptions");
+// What sets `sweep` and `offers` apart; provider_hook_command does the rest: the command line
+// (--provider, the command's own options, --option, --plugin-path, a manifest), the provider
+// plugin loaded (load_client_provider), its hook called and what it wrote printed (before the
+// error too, when the hook fails: what a sweep tore down before it failed).
+struct ProviderHookCommand {
+  const char* name;         // the command
+  const char* usage;        // --help's text above the options
+  const char* option_help;  // --option's
+  std::function<void(po::options_description_easy_init&)> own_options;  // listed after --provider
+  const char* lacks_hook;   // said after "provider 'NAME' " when the plugin has not the hook
+  // Calls the hook, writing to `out` (a failure throws PluginError); false when it has not got it.
+  std::function<bool(const sf_provider_hooks& hooks, PluginInstance& plugin, sf_sink out)> call;
+  int failed_exit;          // the exit status when the hook fails
+  const char* nothing = nullptr;  // said before the provider's name when the hook wrote nothing
+};
+
+int provider_hook_command(const ProviderHookCommand& c, int argc, char** argv) {
+  po::options_description desc(c.usage);
   std::string provider, manifest;
   std::vector<std::string> kv, plugin_path;
-  bool dry_run = false;
-  desc.add_options()("provider", po::value(&provider), "the provider plugin (\"aws\")")(
-      "dry-run,n", po::bool_switch(&dry_run), "list, tear nothing down")(
-      "option,o", po::value(&kv)->composing(), "KEY=VALUE: an option of the provider (repeatable)")(
+  auto add = desc.add_options();
+  add("provider", po::value(&provider), "the provider plugin (\"aws\")");
+  c.own_options(add);
+  add("option,o", po::value(&kv)->composing(), c.option_help)(
       "plugin-path,p", po::value(&plugin_path)->composing(), "a directory searched for plugins first (repeatable)")(
       "manifest", po::value(&manifest), "a job manifest whose [provider] options to use");
   po::positional_options_description pos;
   pos.add("manifest", 1);
-  if (parse("sweep", argc, argv, desc, &pos).help) {
+  if (parse(c.name, argc, argv, desc, &pos).help) {
     std::cout << desc;
     return 0;
   }
   ClientProvider p;
-  if (int rc = load_client_provider("sweep", provider, manifest, kv, plugin_path, p); rc != kExitOk) return rc;
-  if (!p.hooks || !p.hooks->reconcile) {
-    std::cerr << "skyforge sweep: provider '" << provider
-              << "' cannot find what it left behind (it has no reconcile hook, ABI 1.6)\n";
-    return kExitUsage;
-  }
-  std::string report;
+  if (int rc = load_client_provider(c.name, provider, manifest, kv, plugin_path, p); rc != kExitOk) return rc;
+  std::string text;
   try {
-    p.instance->check(p.hooks->reconcile(p.instance->self(), dry_run ? 0 : 1, text_sink(report)), "reconcile");
+    if (!p.hooks || !c.call(*p.hooks, *p.instance, text_sink(text))) {
+      std::cerr << "skyforge " << c.name << ": provider '" << provider << "' " << c.lacks_hook << "\n";
+      return kExitUsage;
+    }
   } catch (const PluginError& e) {
-    std::cout << report;
-    std::cerr << "skyforge sweep: " << e.what() << "\n";
-    return kExitJobFailed;
+    std::cout << text;
+    std::cerr << "skyforge " << c.name << ": " << e.what() << "\n";
+    return c.failed_exit;
   }
-  std::cout << report;
-  if (report.empty()) std::cout << "nothing left behind by " << provider << "\n";
+  std::cout << text;
+  if (text.empty() && c.nothing) std::cout << c.nothing << provider << "\n";
   return kExitOk;
+}
+
+// `skyforge sweep`: the provider's reconcile hook (ABI 1.6) finds, by its own marks, what it left
+// behind for pools that are gone (a host killed before its teardown, a lost network) and tears it
+// down. The aws provider: instances whose skyforge:expires tag has passed.
+int cmd_sweep(int argc, char** argv) {
+  bool dry_run = false;
+  return provider_hook_command(
+      {"sweep",
+       "usage: skyforge sweep --provider NAME [options] [<job.toml>]\n\n"
+       "Finds what the provider NAME left behind for pools that are gone -- by its own marks, e.g. the\n"
+       "aws provider's instances whose skyforge:expires tag has passed -- and tears it down (with\n"
+       "--dry-run, only lists it). The provider's options come from --option KEY=VALUE and, when a\n"
+       "manifest whose [pool] names the same provider is given, from its [provider] table. Exits 0\n"
+       "when nothing is left, 1 when something could not be torn down, 2 on bad input.\n\noptions",
+       "KEY=VALUE: an option of the provider (repeatable)",
+       [&](po::options_description_easy_init& add) {
+         add("dry-run,n", po::bool_switch(&dry_run), "list, tear nothing down");
+       },
+       "cannot find what it left behind (it has no reconcile hook, ABI 1.6)",
+       [&](const sf_provider_hooks& h, PluginInstance& plugin, sf_sink out) {
+         if (!h.reconcile) return false;
+         plugin.check(h.reconcile(plugin.self(), dry_run ? 0 : 1, out), "reconcile");
+         return true;
+       },
+       kExitJobFailed, "nothing left behind by "},
+      argc, argv);
 }
 
 // `skyforge offers`: the machine types a provider can make that fit an accelerator, cheapest
 // first (the provider's offers hook, ABI 1.6; the aws provider reads the data file it ships).
 int cmd_offers(int argc, char** argv) {
-  po::options_description desc(
-      "usage: skyforge offers --provider NAME [--accelerator SPEC] [options] [<job.toml>]\n\n"
-      "Lists the machine types the provider NAME can make that fit SPEC (a [pool] accelerator, e.g.\n"
-      "\"A100:1\", \"H100:8\"; all when absent), cheapest first, with on-demand and spot prices where the\n"
-      "provider has them. A [pool] accelerator without an instance type picks the first line.\n\noptions");
-  std::string provider, manifest, accelerator;
-  std::vector<std::string> kv, plugin_path;
-  desc.add_options()("provider", po::value(&provider), "the provider plugin (\"aws\")")(
-      "accelerator,a", po::value(&accelerator), "NAME[:COUNT] per machine")(
-      "option,o", po::value(&kv)->composing(), "KEY=VALUE: an option of the provider (region=..., spot=true)")(
-      "plugin-path,p", po::value(&plugin_path)->composing(), "a directory searched for plugins first (repeatable)")(
-      "manifest", po::value(&manifest), "a job manifest whose [provider] options to use");
-  po::positional_options_description pos;
-  pos.add("manifest", 1);
-  if (parse("offers", argc, argv, desc, &pos).help) {
-    std::cout << desc;
-    return 0;
-  }
-  ClientProvider p;
-  if (int rc = load_client_provider("offers", provider, manifest, kv, plugin_path, p); rc != kExitOk) return rc;
-  if (!p.hooks || !p.hooks->offers) {
-    std::cerr << "skyforge offers: provider '" << provider << "' lists no offers (it has no offers hook, ABI 1.6)\n";
-    return kExitUsage;
-  }
-  std::string table;
-  try {
-    p.instance->check(p.hooks->offers(p.instance->self(), accelerator.c_str(), text_sink(table)), "offers");
-  } catch (const PluginError& e) {
-    std::cerr << "skyforge offers: " << e.what() << "\n";
-    return kExitUsage;
-  }
-  std::cout << table;
-  return kExitOk;
+  std::string accelerator;
+  return provider_hook_command(
+      {"offers",
+       "usage: skyforge offers --provider NAME [--accelerator SPEC] [options] [<job.toml>]\n\n"
+       "Lists the machine types the provider NAME can make that fit SPEC (a [pool] accelerator, e.g.\n"
+       "\"A100:1\", \"H100:8\"; all when absent), cheapest first, with on-demand and spot prices where the\n"
+       "provider has them. A [pool] accelerator without an instance type picks the first line.\n\noptions",
+       "KEY=VALUE: an option of the provider (region=..., spot=true)",
+       [&](po::options_description_easy_init& add) {
+         add("accelerator,a", po::value(&accelerator), "NAME[:COUNT] per machine");
+       },
+       "lists no offers (it has no offers hook, ABI 1.6)",
+       [&](const sf_provider_hooks& h, PluginInstance& plugin, sf_sink out) {
+         if (!h.offers) return false;
+         plugin.check(h.offers(plugin.self(), accelerator.c_str(), out), "offers");
+         return true;
+       },
+       kExitUsage},
+      argc, argv);
 }
 
 }  // namespace
