@@ -7,7 +7,7 @@ release (tests/python checks this module against the C++ implementation).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -24,19 +24,15 @@ def _splitmix64(state: int) -> Tuple[int, int]:
     return state, z ^ (z >> 31)
 
 
-class Rng:
-    """xoshiro256** seeded through SplitMix64 (Blackman & Vigna), as skyforge::Rng."""
-
-    def __init__(self, seed: int):
-        state = int(seed) & _MASK
-        s = []
-        for _ in range(4):
-            state, word = _splitmix64(state)
-            s.append(word)
-        self._s = s
-
-    def next(self) -> int:
-        s0, s1, s2, s3 = self._s
+def _xoshiro256ss(seed: int) -> Iterator[int]:
+    """The outputs of xoshiro256** seeded through SplitMix64, endlessly (state in locals: fast)."""
+    state = int(seed) & _MASK
+    words = []
+    for _ in range(4):
+        state, word = _splitmix64(state)
+        words.append(word)
+    s0, s1, s2, s3 = words
+    while True:
         x = (s1 * 5) & _MASK
         result = ((((x << 7) | (x >> 57)) & _MASK) * 9) & _MASK
         t = (s1 << 17) & _MASK
@@ -46,19 +42,34 @@ class Rng:
         s0 ^= s3
         s2 ^= t
         s3 = ((s3 << 45) | (s3 >> 19)) & _MASK
-        self._s = [s0, s1, s2, s3]
-        return result
+        yield result
+
+
+def _bounded(draws: Iterator[int], bounds: Iterable[int]) -> Iterator[int]:
+    """For each bound, a draw uniform in [0, bound), unbiased (Lemire's multiply-shift with rejection)."""
+    for bound in bounds:
+        m = next(draws) * bound
+        if (m & _MASK) < bound:
+            threshold = ((1 << 64) - bound) % bound
+            while (m & _MASK) < threshold:
+                m = next(draws) * bound
+        yield m >> 64
+
+
+class Rng:
+    """xoshiro256** seeded through SplitMix64 (Blackman & Vigna), as skyforge::Rng."""
+
+    def __init__(self, seed: int):
+        self._draws = _xoshiro256ss(seed)
+
+    def next(self) -> int:
+        return next(self._draws)
 
     def below(self, bound: int) -> int:
         """Uniform in [0, bound), unbiased (Lemire's multiply-shift with rejection)."""
         if bound <= 0:
             raise ValueError("Rng.below: bound must be > 0")
-        m = self.next() * bound
-        if (m & _MASK) < bound:
-            threshold = ((1 << 64) - bound) % bound
-            while (m & _MASK) < threshold:
-                m = self.next() * bound
-        return m >> 64
+        return next(_bounded(self._draws, (bound,)))
 
 
 def permutation(n: int, shuffle: bool = True, seed: int = 0) -> np.ndarray:
@@ -68,31 +79,8 @@ def permutation(n: int, shuffle: bool = True, seed: int = 0) -> np.ndarray:
         raise ValueError(f"permutation: n must be >= 0, got {n}")
     idx = list(range(n))
     if shuffle and n > 1:
-        # Rng.next and Rng.below inlined: this loop is the whole cost of a shuffle.
-        rng = Rng(seed)
-        s0, s1, s2, s3 = rng._s
-        for i in range(n - 1, 0, -1):
-            bound = i + 1
-            threshold = -1
-            while True:
-                x = (s1 * 5) & _MASK
-                r = ((((x << 7) | (x >> 57)) & _MASK) * 9) & _MASK
-                t = (s1 << 17) & _MASK
-                s2 ^= s0
-                s3 ^= s1
-                s1 ^= s2
-                s0 ^= s3
-                s2 ^= t
-                s3 = ((s3 << 45) | (s3 >> 19)) & _MASK
-                m = r * bound
-                lo = m & _MASK
-                if lo >= bound:
-                    break
-                if threshold < 0:
-                    threshold = ((1 << 64) - bound) % bound
-                if lo >= threshold:
-                    break
-            j = m >> 64
+        # Generators, not method calls, per swap: this loop is the whole cost of a shuffle.
+        for i, j in zip(range(n - 1, 0, -1), _bounded(_xoshiro256ss(seed), range(n, 1, -1))):
             idx[i], idx[j] = idx[j], idx[i]
     return np.asarray(idx, dtype=np.int64)
 
