@@ -23,30 +23,16 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-MLP_LAYERS = """
-[[train.layers]]
-type = "flatten"
-
-[[train.layers]]
-type = "dense"
-units = 128
-activation = "relu"
-
-[[train.layers]]
-type = "dense"
-units = 10
-"""
-
-
-def convnet_layers():
-    text = open(os.path.join(ROOT, "examples", "fashion-mnist-convnet.toml")).read()
+def example_layers(name):
+    """The [[train.layers]] tables at the end of examples/<name>."""
+    text = open(os.path.join(ROOT, "examples", name)).read()
     return text[text.index("[[train.layers]]"):]
 
 
 # name -> (layers, steps per epoch, epochs, checkpoint every N steps)
 MODELS = {
-    "mlp": (MLP_LAYERS, 900, 4, 300),
-    "convnet": (convnet_layers(), 120, 2, 40),
+    "mlp": (example_layers("fashion-mnist.toml"), 900, 4, 300),
+    "convnet": (example_layers("fashion-mnist-convnet.toml"), 120, 2, 40),
 }
 
 
