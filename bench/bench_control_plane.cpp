@@ -123,21 +123,8 @@ double pct(std::vector<double>& v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * double(v.size())))];
 }
 
-std::string hex(const std::string& s) {
-  static const char* d = "0123456789abcdef";
-  std::string o;
-  for (unsigned char c : s) {
-    o.push_back(d[c >> 4]);
-    o.push_back(d[c & 15]);
-  }
-  return o;
-}
-
-std::string unhex(const std::string& h) {
-  std::string o;
-  for (size_t i = 0; i + 1 < h.size(); i += 2) o.push_back(char(std::stoi(h.substr(i, 2), nullptr, 16)));
-  return o;
-}
+// The pool secret's size: it crosses to the child as raw bytes on its stdin, after the port line.
+constexpr size_t kSecretBytes = 32;
 
 // ---- the simulated workers (child process) ----------------------------------------------------
 
@@ -147,10 +134,9 @@ struct SimWorker {
 };
 
 int run_clients(int workers, int progress_ms, int threads) {
-  std::string port_line, secret_hex;
-  if (!std::getline(std::cin, port_line) || !std::getline(std::cin, secret_hex)) return 2;
+  std::string port_line, secret(kSecretBytes, '\0');
+  if (!std::getline(std::cin, port_line) || !std::cin.read(secret.data(), std::streamsize(secret.size()))) return 2;
   const auto port = static_cast<uint16_t>(std::stoi(port_line));
-  const std::string secret = unhex(secret_hex);
   raise_nofile(workers);
 
   asio::io_context io;
@@ -262,7 +248,7 @@ struct Args {
 
 int run_server(const Args& a) {
   raise_nofile(a.workers);
-  const std::string secret = net::random_bytes(32);
+  const std::string secret = net::random_bytes(kSecretBytes);
   // The clients first: the child must not inherit the listening socket. It waits for the port
   // and the secret on its stdin.
   Child child = spawn_clients({"bench_control_plane", "--clients", std::to_string(a.workers),
@@ -306,7 +292,8 @@ int run_server(const Args& a) {
   std::thread io_thread([&] { skyforge::run_io_with_spin(io, std::chrono::microseconds(a.spin_us)); });
   int status = 0;
   try {
-    std::fprintf(child.to, "%u\n%s\n", unsigned(server.port()), hex(secret).c_str());
+    std::fprintf(child.to, "%u\n", unsigned(server.port()));
+    std::fwrite(secret.data(), 1, secret.size(), child.to);
     std::fflush(child.to);
     const std::string hello = read_line(child.from);  // "connected N seconds"
     double connect_s = 0;
