@@ -2,7 +2,7 @@
 // ComputeBackend over the engine's CUDA build. The only .so of the project that loads the CUDA
 // runtime, cuBLAS and NCCL; its constructor touches none of them (so `skyforge validate` and
 // `skyforge plugins` work on any machine), probe() says what is missing before a run starts.
-#include "engine.hpp"
+#include "plugin_options.hpp"
 
 #include <cstdlib>
 
@@ -10,25 +10,8 @@ namespace {
 
 class CudaBackend : public skyforge::ComputeBackend {
  public:
-  explicit CudaBackend(const skyforge::Context& ctx) : ComputeBackend(ctx) {
-    const int64_t mb = options().get_int("bucket_cap_mb", 4);
-    if (mb < 1 || mb > 4096)
-      throw skyforge::Error("option 'bucket_cap_mb': expected 1 to 4096 (MiB), got " + std::to_string(mb),
-                            SF_ERR_INVALID);
-    opts_.bucket_bytes = static_cast<size_t>(mb) << 20;
-    opts_.graphs = options().get_bool("cuda_graphs", true);
-    opts_.tf32 = options().get_bool("tf32", false);
-    opts_.deterministic = options().get_bool("deterministic", true);
-    opts_.autotune = options().get_bool("autotune", false);
-    using Layout = skyforge::cuda::DeviceOptions::ConvLayout;
-    const std::string layout = options().get("conv_layout", "auto");
-    if (layout == "auto") opts_.conv_layout = Layout::automatic;
-    else if (layout == "nhwc") opts_.conv_layout = Layout::nhwc;
-    else if (layout == "nchw") opts_.conv_layout = Layout::nchw;
-    else
-      throw skyforge::Error("option 'conv_layout': expected \"auto\", \"nhwc\" or \"nchw\", got \"" + layout + "\"",
-                            SF_ERR_INVALID);
-  }
+  explicit CudaBackend(const skyforge::Context& ctx)
+      : ComputeBackend(ctx), opts_(skyforge::cuda::read_plugin_options(options())) {}
   void probe() override { skyforge::cuda::Device::probe(); }
   std::unique_ptr<skyforge::Engine> create_engine(const skyforge::ModelSpec& spec,
                                                   const skyforge::Communicator& comm) override {

@@ -1,8 +1,10 @@
 // The cuda engine's device layer (docs/compute-backends.md, "The cuda engine"): everything the
 // engine needs from a GPU besides the kernels of kernels/ (docs/kernels.md). Two builds:
 //   device_host.cpp  plain host memory, OpenBLAS cblas_sgemm, the pool's sf_communicator;
-//   device_cuda.cpp  CUDA runtime memory and streams, cuBLAS/cuBLASLt, cuDNN, NCCL (its unique id
-//                    broadcast from rank 0 over the pool's communicator).
+//   device_cuda.cpp  CUDA runtime memory and streams, and beside it by concern (device_cuda_impl.hpp)
+//                    device_blas.cpp (cuBLAS/cuBLASLt), device_cudnn.cpp, device_nccl.cpp (its
+//                    unique id broadcast from rank 0 over the pool's communicator),
+//                    device_graphs.cpp and device_profile.cpp.
 // The engine (engine.cpp) is written once against this class and launch.hpp, so the host build
 // that tests run here is the same engine code a GPU runs.
 #pragma once
@@ -16,7 +18,8 @@
 
 namespace skyforge::cuda {
 
-// How a Device runs (EngineOptions carries the user's choices here; docs/compute-backends.md).
+// How a Device runs (docs/compute-backends.md). Each field's initializer is its one default;
+// EngineOptions extends it, and the plugin's options set both (plugin_options.hpp).
 struct DeviceOptions {
   // How long the CUDA build waits for a collective before it declares a peer lost, aborts the
   // NCCL communicator and fails (the pool's collective timeout; the host build's communicator

@@ -144,12 +144,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     invalid("unknown optimizer '" + optimizer_ + "' (known: adam, sgd)");
   }
 
-  DeviceOptions dopt;
-  dopt.collective_timeout_s = eopt_.collective_timeout_s;
-  dopt.tf32 = eopt_.tf32;
-  dopt.deterministic = eopt_.deterministic;
-  dopt.autotune = eopt_.autotune;
-  dopt.conv_layout = eopt_.conv_layout;
+  DeviceOptions dopt = eopt_;
   dopt.survey = CudaProfile::enabled();  // the profile lists every convolution algorithm's time
   dev_ = std::make_unique<Device>(comm_, host, dopt);
 

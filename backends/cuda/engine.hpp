@@ -25,23 +25,14 @@
 
 namespace skyforge::cuda {
 
-struct EngineOptions {
-  size_t bucket_bytes = 4u << 20;     // gradient allreduce bucket size
-  double collective_timeout_s = 300;  // CUDA build: a collective not done by then aborts NCCL
+// The device's options (DeviceOptions: TF32, cuDNN's convolution algorithms, the collective
+// timeout) and the engine's own. Each field's initializer is its one default; the plugin's
+// options set them (plugin_options.hpp).
+struct EngineOptions : DeviceOptions {
+  size_t bucket_bytes = 4u << 20;  // gradient allreduce bucket size
   // A bound-data step of a shape seen before runs as a graph captured at its second
   // occurrence (docs/compute-backends.md, "Graphs"); false: every step eager.
   bool graphs = true;
-  // TF32 on tensor cores for GEMMs and convolutions (the CUDA build on Ampere or newer):
-  // faster, about 1e-3 from FP32 rather than at rounding level (docs/compute-backends.md, "TF32").
-  bool tf32 = false;
-  // cuDNN's convolution algorithms (docs/compute-backends.md, "Convolution algorithms"):
-  // deterministic ones only (false: also those that add with atomics, PyTorch's default), and
-  // chosen by cuDNN's heuristics or, with autotune, by timing the candidates at a window's
-  // first eager use (torch.backends.cudnn.benchmark).
-  bool deterministic = true;
-  bool autotune = false;
-  // The layout they run in (conv_layout: "auto", "nhwc", "nchw"; DeviceOptions::ConvLayout).
-  DeviceOptions::ConvLayout conv_layout = DeviceOptions::ConvLayout::automatic;
 };
 
 // How the engine's bound-data steps ran (tests and the bench read it).

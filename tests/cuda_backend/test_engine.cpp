@@ -724,7 +724,9 @@ TEST(CudaEngine, GraphsAreDroppedWhenWhatTheyHoldChanges) {
   const size_t f = features(m);
   const Epoch ep = make_epoch(61, 64, f, 8);
   auto e = cu::make_engine(m, Communicator{});
-  auto ref = cu::make_engine(m, Communicator{}, skyforge::Host{}, cu::EngineOptions{.graphs = false});
+  cu::EngineOptions eager_only;
+  eager_only.graphs = false;
+  auto ref = cu::make_engine(m, Communicator{}, skyforge::Host{}, eager_only);
   const uint64_t d = e->bind_data(ep.all.x.data(), ep.all.y.data(), 64);
   const uint64_t r = ref->bind_data(ep.all.x.data(), ep.all.y.data(), 64);
   auto both = [&](const std::vector<uint64_t>& idx) {
