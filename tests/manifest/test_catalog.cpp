@@ -52,6 +52,17 @@ std::string validation_problem(const std::string& text, const Catalog& c) {
   return p.empty() ? "" : p.front();
 }
 
+// A manifest text and the one problem validate_against finds in it.
+struct Refusal {
+  std::string text, problem;
+};
+
+// Each text of `cases` fails validation against `c` with exactly its problem.
+void expect_refused(const Catalog& c, const std::vector<Refusal>& cases) {
+  for (const auto& [text, problem] : cases)
+    EXPECT_EQ(validation_problem(text, c), problem) << ::testing::PrintToString(text);
+}
+
 // Restores an environment variable on scope exit.
 class ScopedEnv {
  public:
@@ -280,13 +291,15 @@ TEST(Validate, FillsDefaultsAndCoercesTypes) {
 
 TEST(Validate, MissingPluginListsSearchedDirectories) {
   Catalog c({kA, kB});
-  EXPECT_EQ(validation_problem("[pool]\nprovider = \"slurmm\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:2:12: [pool] provider: no plugin named 'slurmm' (searched: " + kA + ", " + kB + ")");
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"troch\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:2:8: [[plugins]] name: no plugin named 'troch' (searched: " + kA + ", " + kB +
-                ") (did you mean 'torch'?)");
-  EXPECT_EQ(validation_problem("[job]\napp = \"nope\"\n", c),
-            "job.toml:2:7: [job] app: no plugin named 'nope' (searched: " + kA + ", " + kB + ")");
+  expect_refused(c, {
+      {"[pool]\nprovider = \"slurmm\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:2:12: [pool] provider: no plugin named 'slurmm' (searched: " + kA + ", " + kB + ")"},
+      {"[[plugins]]\nname = \"troch\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:2:8: [[plugins]] name: no plugin named 'troch' (searched: " + kA + ", " + kB +
+           ") (did you mean 'torch'?)"},
+      {"[job]\napp = \"nope\"\n",
+       "job.toml:2:7: [job] app: no plugin named 'nope' (searched: " + kA + ", " + kB + ")"},
+  });
   // The default provider, when missing, is reported at the top of the file.
   Catalog empty({kData + "/nowhere"});
   EXPECT_EQ(validation_problem("[job]\ncommand = [\"x\"]\n", empty),
@@ -345,28 +358,30 @@ TEST(Validate, PluginListedTwice) {
 
 TEST(Validate, OptionErrors) {
   Catalog c({kA});
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"torch\"\nbakend = \"nccl\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:3:10: [[plugins]] torch: unknown option 'bakend' for plugin 'torch' (known: backend, port, "
-            "scale, verbose, tag) (did you mean 'backend'?)");
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"cpu\"\nthreads = 4\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:3:11: [[plugins]] cpu: unknown option 'threads' for plugin 'cpu' (it takes no options)");
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"torch\"\nport = \"29400\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:3:8: [[plugins]] torch port: expected an integer, got a string (\"29400\")");
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"torch\"\nport = 1.5\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:3:8: [[plugins]] torch port: expected an integer, got a float (1.5)");
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"torch\"\nverbose = 1\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:3:11: [[plugins]] torch verbose: expected a boolean, got an integer (1)");
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"torch\"\nbackend = \"mpi\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:3:11: [[plugins]] torch backend: 'mpi' is not one of: gloo, nccl");
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"needy\"\nlevel = 5\ntoken = \"t\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:3:9: [[plugins]] needy level: '5' is not one of: 1, 2, 3");
-  EXPECT_EQ(validation_problem("[[plugins]]\nname = \"needy\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:2:8: [[plugins]] needy: missing required option 'token' of plugin 'needy' (string: access token)");
-  EXPECT_EQ(validation_problem("[provider]\nisolation = \"vm\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:2:13: [provider] isolation: 'vm' is not one of: none, netns");
-  EXPECT_EQ(validation_problem("[provider]\nisolaton = \"netns\"\n[job]\ncommand = [\"x\"]\n", c),
-            "job.toml:2:12: [provider]: unknown option 'isolaton' for plugin 'local' (known: isolation) (did you mean "
-            "'isolation'?)");
+  expect_refused(c, {
+      {"[[plugins]]\nname = \"torch\"\nbakend = \"nccl\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:3:10: [[plugins]] torch: unknown option 'bakend' for plugin 'torch' (known: backend, port, "
+       "scale, verbose, tag) (did you mean 'backend'?)"},
+      {"[[plugins]]\nname = \"cpu\"\nthreads = 4\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:3:11: [[plugins]] cpu: unknown option 'threads' for plugin 'cpu' (it takes no options)"},
+      {"[[plugins]]\nname = \"torch\"\nport = \"29400\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:3:8: [[plugins]] torch port: expected an integer, got a string (\"29400\")"},
+      {"[[plugins]]\nname = \"torch\"\nport = 1.5\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:3:8: [[plugins]] torch port: expected an integer, got a float (1.5)"},
+      {"[[plugins]]\nname = \"torch\"\nverbose = 1\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:3:11: [[plugins]] torch verbose: expected a boolean, got an integer (1)"},
+      {"[[plugins]]\nname = \"torch\"\nbackend = \"mpi\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:3:11: [[plugins]] torch backend: 'mpi' is not one of: gloo, nccl"},
+      {"[[plugins]]\nname = \"needy\"\nlevel = 5\ntoken = \"t\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:3:9: [[plugins]] needy level: '5' is not one of: 1, 2, 3"},
+      {"[[plugins]]\nname = \"needy\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:2:8: [[plugins]] needy: missing required option 'token' of plugin 'needy' (string: access token)"},
+      {"[provider]\nisolation = \"vm\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:2:13: [provider] isolation: 'vm' is not one of: none, netns"},
+      {"[provider]\nisolaton = \"netns\"\n[job]\ncommand = [\"x\"]\n",
+       "job.toml:2:12: [provider]: unknown option 'isolaton' for plugin 'local' (known: isolation) (did you mean "
+       "'isolation'?)"},
+  });
 }
 
 TEST(Validate, CollectsAllProblemsInSourceOrder) {

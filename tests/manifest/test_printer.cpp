@@ -15,6 +15,15 @@
 
 namespace {
 
+// What is left to read from `fd`, up to its end (or, non-blocking, up to what is there); closes it.
+std::string read_to_end(int fd) {
+  std::string out;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+  ::close(fd);
+  return out;
+}
+
 // Everything `fn` writes to stderr.
 template <class Fn>
 std::string captured_stderr(Fn&& fn) {
@@ -28,13 +37,8 @@ std::string captured_stderr(Fn&& fn) {
   std::fflush(stderr);
   ::dup2(saved, 2);
   ::close(saved);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
   ::fcntl(p[0], F_SETFL, O_NONBLOCK);
-  while ((n = ::read(p[0], buf, sizeof buf)) > 0) out.append(buf, size_t(n));
-  ::close(p[0]);
-  return out;
+  return read_to_end(p[0]);
 }
 
 TEST(Printer, OnATerminalAStatusStaysBelowTheOutputAndIsReplaced) {
@@ -109,10 +113,7 @@ TEST(Printer, AStalledStdoutNeverBlocksTheCallerAndDoneFollowsTheWrite) {
   ::close(out[0]);
   ::close(out[1]);
   ::close(err[1]);
-  std::string e;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(err[0], buf, sizeof buf)) > 0;) e.append(buf, size_t(n));
-  ::close(err[0]);
+  const std::string e = read_to_end(err[0]);
   EXPECT_EQ(e, "skyforge: half way\n");
 }
 
@@ -136,10 +137,7 @@ TEST(Printer, AClosedStdoutIsSaidOnceAndItsDiscardedLinesCounted) {
   }
   ::close(out[1]);
   ::close(err[1]);
-  std::string e;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(err[0], buf, sizeof buf)) > 0;) e.append(buf, size_t(n));
-  ::close(err[0]);
+  const std::string e = read_to_end(err[0]);
   EXPECT_EQ(e,
             "skyforge: stdout: Broken pipe: what is meant for it is discarded from here on; the run goes on\n"
             "[node 1] to stderr\n"
@@ -160,10 +158,7 @@ TEST(Printer, UnpacedLinesBeyondTheBoundAreDroppedAndCounted) {
     skyforge::Printer p(false, out[1], err[1]);
     for (size_t i = 0; i < n_items; ++i) p.node_lines(0, 3, mib + "\n");  // stderr, nobody reading yet
     p.err("mine");
-    reader = std::thread([&] {
-      char buf[65536];
-      for (ssize_t n; (n = ::read(err[0], buf, sizeof buf)) > 0;) e.append(buf, size_t(n));
-    });
+    reader = std::thread([&] { e = read_to_end(err[0]); });
     p.flush();
     const auto c = p.counts();
     EXPECT_GE(c.dropped_lines, 7u);
@@ -171,7 +166,6 @@ TEST(Printer, UnpacedLinesBeyondTheBoundAreDroppedAndCounted) {
   }
   ::close(err[1]);
   reader.join();
-  ::close(err[0]);
   ::close(out[0]);
   ::close(out[1]);
   EXPECT_NE(e.find("skyforge: mine\n"), std::string::npos);
