@@ -26,6 +26,14 @@ using Clock = std::chrono::steady_clock;
 
 Error invalid(const std::string& what) { return Error("aws provider: " + what, SF_ERR_INVALID); }
 
+// The integer option `key` (default `def`), refused outside [lo, hi]: "expected LO to HI<unit>".
+int64_t int_option(const Options& o, const std::string& key, int64_t def, int64_t lo, int64_t hi, const char* unit = "") {
+  const int64_t v = o.get_int(key, def);
+  if (v < lo || v > hi)
+    throw invalid("option '" + key + "': expected " + std::to_string(lo) + " to " + std::to_string(hi) + unit);
+  return v;
+}
+
 std::string base64(const std::string& in) {
   std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
   int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
@@ -338,20 +346,11 @@ AwsOptions AwsOptions::from(const Options& o) {
     throw invalid("option 'ssh_user': expected a login name (letters, digits, '_', '.', '-'; at most 32, not "
                   "starting with '.' or '-'), got " + shown_tag(a.ssh_user));
   a.ssh_cidr = o.get("ssh_cidr", a.ssh_cidr);
-  a.root_volume_gb = int(o.get_int("root_volume_gb", 0));
-  if (a.root_volume_gb < 0 || a.root_volume_gb > 16384) throw invalid("option 'root_volume_gb': expected 0 to 16384");
-  int64_t pt = o.get_int("provision_timeout", 600);
-  if (pt < 10 || pt > 86400) throw invalid("option 'provision_timeout': expected 10 to 86400 seconds");
-  a.provision_timeout = std::chrono::seconds(pt);
-  int64_t poll = o.get_int("poll_interval_ms", 2000);
-  if (poll < 10 || poll > 60000) throw invalid("option 'poll_interval_ms': expected 10 to 60000");
-  a.poll_interval = std::chrono::milliseconds(poll);
-  int64_t td = o.get_int("teardown_timeout", 900);
-  if (td < 10 || td > 86400) throw invalid("option 'teardown_timeout': expected 10 to 86400 seconds");
-  a.teardown_timeout = std::chrono::seconds(td);
-  int64_t sw = o.get_int("sweep_timeout", 30);
-  if (sw < 1 || sw > 3600) throw invalid("option 'sweep_timeout': expected 1 to 3600 seconds");
-  a.sweep_timeout = std::chrono::seconds(sw);
+  a.root_volume_gb = int(int_option(o, "root_volume_gb", 0, 0, 16384));
+  a.provision_timeout = std::chrono::seconds(int_option(o, "provision_timeout", 600, 10, 86400, " seconds"));
+  a.poll_interval = std::chrono::milliseconds(int_option(o, "poll_interval_ms", 2000, 10, 60000));
+  a.teardown_timeout = std::chrono::seconds(int_option(o, "teardown_timeout", 900, 10, 86400, " seconds"));
+  a.sweep_timeout = std::chrono::seconds(int_option(o, "sweep_timeout", 30, 1, 3600, " seconds"));
   return a;
 }
 
