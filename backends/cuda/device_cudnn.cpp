@@ -8,43 +8,6 @@
 
 namespace skyforge::cuda {
 
-const char* fwd_algo_name(cudnnConvolutionFwdAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "implicit_gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "implicit_precomp_gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "gemm";
-    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "direct";
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "fft_tiling";
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "winograd";
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    default: return "?";
-  }
-}
-const char* filter_algo_name(cudnnConvolutionBwdFilterAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return "algo_0";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return "algo_1";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return "algo_3";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return "fft_tiling";
-    default: return "?";
-  }
-}
-const char* data_algo_name(cudnnConvolutionBwdDataAlgo_t a) {
-  switch (a) {
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return "algo_0";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return "algo_1";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return "fft";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return "fft_tiling";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return "winograd";
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
-    default: return "?";
-  }
-}
-
-// Not in the constructor: a failure there would leave what it made to no destructor.
 void ConvPlan::setup(const kernels::WindowShape& g, size_t filters, const ConvPolicy& policy) {
   const int64_t trail_h = int64_t{g.Ho - 1} * g.sh + g.kh - g.H - g.pt;
   const int64_t trail_w = int64_t{g.Wo - 1} * g.sw + g.kw - g.W - g.pl;

@@ -92,7 +92,7 @@ struct ConvPlan {
   ~ConvPlan();
 };
 
-// The names cuDNN's algorithms go by in describe_convolutions().
+// The names cuDNN's algorithms go by in describe_convolutions() (device_profile.cpp).
 const char* fwd_algo_name(cudnnConvolutionFwdAlgo_t a);
 const char* filter_algo_name(cudnnConvolutionBwdFilterAlgo_t a);
 const char* data_algo_name(cudnnConvolutionBwdDataAlgo_t a);

@@ -1,6 +1,7 @@
 // The CUDA build's part of SKYFORGE_CUDA_PROFILE (device.hpp, docs/compute-backends.md
 // "Profiling"): timing marks as CUDA events on the stream, and describe_convolutions(), the text
-// of every conv2d window's plan (device_cudnn.hpp): its algorithms and what each candidate took.
+// of every conv2d window's plan (device_cudnn.hpp): its algorithms, by the names cuDNN's go by
+// here, and what each candidate took.
 #include "device_cuda_impl.hpp"
 
 #include <cstdio>
@@ -28,6 +29,42 @@ double Device::seconds(size_t from, size_t to) const {
   return ms / 1e3;
 }
 void Device::clear_marks() { impl_->marks_used = 0; }
+
+const char* fwd_algo_name(cudnnConvolutionFwdAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return "implicit_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return "implicit_precomp_gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return "gemm";
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return "direct";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return "fft_tiling";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return "winograd";
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    default: return "?";
+  }
+}
+const char* filter_algo_name(cudnnConvolutionBwdFilterAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return "algo_0";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return "algo_1";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return "algo_3";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return "fft_tiling";
+    default: return "?";
+  }
+}
+const char* data_algo_name(cudnnConvolutionBwdDataAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return "algo_0";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return "algo_1";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return "fft";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return "fft_tiling";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return "winograd";
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return "winograd_nonfused";
+    default: return "?";
+  }
+}
 
 namespace {
 constexpr const char* kEngineReduction = "the engine's column reduction (deterministic)";
