@@ -1,6 +1,9 @@
 // Test helpers: an io_context on its own thread, a raw POSIX TCP peer for speaking (or
-// mis-speaking) the protocol byte by byte, and small synchronisation utilities.
+// mis-speaking) the protocol byte by byte, small synchronisation utilities and the checks of a
+// close or rejection reason.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -78,6 +81,20 @@ class Latch {
   std::optional<T> value_;
   int count_ = 0;
 };
+
+// The reason `latch` is set to within `timeout` (a connection's close, a handshake's
+// rejection); "" and a test failure when it is not set by then.
+inline std::string reason(Latch<std::string>& latch, std::chrono::milliseconds timeout = 2000ms) {
+  std::optional<std::string> why = latch.wait(timeout);
+  EXPECT_TRUE(why) << "no reason within " << timeout.count() << " ms";
+  return why.value_or("");
+}
+
+// `text` contains `part`; the failure shows both.
+inline ::testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
+}
 
 // Blocking POSIX TCP client with per-call timeouts.
 class RawPeer {
