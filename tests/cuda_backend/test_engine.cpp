@@ -118,6 +118,16 @@ void expect_agreement(const char* name, const ModelSpec& spec, uint32_t batch, d
   EXPECT_LE(f.params, param_tol) << name << " free-running";
 }
 
+// What f throws: its status and message, or SF_OK and "" when it returns.
+std::pair<sf_status, std::string> status_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return {e.status(), e.what()};
+  }
+  return {SF_OK, ""};
+}
+
 }  // namespace
 
 TEST(CudaEngine, HostBuildIsTheHostBuild) {
@@ -419,14 +429,6 @@ TEST(CudaEngine, EveryLayerOfTheSchemaIsSupported) {
 }
 
 TEST(CudaEngine, BadSpecsAndBatchesAreInvalid) {
-  auto status_of = [](const std::function<void()>& f) -> std::pair<sf_status, std::string> {
-    try {
-      f();
-    } catch (const Error& e) {
-      return {e.status(), e.what()};
-    }
-    return {SF_OK, ""};
-  };
   ModelSpec unknown = mlp(1);
   unknown.layers[1] = layer("densse", {{"units", "3"}});
   auto [s1, m1] = status_of([&] { cu::make_engine(unknown, Communicator{}); });
@@ -633,35 +635,27 @@ TEST(CudaEngine, BoundDataOnTwoNodesFollowsPlainSteps) {
 TEST(CudaEngine, BoundDataRefusesBadInput) {
   auto e = cu::make_engine(mlp(24), Communicator{});
   Batch all = make_batch(60, 10, 784);
-  auto error_of = [](const std::function<void()>& f) -> std::pair<sf_status, std::string> {
-    try {
-      f();
-    } catch (const Error& x) {
-      return {x.status(), x.what()};
-    }
-    return {SF_OK, ""};
-  };
   all.y[7] = 12;
-  auto [s1, m1] = error_of([&] { e->bind_data(all.x.data(), all.y.data(), 10); });
+  auto [s1, m1] = status_of([&] { e->bind_data(all.x.data(), all.y.data(), 10); });
   EXPECT_EQ(s1, SF_ERR_INVALID);
   EXPECT_NE(m1.find("bind_data: label 12 of sample 7 is outside [0, 10)"), std::string::npos) << m1;
   all.y[7] = 1;
-  EXPECT_EQ(error_of([&] { e->bind_data(all.x.data(), all.y.data(), 0); }).first, SF_ERR_INVALID);
+  EXPECT_EQ(status_of([&] { e->bind_data(all.x.data(), all.y.data(), 0); }).first, SF_ERR_INVALID);
   const uint64_t id = e->bind_data(all.x.data(), all.y.data(), 10);
   const std::vector<uint64_t> idx = {0, 9, 10};
-  auto [s2, m2] = error_of([&] { e->train_step_indexed(id, idx.data(), 3, true); });
+  auto [s2, m2] = status_of([&] { e->train_step_indexed(id, idx.data(), 3, true); });
   EXPECT_EQ(s2, SF_ERR_INVALID);
   EXPECT_NE(m2.find("index 10 at position 2 is outside bound set " + std::to_string(id) + " of 10 samples"),
             std::string::npos)
       << m2;
-  EXPECT_EQ(error_of([&] { e->train_step_indexed(id, idx.data(), 0, true); }).first, SF_ERR_INVALID);
+  EXPECT_EQ(status_of([&] { e->train_step_indexed(id, idx.data(), 0, true); }).first, SF_ERR_INVALID);
   EXPECT_EQ(e->take_results().samples, 0u) << "a refused step left sums behind";
   EXPECT_EQ(params_of(*e), params_of(*cu::make_engine(mlp(24), Communicator{}))) << "a refused step trained";
   e->release_data(id);
-  auto [s3, m3] = error_of([&] { e->eval_step_indexed(id, idx.data(), 2, false); });
+  auto [s3, m3] = status_of([&] { e->eval_step_indexed(id, idx.data(), 2, false); });
   EXPECT_EQ(s3, SF_ERR_INVALID);
   EXPECT_NE(m3.find("no bound data set " + std::to_string(id)), std::string::npos) << m3;
-  EXPECT_EQ(error_of([&] { e->release_data(id); }).first, SF_ERR_INVALID);
+  EXPECT_EQ(status_of([&] { e->release_data(id); }).first, SF_ERR_INVALID);
 }
 
 // ---- graphs (docs/compute-backends.md, "Graphs") ----------------------------------------------
