@@ -8,11 +8,28 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "test_util.hpp"
 
 namespace tfe = skyforge::tfevents;
 namespace fs = std::filesystem;
+
+namespace {
+
+// An event file with one scalar, written in `dir`: its path and its bytes.
+std::pair<fs::path, std::string> one_scalar_file(const fs::path& dir) {
+  fs::path path;
+  {
+    tfe::EventWriter w(dir);
+    path = w.path();
+    w.add_scalar("x", 1.0f, 1);
+  }
+  std::ifstream in(path, std::ios::binary);
+  return {path, std::string(std::istreambuf_iterator<char>(in), {})};
+}
+
+}  // namespace
 
 TEST(Crc32c, StandardCheckValues) {
   EXPECT_EQ(tfe::crc32c("123456789"), 0xE3069283u);  // the catalogue check value of CRC-32C
@@ -101,17 +118,7 @@ TEST(TfEvents, WriterFileNameAndRecords) {
 
 TEST(TfEvents, ReaderRejectsCorruption) {
   TempDir dir("tfevents_bad");
-  fs::path path;
-  {
-    tfe::EventWriter w(dir.path);
-    path = w.path();
-    w.add_scalar("x", 1.0f, 1);
-  }
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  auto [path, bytes] = one_scalar_file(dir.path);
   std::string flipped = bytes;
   flipped[flipped.size() - 6] ^= 0x01;  // inside the last record's data
   {
@@ -154,17 +161,7 @@ TEST(TfEvents, TensorBoardRefusesBadCrc) {
   const std::string py = venv_python_or_skip();
   if (py.empty()) GTEST_SKIP() << skip_reason();
   TempDir dir("tfevents_tb_bad");
-  fs::path path;
-  {
-    tfe::EventWriter w(dir.path);
-    path = w.path();
-    w.add_scalar("x", 1.0f, 1);
-  }
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  auto [path, bytes] = one_scalar_file(dir.path);
   bytes[bytes.size() - 1] ^= 0x40;  // the last data CRC
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
   EXPECT_NE(run_command(py + " " + CHECK_TFEVENTS_PY + " " + dir.path.string()), 0);
