@@ -12,6 +12,7 @@
 #pragma once
 
 #include <skyforge/engine_state.hpp>
+#include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
 
 #include <cstddef>
@@ -133,13 +134,17 @@ double sparse_xent(const float* logits, const int32_t* labels, uint32_t batch, u
                    uint64_t* correct, const Exec& ex);
 
 // ---- optimizers (Keras update rules) ------------------------------------------------------
+// An optimizer's options as numbers, Keras' defaults from the optimizer schema
+// (skyforge/optimizer_schema.hpp), which parse_optimizer checks them against.
 struct OptimizerConfig {
-  std::string name = "adam";  // "sgd" | "adam"
-  double learning_rate = 0.001;
-  double momentum = 0.0;  // sgd
+  std::string name{schema::kDefaultOptimizer};  // "sgd" | "adam"
+  double learning_rate = schema::default_real(name, "learning_rate");
+  double momentum = schema::default_real("sgd", "momentum");
   bool nesterov = false;  // sgd
-  double beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;  // adam
+  double beta_1 = schema::default_real("adam", "beta_1"), beta_2 = schema::default_real("adam", "beta_2"),
+         epsilon = schema::default_real("adam", "epsilon");
 };
+// Throws Error(SF_ERR_INVALID) naming the optimizer and the option.
 OptimizerConfig parse_optimizer(const std::string& name, const Options& opts);
 
 class Optimizer {

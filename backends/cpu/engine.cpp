@@ -14,13 +14,10 @@
 #endif
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
-#include <set>
-#include <sstream>
 
 namespace skyforge::cpu {
 
@@ -85,55 +82,29 @@ class FlushDenormals {
 };
 #endif
 
-double parse_real(const Options& o, const std::string& opt, const std::string& key, double fallback, double lo,
-                  double hi, bool lo_open) {
-  if (!o.has(key)) return fallback;
-  const std::string v = o.get(key);
-  char* end = nullptr;
-  errno = 0;
-  const double d = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(d))
-    invalid("optimizer " + opt + ": option '" + key + "': expected a number, got '" + v + "'");
-  if (d < lo || d > hi || (lo_open && d == lo)) {
-    std::ostringstream os;
-    os << "optimizer " << opt << ": option '" << key << "': " << v << " is outside " << (lo_open ? "(" : "[") << lo
-       << ", " << hi << "]";
-    invalid(os.str());
-  }
-  return d;
-}
-
 constexpr char kMagic[8] = {'S', 'F', 'C', 'P', 'U', 'E', 'N', 'G'};
 
 }  // namespace
 
 // ---- optimizers ----------------------------------------------------------------------------
-OptimizerConfig parse_optimizer(const std::string& name_in, const Options& o) {
-  OptimizerConfig c;
-  c.name = name_in.empty() ? "adam" : name_in;
-  std::set<std::string> known;
-  if (c.name == "sgd") {
-    known = {"learning_rate", "momentum", "nesterov"};
-    c.learning_rate = parse_real(o, "sgd", "learning_rate", 0.01, 0.0, 1e300, true);
-    c.momentum = parse_real(o, "sgd", "momentum", 0.0, 0.0, 1.0, false);
-    try {
-      c.nesterov = o.get_bool("nesterov", false);
-    } catch (const Error& e) {
-      invalid(std::string("optimizer sgd: ") + e.what());
+OptimizerConfig parse_optimizer(const std::string& name, const Options& o) {
+  try {
+    const schema::OptimizerConfig s = schema::parse_optimizer(name, o.all());
+    OptimizerConfig c;
+    c.name = std::string(s.name());
+    c.learning_rate = s.real("learning_rate");
+    if (c.name == "sgd") {
+      c.momentum = s.real("momentum");
+      c.nesterov = s.flag("nesterov");
+    } else {
+      c.beta_1 = s.real("beta_1");
+      c.beta_2 = s.real("beta_2");
+      c.epsilon = s.real("epsilon");
     }
-  } else if (c.name == "adam") {
-    known = {"learning_rate", "beta_1", "beta_2", "epsilon"};
-    c.learning_rate = parse_real(o, "adam", "learning_rate", 0.001, 0.0, 1e300, true);
-    c.beta_1 = parse_real(o, "adam", "beta_1", 0.9, 0.0, 1.0, false);
-    c.beta_2 = parse_real(o, "adam", "beta_2", 0.999, 0.0, 1.0, false);
-    c.epsilon = parse_real(o, "adam", "epsilon", 1e-7, 0.0, 1e300, true);
-    if (c.beta_1 >= 1.0 || c.beta_2 >= 1.0) invalid("optimizer adam: beta_1 and beta_2 must be below 1");
-  } else {
-    invalid("unknown optimizer '" + c.name + "' (known: sgd, adam)");
+    return c;
+  } catch (const schema::OptimizerError& e) {
+    invalid(e.what());
   }
-  for (const auto& [k, v] : o.all())
-    if (!known.count(k)) invalid("optimizer " + c.name + ": unknown option '" + k + "'");
-  return c;
 }
 
 Optimizer::Optimizer(OptimizerConfig cfg, size_t n) : cfg_(std::move(cfg)), n_(n) {

@@ -21,22 +21,12 @@ class CudaBackend : public skyforge::ComputeBackend {
   }
 
  private:
-  // The pool's collective timeout (docs/runtime-api.md): job.collective_timeout, else
-  // SKYFORGE_COLLECTIVE_TIMEOUT, else 300 s; NCCL gets the same as the pool's communicator.
+  // The pool's collective timeout (skyforge/config_keys.hpp, docs/runtime-api.md); NCCL gets the
+  // same as the pool's communicator.
   double collective_timeout_s() const {
-    std::string v = host().config("job.collective_timeout").value_or("");
-    const char* what = "job.collective_timeout";
-    if (v.empty()) {
-      const char* env = std::getenv("SKYFORGE_COLLECTIVE_TIMEOUT");
-      v = env ? env : "";
-      what = "SKYFORGE_COLLECTIVE_TIMEOUT";
-    }
-    if (v.empty()) return 300;
-    char* end = nullptr;
-    const double s = std::strtod(v.c_str(), &end);
-    if (end == v.c_str() || *end || !(s > 0) || s > 1e7)
-      throw skyforge::Error(std::string(what) + " = '" + v + "': expected a positive number of seconds", SF_ERR_INVALID);
-    return s;
+    namespace config = skyforge::config;
+    const auto v = host().config(std::string(config::keys::job_collective_timeout.name));
+    return config::collective_timeout_s(v ? v->c_str() : nullptr, std::getenv(config::kCollectiveTimeoutEnv));
   }
 
   skyforge::cuda::EngineOptions opts_;

@@ -6,9 +6,9 @@
 #include <skyforge/initial_weights.hpp>
 
 #include <skyforge/layer_schema.hpp>
+#include <skyforge/optimizer_schema.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstddef>
 #include <cmath>
 #include <cstdio>
@@ -29,24 +29,6 @@ namespace {
 
 size_t numel(const Shape& s) { return std::accumulate(s.begin(), s.end(), size_t{1}, std::multiplies<>()); }
 using schema::detail::shape_text;  // "(None, 28, 28, 1)"
-
-// An optimizer option: a finite number in its range (Keras' defaults otherwise).
-double number(const std::string& opt, const Options& o, const char* key, double fallback, double lo, double hi,
-              bool lo_open) {
-  if (!o.has(key)) return fallback;
-  const std::string v = o.get(key);
-  char* end = nullptr;
-  errno = 0;
-  const double d = std::strtod(v.c_str(), &end);
-  const bool ok = !v.empty() && *end == '\0' && errno == 0 && std::isfinite(d) && d >= lo && d <= hi &&
-                  !(lo_open && d == lo);
-  if (!ok)
-    invalid("optimizer " + opt + ": option '" + key + "': expected a number " + (lo_open ? "> " : ">= ") +
-            schema::detail::number_text(lo) + (hi < 1e300 ? " and <= " + schema::detail::number_text(hi) : "") +
-            ", got '" + v + "'");
-  return d;
-}
-
 
 }  // namespace
 
@@ -116,32 +98,15 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   } catch (const schema::LayerError& e) {
     invalid(e.what());
   }
-  optimizer_ = spec.optimizer.empty() ? "adam" : spec.optimizer;
-  const Options& oo = spec.optimizer_options;
-  auto only = [&](std::initializer_list<const char*> known) {
-    for (const auto& [key, v] : oo.all()) {
-      bool ok = false;
-      for (const char* kk : known) ok = ok || key == kk;
-      if (!ok) invalid("optimizer " + optimizer_ + ": unknown option '" + key + "'");
-    }
-  };
-  if (optimizer_ == "adam") {
-    only({"learning_rate", "beta_1", "beta_2", "epsilon"});
-    adam_.learning_rate = number("adam", oo, "learning_rate", 0.001, 0, 1e300, true);
-    adam_.beta_1 = number("adam", oo, "beta_1", 0.9, 0, 1, false);
-    adam_.beta_2 = number("adam", oo, "beta_2", 0.999, 0, 1, false);
-    adam_.epsilon = number("adam", oo, "epsilon", 1e-7, 0, 1e300, true);
-  } else if (optimizer_ == "sgd") {
-    only({"learning_rate", "momentum", "nesterov"});
-    sgd_.learning_rate = number("sgd", oo, "learning_rate", 0.01, 0, 1e300, true);
-    sgd_.momentum = number("sgd", oo, "momentum", 0.0, 0, 1, false);
-    try {
-      sgd_.nesterov = oo.get_bool("nesterov", false);
-    } catch (const Error& e) {
-      invalid(std::string("optimizer sgd: ") + e.what());
-    }
-  } else {
-    invalid("unknown optimizer '" + optimizer_ + "' (known: adam, sgd)");
+  try {
+    const schema::OptimizerConfig o = schema::parse_optimizer(spec.optimizer, spec.optimizer_options.all());
+    optimizer_ = std::string(o.name());
+    if (optimizer_ == "adam")
+      adam_ = {o.real("learning_rate"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon")};
+    else
+      sgd_ = {o.real("learning_rate"), o.real("momentum"), o.flag("nesterov")};
+  } catch (const schema::OptimizerError& e) {
+    invalid(e.what());
   }
 
   DeviceOptions dopt = eopt_;

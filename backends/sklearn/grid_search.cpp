@@ -28,9 +28,9 @@ std::vector<std::string> Grid::task_inputs() const {
   std::vector<std::string> out;
   for (uint64_t c = 0; c < candidates(); ++c) {
     const std::vector<std::string> p = candidate(c);
-    std::string params;
-    for (size_t i = 0; i < names.size(); ++i) params += ";" + names[i] + "=" + p[i];
-    for (uint32_t k = 0; k < cv; ++k) out.push_back("fold=" + std::to_string(k) + params);
+    config::SearchTask t;
+    for (size_t i = 0; i < names.size(); ++i) t.values.emplace_back(names[i], p[i]);
+    for (t.fold = 0; t.fold < cv; ++t.fold) out.push_back(config::search_task_input(t));
   }
   return out;
 }

@@ -1,9 +1,11 @@
 // A grid search's candidates and its report, as scikit-learn's GridSearchCV makes them
 // (docs/training.md, "Grid search"): ParameterGrid's order (names sorted, the last varying
-// fastest), one task per candidate and fold ("fold=K;name=value;..."), and cv_results_ with
+// fastest), one task per candidate and fold (config_keys.hpp's SearchTask), and cv_results_ with
 // mean and population standard deviation of the folds' scores and rank by mean (ties share the
 // lowest rank, as scipy's rankdata(method="min")).
 #pragma once
+
+#include <skyforge/config_keys.hpp>
 
 #include <cstdint>
 #include <string>
@@ -17,9 +19,10 @@ struct Grid {
   uint32_t cv = 5;
   std::string csv;                                // where the table is written; empty: nowhere
 
-  // From the job's config: search.params, search.param_grid.<name>, search.cv, search.csv.
-  template <class Config>
-  static Grid from(const Config& config);
+  // From the job's config (config_keys.hpp): search.params, search.param_grid.<name>, search.cv,
+  // search.csv; `config` is a lookup (const std::string& key) -> std::optional<std::string>.
+  template <class Lookup>
+  static Grid from(const Lookup& lookup);
   uint64_t candidates() const;
   std::vector<std::string> candidate(uint64_t c) const;  // its value of each name
   std::vector<std::string> task_inputs() const;          // candidate-major, fold fastest
@@ -48,22 +51,14 @@ bool dispatch_before(uint32_t cv, const std::vector<uint64_t>& cost, uint64_t a,
 // A JSON number's text after "key": in a one-line object; empty when absent.
 std::string json_number(const std::string& json, const std::string& key);
 
-template <class Config>
-Grid Grid::from(const Config& config) {
-  auto split = [](const std::string& text) {
-    std::vector<std::string> out;
-    for (size_t b = 0; b <= text.size() && !text.empty();) {
-      const size_t e = std::min(text.find('\n', b), text.size());
-      out.push_back(text.substr(b, e - b));
-      b = e + 1;
-    }
-    return out;
-  };
+template <class Lookup>
+Grid Grid::from(const Lookup& lookup) {
+  namespace keys = skyforge::config::keys;
   Grid g;
-  g.names = split(config("search.params").value_or(""));
-  for (const auto& n : g.names) g.values.push_back(split(config("search.param_grid." + n).value_or("")));
-  g.cv = uint32_t(std::stoul(config("search.cv").value_or("5")));
-  g.csv = config("search.csv").value_or("");
+  g.names = keys::search_params.find(lookup).value_or(std::vector<std::string>{});
+  for (const auto& n : g.names) g.values.push_back(skyforge::config::split_lines(lookup(keys::search_param_grid(n)).value_or("")));
+  g.cv = uint32_t(keys::search_cv.get(lookup));
+  g.csv = keys::search_csv.find(lookup).value_or("");
   return g;
 }
 

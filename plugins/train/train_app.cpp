@@ -1,5 +1,6 @@
 // The built-in `train` job (docs/training.md). The host flattens a manifest's [train] table into
-// config keys (train.epochs, train.layers.0.type, ...; paths already absolute) and runs this app
+// config keys (skyforge/config_keys.hpp: train.epochs, train.layers.0.type, ...; every default
+// filled in, paths already absolute) and runs this app
 // once on every node. Each node loads the whole dataset and fit() splits every global batch
 // across the nodes (Data::replicated), so N nodes take exactly the optimisation steps one node
 // takes on the same global batch; gradients are averaged through the pool's communicator.
@@ -16,9 +17,11 @@
 // of one candidate on one fold — "fold=K;name=value;..." — run on one slot with no communicator,
 // validated on the fold (search.cv folds of the training set, split by search.seed), and answered
 // with its validation accuracy and loss as one line of JSON.
+#include <skyforge/config_keys.hpp>
 #include <skyforge/datasets.hpp>
 #include <skyforge/keras.hpp>
 #include <skyforge/layer_schema.hpp>
+#include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
 
 #include <chrono>
@@ -33,80 +36,71 @@
 #include <vector>
 
 namespace K = skyforge::keras;
+namespace keys = skyforge::config::keys;
 
 namespace {
 
 using skyforge::Error;
 
-// Typed access to the host's train.* config keys, with a grid-search task's values over them.
+// The job's train.* keys (skyforge/config_keys.hpp), typed, with a grid-search task's values over
+// them. The host's [train] table wrote every default: none here.
 class TrainConfig {
  public:
-  explicit TrainConfig(const skyforge::Host& host, std::map<std::string, std::string> overrides = {})
-      : host_(host), overrides_(std::move(overrides)) {}
+  explicit TrainConfig(const skyforge::Host& host, const std::vector<std::pair<std::string, std::string>>& task_values = {})
+      : host_(host) {
+    for (const auto& [name, value] : task_values) overrides_[keys::train_key(name)] = value;
+  }
 
-  std::optional<std::string> find(const std::string& key) const {
+  // The lookup config::Key reads through.
+  std::optional<std::string> operator()(const std::string& key) const {
     if (auto it = overrides_.find(key); it != overrides_.end()) return it->second;
-    return host_.config("train." + key);
+    return host_.config(key);
   }
-  std::string get(const std::string& key, const std::string& fallback) const { return find(key).value_or(fallback); }
-  std::string require(const std::string& key) const {
-    if (auto v = find(key)) return *v;
-    throw Error("train: config key 'train." + key + "' is missing (run this app through a manifest's [train] table)",
-                SF_ERR_INVALID);
+  template <class T>
+  T get(const skyforge::config::Key<T>& key) const {
+    return key.get(*this);
   }
-  uint64_t uint(const std::string& key, uint64_t fallback) const {
-    const auto v = find(key);
-    return v ? parse_uint(key, *v) : fallback;
-  }
-  double real(const std::string& key, double fallback) const {
-    const auto v = find(key);
-    if (!v) return fallback;
-    char* end = nullptr;
-    const double d = std::strtod(v->c_str(), &end);
-    if (v->empty() || *end != '\0') throw Error("train." + key + ": expected a number, got '" + *v + "'", SF_ERR_INVALID);
-    return d;
-  }
-  bool boolean(const std::string& key, bool fallback) const {
-    const auto v = find(key);
-    if (!v) return fallback;
-    if (*v == "true") return true;
-    if (*v == "false") return false;
-    throw Error("train." + key + ": expected true or false, got '" + *v + "'", SF_ERR_INVALID);
+  template <class T>
+  std::optional<T> find(const skyforge::config::Key<T>& key) const {
+    return key.find(*this);
   }
 
  private:
-  static uint64_t parse_uint(const std::string& key, const std::string& v) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || v[0] == '-')
-      throw Error("train." + key + ": expected a non-negative integer, got '" + v + "'", SF_ERR_INVALID);
-    return n;
-  }
   const skyforge::Host& host_;
   std::map<std::string, std::string> overrides_;
 };
 
+// Every option of the schema's `def` that the config holds under prefix + option, as text.
+template <class Def>
+std::vector<std::pair<std::string, std::string>> options_from(const TrainConfig& c, const Def& def, const std::string& key_of) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& option : def.options)
+    if (auto v = c(key_of + std::string(option.name))) out.emplace_back(option.name, *v);
+  return out;
+}
+
 // [[train.layers]] #i as the host checked it against the layer schema (canonical text, no
 // defaults added); compile() fills in the schema's defaults. No number is parsed here.
 K::Layer layer_from(const TrainConfig& c, uint64_t i) {
-  const std::string p = "layers." + std::to_string(i) + ".";
-  K::Layer layer{c.require(p + "type"), {}, {}};
+  const std::string type_key = keys::train_layer(i, "type");
+  K::Layer layer{c.get(skyforge::config::Key<std::string>{type_key, {}, "a [[train.layers]] type"}), {}, {}};
   const skyforge::schema::LayerDef* def = skyforge::schema::find(layer.type);
   if (!def) throw Error("train: layer " + std::to_string(i) + " has unknown type '" + layer.type + "'", SF_ERR_INVALID);
-  for (const auto& option : def->options)
-    if (auto v = c.find(p + std::string(option.name))) layer.options.emplace_back(option.name, *v);
+  layer.options = options_from(c, *def, keys::train_layer(i, ""));
   return layer;
 }
 
+// The optimizer and the options [train] set (the host wrote the optimizer's defaults for those
+// it left out), checked by the optimizer schema, which fills in the rest.
 K::Optimizer optimizer_from(const TrainConfig& c) {
-  const std::string name = c.get("optimizer", "adam");
-  const double lr = c.real("learning_rate", 1e-3);
-  if (name == "adam") return K::Adam{lr};
-  if (name == "sgd") return K::SGD{lr, c.real("momentum", 0.0)};
-  throw Error("train.optimizer: expected adam or sgd, got '" + name + "'", SF_ERR_INVALID);
+  const std::string name = c.get(keys::train_optimizer);
+  const skyforge::schema::OptimizerDef* def = skyforge::schema::find_optimizer(name);
+  if (!def)
+    throw Error("train.optimizer: expected one of " + skyforge::schema::optimizer_names() + ", got '" + name + "'", SF_ERR_INVALID);
+  const skyforge::schema::OptimizerConfig o = skyforge::schema::parse_optimizer(name, options_from(c, *def, keys::train_key("")));
+  if (o.name() == "sgd") return K::SGD{o.real("learning_rate"), o.real("momentum"), o.flag("nesterov")};
+  return K::Adam{o.real("learning_rate"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon")};
 }
-
-std::string default_data_dir(const std::string& dataset) { return "/usr/share/datasets/" + dataset; }
 
 uint64_t fnv1a64(const std::vector<float>& w) {
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -124,14 +118,14 @@ std::string hex(uint64_t v) {
 K::Sequential build_model(const TrainConfig& c, const std::vector<uint32_t>& sample_shape) {
   K::Sequential model;
   model.add(K::Input(sample_shape));
-  const uint64_t layers = c.uint("layers", 0);
+  const uint64_t layers = c.get(keys::train_layers);
   for (uint64_t i = 0; i < layers; ++i) model.add(layer_from(c, i));
   return model;
 }
 
 std::vector<std::string> metrics(const TrainConfig& c) {
   std::vector<std::string> out;
-  const std::string m = c.get("metrics", "accuracy");
+  const std::string m = c.get(keys::train_metrics);
   for (size_t b = 0; b < m.size();) {
     const size_t e = std::min(m.find(',', b), m.size());
     if (e > b) out.push_back(m.substr(b, e - b));
@@ -144,25 +138,13 @@ class Train : public skyforge::App {
  public:
   using App::App;
 
-  // One fit of a grid search: "fold=K;name=value;...".
+  // One fit of a grid search: "fold=K;name=value;..." (config_keys.hpp, SearchTask).
   std::string task(std::string_view input, uint32_t slot) override {
-    std::map<std::string, std::string> values;
-    for (size_t b = 0; b <= input.size();) {
-      const size_t e = std::min(input.find(';', b), input.size());
-      const std::string_view item = input.substr(b, e - b);
-      const size_t eq = item.find('=');
-      if (eq == std::string_view::npos || eq == 0) throw Error("train: a grid-search task reads 'fold=K;name=value;...', got '" + std::string(input) + "'", SF_ERR_INVALID);
-      values[std::string(item.substr(0, eq))] = std::string(item.substr(eq + 1));
-      b = e + 1;
-    }
-    const auto fold_text = values.find("fold");
-    if (fold_text == values.end()) throw Error("train: a grid-search task names no fold: '" + std::string(input) + "'", SF_ERR_INVALID);
-    const uint64_t fold = std::strtoull(fold_text->second.c_str(), nullptr, 10);
-    values.erase(fold_text);
-    const uint64_t folds = std::strtoull(host().config("search.cv").value_or("0").c_str(), nullptr, 10);
-    const uint64_t split_seed = std::strtoull(host().config("search.seed").value_or("0").c_str(), nullptr, 10);
+    const skyforge::config::SearchTask t = skyforge::config::parse_search_task(input);
+    const uint64_t fold = t.fold, folds = *host().config(keys::search_cv);
+    const uint64_t split_seed = *host().config(keys::search_seed);
     if (folds < 2 || fold >= folds) throw Error("train: fold " + std::to_string(fold) + " of search.cv = " + std::to_string(folds), SF_ERR_INVALID);
-    const TrainConfig c(host(), std::move(values));
+    const TrainConfig c(host(), t.values);
 
     // The training set, split into the search's folds the same way on every node.
     const std::shared_ptr<const skyforge::datasets::ByteDataset> all = training_set(c);
@@ -184,14 +166,14 @@ class Train : public skyforge::App {
     K::Sequential model = build_model(c, all->sample_shape);
     K::CompileOptions co;
     co.backend = K::Backend(host().compute_backend());
-    co.seed = c.uint("seed", split_seed);
-    co.threads = static_cast<uint32_t>(c.uint("threads", 1));  // one core per slot unless [train] threads says
-    model.compile(optimizer_from(c), c.get("loss", "sparse_categorical_crossentropy"), metrics(c), co);
+    co.seed = c.find(keys::train_seed).value_or(split_seed);
+    co.threads = static_cast<uint32_t>(c.find(keys::train_threads).value_or(1));  // one core per slot unless [train] threads says
+    model.compile(optimizer_from(c), c.get(keys::train_loss), metrics(c), co);
     K::FitOptions fo;
-    fo.epochs = static_cast<uint32_t>(c.uint("epochs", 1));
-    fo.batch_size = static_cast<uint32_t>(c.uint("batch_size", 32));
-    fo.shuffle = c.boolean("shuffle", true);
-    fo.steps_per_epoch = c.uint("steps_per_epoch", 0);
+    fo.epochs = static_cast<uint32_t>(c.get(keys::train_epochs));
+    fo.batch_size = static_cast<uint32_t>(c.get(keys::train_batch_size));
+    fo.shuffle = c.get(keys::train_shuffle);
+    fo.steps_per_epoch = c.find(keys::train_steps_per_epoch).value_or(0)  /* 0: every batch */;
     fo.verbose = 0;
     const auto t0 = std::chrono::steady_clock::now();
     model.fit(fit_on.x, fit_on.y, fo);
@@ -207,9 +189,8 @@ class Train : public skyforge::App {
     const bool data_parallel = info.total_nodes > 1 && env_flag("SKYFORGE_DATA_PARALLEL", true);
     const uint64_t seed = pool_seed(c, info);
 
-    const std::string dataset = c.get("dataset", "fashion-mnist");
-    const std::string dir = c.get("data_dir", default_data_dir(dataset));
-    auto [train, test] = skyforge::datasets::load_fashion_mnist(dir);  // the same IDX layout for MNIST
+    const std::string dataset = c.get(keys::train_dataset);
+    auto [train, test] = skyforge::datasets::load_fashion_mnist(c.get(keys::train_data_dir));  // the same IDX layout for MNIST
 
     K::Sequential model = build_model(c, train.sample_shape);
 
@@ -217,8 +198,8 @@ class Train : public skyforge::App {
     co.backend = K::Backend(host().compute_backend());
     if (data_parallel) co.communicator = host().communicator();
     co.seed = seed;
-    co.threads = static_cast<uint32_t>(c.uint("threads", 0));
-    model.compile(optimizer_from(c), c.get("loss", "sparse_categorical_crossentropy"), metrics(c), co);
+    co.threads = static_cast<uint32_t>(c.find(keys::train_threads).value_or(0));  // every core unless [train] threads says
+    model.compile(optimizer_from(c), c.get(keys::train_loss), metrics(c), co);
 
     // Without DataParallel every node is a rank 0 of its own: only the head writes files.
     const bool writer = data_parallel || info.is_head;
@@ -227,42 +208,41 @@ class Train : public skyforge::App {
       std::printf("%s on %u node%s (%s), backend %s, seed %llu, global batch %llu\n", dataset.c_str(),
                   info.total_nodes, info.total_nodes == 1 ? "" : "s",
                   data_parallel ? "data-parallel" : "independent replicas",
-                  host().config("compute.backend").value_or("?").c_str(), static_cast<unsigned long long>(seed),
-                  static_cast<unsigned long long>(c.uint("batch_size", 32)));
+                  host().config(keys::compute_backend).value_or("?").c_str(), static_cast<unsigned long long>(seed),
+                  static_cast<unsigned long long>(c.get(keys::train_batch_size)));
       std::fflush(stdout);
     }
 
     K::FitOptions fo;
-    fo.epochs = static_cast<uint32_t>(c.uint("epochs", 1));
-    fo.batch_size = static_cast<uint32_t>(c.uint("batch_size", 32));
-    fo.shuffle = c.boolean("shuffle", true);
+    fo.epochs = static_cast<uint32_t>(c.get(keys::train_epochs));
+    fo.batch_size = static_cast<uint32_t>(c.get(keys::train_batch_size));
+    fo.shuffle = c.get(keys::train_shuffle);
     fo.data = K::Data::replicated;
-    fo.steps_per_epoch = c.uint("steps_per_epoch", 0);
+    fo.steps_per_epoch = c.find(keys::train_steps_per_epoch).value_or(0)  /* 0: every batch */;
     fo.verbose = writer ? 1 : 0;
     if (writer) {
-      fo.callbacks.csv = c.get("history", "");
-      fo.callbacks.tensorboard = c.get("tensorboard", "");
-      fo.callbacks.checkpoint_dir = c.get("checkpoint", "");
+      fo.callbacks.csv = c.find(keys::train_history).value_or("");
+      fo.callbacks.tensorboard = c.find(keys::train_tensorboard).value_or("");
+      fo.callbacks.checkpoint_dir = c.find(keys::train_checkpoint).value_or("");
       // [train] checkpoint_every: "epoch" (the default) or N steps (then after every epoch too).
-      if (const std::string every = c.get("checkpoint_every", "epoch"); every != "epoch")
+      if (const std::string every = c.get(keys::train_checkpoint_every); every != "epoch")
         fo.callbacks.checkpoint_every_steps = std::strtoull(every.c_str(), nullptr, 10);
     }
     // [train] resume, `skyforge run --resume` (job.resume) or a restart after a lost node
     // (job.restart, [job] max_restarts): go on from the last checkpoint, when there is one. The
     // data order and dropout masks are functions of seed and step, so the run ends with the
     // weights it would have had without the interruption.
-    const bool resume = c.boolean("resume", false) || host().config("job.resume").value_or("") == "true" ||
-                        !host().config("job.restart").value_or("").empty();
-    fo.callbacks.resume = resume && !c.get("checkpoint", "").empty();
+    const bool restarted = *host().config(keys::job_resume) || host().config(keys::job_restart).has_value();
+    const bool resume = c.get(keys::train_resume) || restarted;
+    fo.callbacks.resume = resume && !c.find(keys::train_checkpoint).value_or("").empty();
     if (fo.callbacks.resume && !writer) {  // reads the head's checkpoint, writes and locks nothing
-      fo.callbacks.checkpoint_dir = c.get("checkpoint", "");
+      fo.callbacks.checkpoint_dir = c.find(keys::train_checkpoint).value_or("");
       fo.callbacks.checkpoint_read_only = true;
     }
     // The writer holds the checkpoint directory's lock while it trains: another run there fails
     // at once. A restart or `run --resume` waits a while for it instead: the previous attempt's
     // worker may still be on its way out (its lock goes with its process).
-    if (host().config("job.resume").value_or("") == "true" || !host().config("job.restart").value_or("").empty())
-      fo.callbacks.checkpoint_lock_wait_s = 30;
+    if (restarted) fo.callbacks.checkpoint_lock_wait_s = 30;
 
     // Each epoch's wall time besides the total: the first epoch carries the one-time costs (a
     // GPU backend's library loading, algorithm choice and graph capture), the later ones are the
@@ -285,7 +265,7 @@ class Train : public skyforge::App {
       if (auto it = history.history.find("accuracy"); it != history.history.end())
         out += ", \"accuracy\": " + K::format_double(it->second.back());
     }
-    if (c.boolean("evaluate", true)) {
+    if (c.get(keys::train_evaluate)) {
       const K::EvalResult r = model.evaluate(test.x, test.y, 512, K::Data::replicated);
       if (info.is_head) {
         std::printf("Test loss: %.4f - test accuracy: %.4f (%llu samples)\n", r.loss, r.accuracy,
@@ -310,8 +290,7 @@ class Train : public skyforge::App {
   std::shared_ptr<const skyforge::datasets::ByteDataset> training_set(const TrainConfig& c) {
     std::lock_guard<std::mutex> lock(data_mu_);
     if (!train_set_) {
-      const std::string dataset = c.get("dataset", "fashion-mnist");
-      auto [train, test] = skyforge::datasets::load_fashion_mnist_bytes(c.get("data_dir", default_data_dir(dataset)));
+      auto [train, test] = skyforge::datasets::load_fashion_mnist_bytes(c.get(keys::train_data_dir));
       train_set_ = std::make_shared<const skyforge::datasets::ByteDataset>(std::move(train));
     }
     return train_set_;
@@ -339,7 +318,7 @@ class Train : public skyforge::App {
   // [train] seed, else the keras plugin's pool-wide SKYFORGE_SEED, else one the head draws and
   // shares through the pool's store.
   uint64_t pool_seed(const TrainConfig& c, const skyforge::InstanceInfo& info) const {
-    if (auto s = c.find("seed")) return c.uint("seed", 0);
+    if (auto s = c.find(keys::train_seed)) return *s;
     if (const char* e = std::getenv("SKYFORGE_SEED"); e && *e) return std::strtoull(e, nullptr, 10);
     return host().shared_seed(info, "train/seed");
   }

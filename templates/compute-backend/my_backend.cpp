@@ -1,6 +1,7 @@
 // A skyforge compute backend in plain C++: the layers dense (activation linear, relu or
-// softmax), relu, softmax and flatten; SGD and Adam with Keras' rules; sparse softmax
-// cross-entropy; data parallel over the pool's communicator. Start here for your own backend:
+// softmax), relu, softmax and flatten; SGD and Adam with Keras' rules (their options checked by
+// skyforge/optimizer_schema.hpp); sparse softmax cross-entropy; data parallel over the pool's
+// communicator. Start here for your own backend:
 // replace the loops with your library's kernels and keep what the contract asks
 // (docs/compute-backends.md), then run `skyforge backend-check my_backend`.
 //
@@ -14,6 +15,7 @@
 #include <skyforge/engine_state.hpp>
 #include <skyforge/initial_weights.hpp>
 #include <skyforge/layer_schema.hpp>
+#include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
 
 #include <algorithm>
@@ -134,33 +136,21 @@ class MyEngine : public skyforge::Engine {
   }
 
  private:
-  // Keras' defaults; an option this optimizer does not have, or a value out of its range, is
-  // refused with its name (a typo must not train with a default silently).
+  // The optimizer schema checks the options and fills in Keras' defaults: an unknown optimizer,
+  // an option it does not have or a value out of its range is refused with its name
+  // (OptimizerError, a std::invalid_argument: SF_ERR_INVALID).
   void set_optimizer(const std::string& name, const skyforge::Options& o) {
-    if (name != "sgd" && name != "adam") throw Error("unknown optimizer '" + name + "' (known: sgd, adam)", SF_ERR_INVALID);
-    adam_ = name == "adam";
-    const std::vector<std::string> known = adam_ ? std::vector<std::string>{"learning_rate", "beta_1", "beta_2", "epsilon"}
-                                                 : std::vector<std::string>{"learning_rate", "momentum", "nesterov"};
-    for (const auto& [key, value] : o.all())
-      if (std::find(known.begin(), known.end(), key) == known.end())
-        throw Error("optimizer " + name + ": unknown option '" + key + "'", SF_ERR_INVALID);
-    auto number = [&](const char* key, double fallback, double lo, double hi) {
-      const std::string v = o.get(key, "");
-      if (v.empty()) return fallback;
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end || !(x >= lo && x < hi))
-        throw Error("optimizer " + name + ": " + key + " = '" + v + "' is outside [" + std::to_string(lo) + ", " +
-                        std::to_string(hi) + ")",
-                    SF_ERR_INVALID);
-      return x;
-    };
-    lr_ = number("learning_rate", adam_ ? 0.001 : 0.01, 1e-30, 1e30);
-    momentum_ = number("momentum", 0, 0, 1);
-    b1_ = number("beta_1", 0.9, 0, 1);
-    b2_ = number("beta_2", 0.999, 0, 1);
-    eps_ = number("epsilon", 1e-7, 1e-30, 1e30);
-    if (o.get_bool("nesterov", false)) throw Error("sgd: nesterov is not implemented here", SF_ERR_UNSUPPORTED);
+    const skyforge::schema::OptimizerConfig c = skyforge::schema::parse_optimizer(name, o.all());
+    adam_ = c.name() == "adam";
+    lr_ = c.real("learning_rate");
+    if (adam_) {
+      b1_ = c.real("beta_1");
+      b2_ = c.real("beta_2");
+      eps_ = c.real("epsilon");
+    } else {
+      momentum_ = c.real("momentum");
+      if (c.flag("nesterov")) throw Error("sgd: nesterov is not implemented here", SF_ERR_UNSUPPORTED);
+    }
     slots_.assign(adam_ ? 2 * n_params_ : momentum_ > 0 ? n_params_ : 0, 0.f);
   }
 
@@ -290,8 +280,8 @@ class MyEngine : public skyforge::Engine {
   uint32_t classes_ = 0;
   std::vector<float> params_, grads_, slots_;
   std::vector<std::vector<float>> acts_;
-  bool adam_ = true;
-  double lr_ = 0.001, momentum_ = 0, b1_ = 0.9, b2_ = 0.999, eps_ = 1e-7;
+  bool adam_ = true;  // else sgd; the options as set_optimizer found them
+  double lr_ = 0, momentum_ = 0, b1_ = 0, b2_ = 0, eps_ = 0;
   uint64_t step_ = 0;
 };
 

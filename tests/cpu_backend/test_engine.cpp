@@ -120,8 +120,19 @@ TEST(Optimizer, OptionErrors) {
             std::string::npos);
   EXPECT_NE(error_of([] { parse_optimizer("sgd", opts({{"beta_1", "0.9"}})); }).find("unknown option 'beta_1'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_optimizer("sgd", opts({{"momentum", "1.5"}})); }).find("outside"),
-            std::string::npos);
+  EXPECT_EQ(error_of([] { parse_optimizer("sgd", opts({{"momentum", "1.5"}})); }),
+            "optimizer sgd: option 'momentum': expected a number in [0, 1], got '1.5'");
+}
+
+// Keras' range for Adam's betas is [0, 1): beta_1 = 1 is refused with the optimizer schema's
+// message, the same as every backend's (tests/cuda_backend, tests/backend_check).
+TEST(Optimizer, BetaOneIsRefusedWithTheSchemasMessage) {
+  sf_status st = SF_OK;
+  EXPECT_EQ(error_of([] { parse_optimizer("adam", opts({{"beta_1", "1"}})); }, &st),
+            "optimizer adam: option 'beta_1': expected a number in [0, 1), got '1'");
+  EXPECT_EQ(st, SF_ERR_INVALID);
+  const OptimizerConfig sgd = parse_optimizer("sgd", {});
+  EXPECT_EQ(sgd.learning_rate, 0.01);  // Keras' SGD default
 }
 
 // ---- validation ----------------------------------------------------------------------------

@@ -442,6 +442,12 @@ TEST(CudaEngine, BadSpecsAndBatchesAreInvalid) {
   ModelSpec badopt2 = mlp(1);
   badopt2.optimizer_options = opts({{"learning_rate", "-1"}});
   EXPECT_EQ(status_of([&] { cu::make_engine(badopt2, Communicator{}); }).first, SF_ERR_INVALID);
+  // Keras' range for Adam's betas is [0, 1), the optimizer schema's message: the cpu engine's too.
+  ModelSpec beta1 = mlp(1);
+  beta1.optimizer = "adam";
+  beta1.optimizer_options = opts({{"beta_1", "1"}});
+  EXPECT_EQ(status_of([&] { cu::make_engine(beta1, Communicator{}); }),
+            std::make_pair(SF_ERR_INVALID, std::string("optimizer adam: option 'beta_1': expected a number in [0, 1), got '1'")));
   ModelSpec noflat = mlp(1);
   noflat.layers.erase(noflat.layers.begin());
   EXPECT_EQ(status_of([&] { cu::make_engine(noflat, Communicator{}); }).first, SF_ERR_INVALID);

@@ -112,6 +112,20 @@ TEST(KerasModel, CompileErrorsAreClear) {
             std::string::npos);
 }
 
+// SGD{} and Adam{} hold Keras' defaults, from the optimizer schema, and compile() checks them
+// against its (Keras') ranges, with the message every backend gives.
+TEST(KerasModel, OptimizersFollowTheOptimizerSchema) {
+  EXPECT_EQ(K::SGD{}.learning_rate, 0.01);
+  EXPECT_EQ(K::SGD{}.momentum, 0.0);
+  EXPECT_EQ(K::Adam{}.learning_rate, 0.001);
+  EXPECT_EQ(K::Adam{}.beta_1, 0.9);
+  EXPECT_EQ(K::Adam{}.beta_2, 0.999);
+  EXPECT_EQ(K::Adam{}.epsilon, 1e-7);
+  EXPECT_EQ(K::detail::optimizer_spec(K::SGD{0.1, 1.0}).first, "sgd");  // Keras: momentum in [0, 1]
+  EXPECT_EQ(error_of([] { K::Sequential m = small_model(); m.compile(K::Adam{1e-3, 1.0}); }),
+            "optimizer adam: option 'beta_1': expected a number in [0, 1), got '1'");
+}
+
 TEST(KerasModel, UnboundModelSaysHowToBind) {
   K::Sequential m = small_model();
   m.compile(K::Adam{});

@@ -106,6 +106,44 @@ TEST(Train, MlpBecomesTheTrainAppWithFlatConfig) {
   EXPECT_EQ(c.count("train.layers.2.activation"), 0u);
 }
 
+// [train]'s defaults are filled in by the table, from config_keys.hpp (the train app has none of
+// its own), and an optimizer's learning rate is its own, Keras': sgd without one trains at 0.01
+// (it trained at 0.001, [train]'s old default for every optimizer).
+TEST(Train, DefaultsAreFilledInWithTheOptimizersOwnLearningRate) {
+  const std::string layers = "[[train.layers]]\ntype = \"flatten\"\n";
+  auto c = config_of(parse_manifest("[train]\noptimizer = \"sgd\"\n" + layers, "job.toml"));
+  EXPECT_EQ(c["train.optimizer"], "sgd");
+  EXPECT_EQ(c["train.learning_rate"], "0.01");
+  EXPECT_EQ(c["train.momentum"], "0");
+  EXPECT_EQ(c["train.batch_size"], "32");
+  EXPECT_EQ(c["train.epochs"], "1");
+  EXPECT_EQ(c["train.shuffle"], "true");
+  EXPECT_EQ(c["train.evaluate"], "true");
+  EXPECT_EQ(c["train.resume"], "false");
+  EXPECT_EQ(c["train.metrics"], "accuracy");
+  EXPECT_EQ(c["train.loss"], "sparse_categorical_crossentropy");
+  EXPECT_EQ(c["train.checkpoint_every"], "epoch");
+  EXPECT_EQ(c["train.dataset"], "fashion-mnist");
+  EXPECT_EQ(c["train.data_dir"], "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(c.count("train.seed"), 0u);  // absent: the pool's seed
+  auto a = config_of(parse_manifest("[train]\n" + layers, "job.toml"));
+  EXPECT_EQ(a["train.optimizer"], "adam");
+  EXPECT_EQ(a["train.learning_rate"], "0.001");
+  EXPECT_EQ(a.count("train.momentum"), 0u);  // not an option of adam
+}
+
+// Optimizer options are checked against the optimizer schema: Keras' ranges (momentum in [0, 1]).
+TEST(Train, OptimizerOptionsFollowTheOptimizerSchema) {
+  const std::string layers = "[[train.layers]]\ntype = \"flatten\"\n";
+  auto c = config_of(parse_manifest("[train]\noptimizer = \"sgd\"\nmomentum = 1\nlearning_rate = 0.05\n" + layers, "job.toml"));
+  EXPECT_EQ(c["train.momentum"], "1");
+  EXPECT_EQ(c["train.learning_rate"], "0.05");
+  auto p = problems_of("[train]\noptimizer = \"sgd\"\nmomentum = 1.5\nlearning_rate = 0\n" + layers);
+  ASSERT_EQ(p.size(), 2u) << ::testing::PrintToString(p);
+  EXPECT_EQ(p[0], "job.toml:3:12: [train] momentum: expected a number in [0, 1], got a float (1.5)");
+  EXPECT_EQ(p[1], "job.toml:4:17: [train] learning_rate: expected a number > 0, got an integer (0)");
+}
+
 TEST(Train, ExamplesParse) {
   for (const char* name : {"fashion-mnist.toml", "fashion-mnist-convnet.toml"}) {
     const fs::path p = fs::path(SKYFORGE_SOURCE_DIR) / "examples" / name;
@@ -373,6 +411,20 @@ TEST(Search, EachValueIsCheckedWhereItIsWritten) {
   p = problems_of(base + "param_grid = { epochs = [1, 1] }\n");
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0], "job.toml:27:25: [search] param_grid epochs: a value is listed twice");
+}
+
+// [train] holds one optimizer's default learning rate: a grid of optimizers whose defaults differ
+// would train the others at it, so it needs the learning rate set.
+TEST(Search, AGridOfOptimizersNeedsTheLearningRateSet) {
+  std::string mlp = kMlp;
+  mlp.erase(mlp.find("learning_rate = 1e-3\n"), std::string("learning_rate = 1e-3\n").size());
+  auto p = problems_of(mlp + "\n[search]\nparam_grid = { optimizer = [\"adam\", \"sgd\"] }\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_EQ(p[0], "job.toml:26:28: [search] param_grid optimizer: the optimizers' default learning rates differ (adam 0.001, "
+                  "sgd 0.01): set [train] learning_rate or add it to param_grid");
+  EXPECT_NO_THROW(parse_manifest(mlp + "\n[search]\nparam_grid = { optimizer = [\"adam\", \"sgd\"], learning_rate = [0.01] }\n",
+                                 "job.toml"));
+  EXPECT_NO_THROW(parse_manifest(kMlp + "\n[search]\nparam_grid = { optimizer = [\"adam\", \"sgd\"] }\n", "job.toml"));
 }
 
 // A layer index beyond size_t is "no layer N", not an uncaught std::out_of_range (found by

@@ -41,6 +41,17 @@ TEST(GridSearch, CandidatesInParameterGridOrderAndOneTaskPerFold) {
   EXPECT_EQ(grid({}).candidates(), 0u);
 }
 
+// The tasks are in the one [search] task format (config_keys.hpp) that the train app parses.
+TEST(GridSearch, TaskInputsReadBackAsTheTrainAppReadsThem) {
+  const auto in = kGrid.task_inputs();
+  for (size_t task = 0; task < in.size(); ++task) {
+    const skyforge::config::SearchTask t = skyforge::config::parse_search_task(in[task]);
+    EXPECT_EQ(t.fold, task % kGrid.cv);
+    const std::vector<std::string> values = kGrid.candidate(task / kGrid.cv);
+    EXPECT_EQ(t.values, (std::vector<std::pair<std::string, std::string>>{{"a", values[0]}, {"b", values[1]}}));
+  }
+}
+
 TEST(GridSearch, MeanPopulationStdAndMinRankAsScikitLearn) {
   std::vector<std::string> answers;
   const double scores[6][2] = {{0.5, 0.7}, {0.9, 0.7}, {0.8, 0.8}, {0.1, 0.2}, {0.6, 0.62}, {0.79, 0.81}};

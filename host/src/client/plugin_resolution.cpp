@@ -2,6 +2,8 @@
 
 #include "services.hpp"
 
+#include <skyforge/config_keys.hpp>
+
 #include <algorithm>
 #include <sstream>
 #include <utility>
@@ -44,19 +46,21 @@ const LoadedPlugin& load_app(Loader& loader, const Catalog& catalog, const JobSp
 }
 
 std::map<std::string, std::string> job_config(const Manifest& m, bool verbose) {
-  std::map<std::string, std::string> c = {
-      {"job.kind", !m.job.command.empty() ? "command" : m.train.present ? "train" : "app"},
-      {"job.mode", mode_name(m.job.mode)},
-      {"job.manifest", m.path},
-      {"pool.provider", m.pool.provider},
-      {"pool.nodes", std::to_string(m.pool.nodes)},
-      {"pool.concurrency", std::to_string(m.pool.concurrency)},
-      {"log.verbose", verbose ? "true" : "false"}};
-  if (!m.job.app.empty()) c["job.app"] = m.job.app;
+  namespace keys = config::keys;
+  std::map<std::string, std::string> c;
+  auto put = [&](const auto& key, std::string value) { c[std::string(key.name)] = std::move(value); };
+  put(keys::job_kind, !m.job.command.empty() ? "command" : m.train.present ? "train" : "app");
+  put(keys::job_mode, mode_name(m.job.mode));
+  put(keys::job_manifest, m.path);
+  put(keys::pool_provider, m.pool.provider);
+  put(keys::pool_nodes, std::to_string(m.pool.nodes));
+  put(keys::pool_concurrency, std::to_string(m.pool.concurrency));
+  put(keys::log_verbose, verbose ? "true" : "false");
+  if (!m.job.app.empty()) put(keys::job_app, m.job.app);
   if (m.job.timeout_s > 0) {
     std::ostringstream t;
     t << m.job.timeout_s;
-    c["job.timeout"] = t.str();
+    put(keys::job_timeout, t.str());
   }
   for (const auto& [key, value] : m.train.config) c[key] = value;
   for (const auto& [key, value] : m.search.config) c[key] = value;
@@ -79,7 +83,7 @@ NodePlugins node_plugins(const Manifest& m, const Catalog& catalog,
   // [train] with no plugin naming a backend runs on the `cpu` backend (validate_against checked
   // that it is installed).
   if (const PluginInfo* backend = selected_compute_backend(m, catalog).plugin) {
-    config["compute.backend"] = backend->name;
+    config[std::string(skyforge::config::keys::compute_backend.name)] = backend->name;
     if (!listed(backend->name)) fws.push_back(with_defaults(*backend));
   }
   if (app) {

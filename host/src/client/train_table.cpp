@@ -1,13 +1,16 @@
 // The [train] table (train_table.hpp).
 #include "train_table.hpp"
 
+#include <skyforge/config_keys.hpp>
 #include <skyforge/layer_schema.hpp>
+#include <skyforge/optimizer_schema.hpp>
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <limits>
 #include <optional>
+#include <set>
+#include <string_view>
 #include <vector>
 
 namespace skyforge {
@@ -16,36 +19,29 @@ namespace {
 
 using namespace toml_in;
 
-// Kinds of the [train] table's own numbers. Layers are checked against the SDK's layer schema
-// (skyforge/layer_schema.hpp), the one catalogue the train app and every backend read too.
-enum class Want { PosInt, Rate, PosFloat };
+// Layers are checked against the SDK's layer schema (skyforge/layer_schema.hpp), the optimizer
+// against its optimizer schema (skyforge/optimizer_schema.hpp): the catalogues the train app
+// and every backend read too. The config keys and their defaults are skyforge/config_keys.hpp's.
+namespace keys = config::keys;
 
-// Canonical text of a [train] number, or (nullopt) an error reported.
-std::optional<std::string> want_text(Reader& r, const Value& v, Want w, const std::string& label) {
-  auto bad = [&](const char* what) {
-    r.expected(v, label, what);
+// The [train] key a train.* config key holds: "train.batch_size" -> "batch_size".
+template <class T>
+std::string field(const config::Key<T>& key) {
+  return std::string(keys::train_field(key.name));
+}
+
+// Canonical text of a [train] count (an integer in [1, 2^31-1]), or (nullopt) an error reported.
+std::optional<std::string> count_text(Reader& r, const Value& v, const std::string& label) {
+  auto i = v.is_integer() ? checked_integer(v) : std::nullopt;
+  if (i && (*i < 1 || *i > std::numeric_limits<int32_t>::max())) {
+    r.error(r.pos(v), label + ": expected an integer between 1 and 2147483647, got " + std::to_string(*i));
     return std::nullopt;
-  };
-  switch (w) {
-    case Want::PosInt: {
-      auto i = v.is_integer() ? checked_integer(v) : std::nullopt;
-      if (i && (*i < 1 || *i > std::numeric_limits<int32_t>::max())) {
-        r.error(r.pos(v), label + ": expected an integer between 1 and 2147483647, got " + std::to_string(*i));
-        return std::nullopt;
-      }
-      if (!i) return bad("an integer >= 1");
-      return std::to_string(*i);
-    }
-    case Want::Rate:
-    case Want::PosFloat: {
-      double d = v.is_floating() ? v.as_floating() : v.is_integer() ? static_cast<double>(v.as_integer()) : NAN;
-      if (!std::isfinite(d)) return bad("a number");
-      if (w == Want::Rate && (d < 0 || d >= 1)) return bad("a number in [0, 1)");
-      if (w == Want::PosFloat && d <= 0) return bad("a number > 0");
-      return float_text(d);
-    }
   }
-  return std::nullopt;
+  if (!i) {
+    r.expected(v, label, "an integer >= 1");
+    return std::nullopt;
+  }
+  return std::to_string(*i);
 }
 
 // One layer option: the TOML value as the schema's text, checked by the schema; nullopt when
@@ -98,65 +94,112 @@ const std::vector<std::string> kTrainKeys = {"dataset", "data_dir", "layers", "o
                                              "loss", "metrics", "epochs", "batch_size", "steps_per_epoch", "shuffle", "seed",
                                              "history", "tensorboard", "checkpoint", "checkpoint_every", "resume", "threads", "evaluate"};
 
+// The optimizer options [train] sets (an optimizer's others keep Keras' defaults).
+const std::vector<config::Key<std::string>> kOptimizerOptions = {keys::train_learning_rate, keys::train_momentum};
+
+// A [train] optimizer option, checked against the option of that name in the optimizer schema:
+// `optimizer`'s, or (an option it does not have, e.g. momentum with adam: accepted, unused) the
+// first optimizer's that has one.
+const schema::OptionDef& optimizer_option(const schema::OptimizerDef* optimizer, const std::string& name) {
+  if (const schema::OptionDef* o = optimizer ? schema::find_option(*optimizer, name) : nullptr) return *o;
+  for (const schema::OptimizerDef& d : schema::optimizers())
+    if (const schema::OptionDef* o = schema::find_option(d, name)) return *o;
+  throw std::logic_error("[train] " + name + ": no optimizer has this option");
+}
+
+std::vector<std::string> optimizer_names() {
+  std::vector<std::string> out;
+  for (const schema::OptimizerDef& d : schema::optimizers()) out.emplace_back(d.name);
+  return out;
+}
+
 }  // namespace
 
 void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& dir, TrainSpec& train) {
   r.check_keys(t, kTrainKeys, "[train]");
   train.present = true;
   train.pos = r.pos(t);
-  auto put = [&](const std::string& key, std::string value) { train.config.emplace_back("train." + key, std::move(value)); };
-  auto choice = [&](const char* key, std::vector<std::string> allowed, const char* fallback) {
-    std::string value = fallback;
-    if (const Value* v = Reader::find(t, key)) {
+  auto put = [&](std::string_view key, std::string value) { train.config.emplace_back(key, std::move(value)); };
+  // Each key below with its default (config_keys.hpp) when [train] leaves it out: the one place
+  // [train]'s defaults are filled in; the train app reads them with none of its own.
+  auto choice = [&](const config::Key<std::string>& key, std::vector<std::string> allowed) {
+    std::string value(key.fallback);
+    if (const Value* v = Reader::find(t, field(key))) {
       if (v->is_string() && std::find(allowed.begin(), allowed.end(), v->as_string().str) != allowed.end())
         value = v->as_string().str;
       else
-        r.expected(*v, std::string("[train] ") + key, "one of " + join(allowed, ", ") +
-                                                          (v->is_string() ? did_you_mean(v->as_string().str, allowed) : ""));
+        r.expected(*v, "[train] " + field(key), "one of " + join(allowed, ", ") +
+                                                    (v->is_string() ? did_you_mean(v->as_string().str, allowed) : ""));
     }
-    put(key, value);
+    put(key.name, value);
+    return value;
   };
-  auto number = [&](const char* key, Want w, const char* fallback) {
-    const Value* v = Reader::find(t, key);
-    if (!v) return put(key, fallback);
-    if (auto s = want_text(r, *v, w, std::string("[train] ") + key)) put(key, *s);
+  auto count = [&](const config::Key<uint64_t>& key) {
+    if (const Value* v = Reader::find(t, field(key))) {
+      if (auto s = count_text(r, *v, "[train] " + field(key))) put(key.name, *s);
+    } else if (!key.fallback.empty()) {
+      put(key.name, std::string(key.fallback));
+    }
   };
-  auto path = [&](const char* key) {
-    if (auto s = r.string(t, key, "[train]", true)) put(key, detail::normalise_path(*s, dir));
+  auto boolean = [&](const config::Key<bool>& key) {
+    if (auto b = r.boolean(t, field(key), "[train]")) put(key.name, *b ? "true" : "false");
+    else if (!Reader::find(t, field(key))) put(key.name, std::string(key.fallback));
+  };
+  auto path = [&](const config::Key<std::string>& key) {
+    if (auto s = r.string(t, field(key), "[train]", true)) put(key.name, detail::normalise_path(*s, dir));
   };
 
-  choice("dataset", {"fashion-mnist", "mnist"}, "fashion-mnist");
-  if (auto s = r.string(t, "data_dir", "[train]", true)) put("data_dir", detail::normalise_path(*s, dir));
-  choice("optimizer", {"adam", "sgd"}, "adam");
-  number("learning_rate", Want::PosFloat, "0.001");
-  number("momentum", Want::Rate, "0");
-  choice("loss", {"sparse_categorical_crossentropy"}, "sparse_categorical_crossentropy");
-  if (auto m = r.string_array(t, "metrics", "[train]", false, [](const std::string& s, size_t) {
+  const std::string dataset = choice(keys::train_dataset, {"fashion-mnist", "mnist"});
+  if (auto s = r.string(t, field(keys::train_data_dir), "[train]", true))
+    put(keys::train_data_dir.name, detail::normalise_path(*s, dir));
+  else
+    put(keys::train_data_dir.name, "/usr/share/datasets/" + dataset);
+  const std::string optimizer = choice(keys::train_optimizer, optimizer_names());
+  for (const auto& key : kOptimizerOptions) {
+    const schema::OptimizerDef* def = schema::find_optimizer(optimizer);
+    const schema::OptionDef& o = optimizer_option(def, field(key));
+    if (const Value* v = Reader::find(t, field(key))) {
+      const std::optional<double> d = v->is_floating()  ? std::optional(v->as_floating())
+                                      : v->is_integer() ? std::optional(static_cast<double>(v->as_integer()))
+                                                        : std::nullopt;
+      const schema::Checked c = d ? schema::check(o, float_text(*d)) : schema::Checked{};
+      if (c.ok) put(key.name, c.canonical);
+      else r.expected(*v, "[train] " + field(key), schema::expectation(o));
+    } else if (def && schema::find_option(*def, field(key))) {
+      put(key.name, std::string(o.fallback));  // the optimizer's own default: sgd's learning rate is 0.01
+    }
+  }
+  choice(keys::train_loss, {"sparse_categorical_crossentropy"});
+  if (auto m = r.string_array(t, field(keys::train_metrics), "[train]", false, [](const std::string& s, size_t) {
         return s == "accuracy" ? std::string() : "expected \"accuracy\", got " + quote(s);
       }))
-    put("metrics", join(*m, ","));
-  number("epochs", Want::PosInt, "1");
-  number("batch_size", Want::PosInt, "32");
-  if (const Value* v = Reader::find(t, "steps_per_epoch"))
-    if (auto n = want_text(r, *v, Want::PosInt, "[train] steps_per_epoch")) put("steps_per_epoch", *n);
-  if (auto n = r.integer(t, "seed", "[train]", 0, std::numeric_limits<int64_t>::max())) put("seed", std::to_string(*n));
-  if (auto b = r.boolean(t, "shuffle", "[train]")) put("shuffle", *b ? "true" : "false");
-  if (auto b = r.boolean(t, "resume", "[train]")) put("resume", *b ? "true" : "false");
-  if (auto b = r.boolean(t, "evaluate", "[train]")) put("evaluate", *b ? "true" : "false");
-  if (auto n = r.integer(t, "threads", "[train]", 0, 4096)) put("threads", std::to_string(*n));
-  path("history");
-  path("tensorboard");
-  path("checkpoint");
+    put(keys::train_metrics.name, join(*m, ","));
+  else if (!Reader::find(t, field(keys::train_metrics)))
+    put(keys::train_metrics.name, std::string(keys::train_metrics.fallback));
+  count(keys::train_epochs);
+  count(keys::train_batch_size);
+  count(keys::train_steps_per_epoch);
+  if (auto n = r.integer(t, field(keys::train_seed), "[train]", 0, std::numeric_limits<int64_t>::max()))
+    put(keys::train_seed.name, std::to_string(*n));
+  boolean(keys::train_shuffle);
+  boolean(keys::train_resume);
+  boolean(keys::train_evaluate);
+  if (auto n = r.integer(t, field(keys::train_threads), "[train]", 0, 4096)) put(keys::train_threads.name, std::to_string(*n));
+  path(keys::train_history);
+  path(keys::train_tensorboard);
+  path(keys::train_checkpoint);
   if (const Value* v = Reader::find(t, "checkpoint_every")) {
     if (v->is_string() && v->as_string().str == "epoch") {
-      put("checkpoint_every", "epoch");
+      put(keys::train_checkpoint_every.name, "epoch");
     } else if (auto n = v->is_integer() ? checked_integer(*v) : std::nullopt; n && *n >= 1) {
-      put("checkpoint_every", std::to_string(*n));
+      put(keys::train_checkpoint_every.name, std::to_string(*n));
     } else {
       r.expected(*v, "[train] checkpoint_every", "\"epoch\" or a number of steps >= 1");
     }
     if (!Reader::find(t, "checkpoint"))
       r.error(r.key_pos(*v, "checkpoint_every"), "[train] checkpoint_every: needs 'checkpoint' (the directory to write to)");
+  } else {
+    put(keys::train_checkpoint_every.name, std::string(keys::train_checkpoint_every.fallback));
   }
   if (const Value* v = Reader::find(t, "resume"); v && v->is_boolean() && v->as_boolean() && !Reader::find(t, "checkpoint"))
     r.error(r.key_pos(*v, "resume"), "[train] resume: needs 'checkpoint' (the directory to resume from)");
@@ -171,7 +214,7 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
   }
   const std::vector<std::string> types = schema::type_names();
   const auto& arr = layers->as_array();
-  put("layers", std::to_string(arr.size()));
+  put(keys::train_layers.name, std::to_string(arr.size()));
   for (size_t i = 0; i < arr.size(); ++i) {
     const Value& l = arr[i];
     const std::string where = "[[train.layers]] #" + std::to_string(i + 1);
@@ -191,15 +234,14 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
       continue;
     }
     const std::string name(def->type);
-    const std::string prefix = "layers." + std::to_string(i) + ".";
-    put(prefix + "type", name);
+    put(keys::train_layer(i, "type"), name);
     std::vector<std::string> known = {"type"};
     for (const auto& o : def->options) known.emplace_back(o.name);
     r.check_keys(l, known, where + " (" + name + ")");
     for (const auto& o : def->options) {
       const std::string key(o.name);
       if (const Value* v = Reader::find(l, key)) {
-        if (auto text = layer_option_text(r, *v, o, where + " " + key)) put(prefix + key, *text);
+        if (auto text = layer_option_text(r, *v, o, where + " " + key)) put(keys::train_layer(i, key), *text);
       } else if (o.required()) {
         r.error(r.pos(*type), where + " (" + name + "): missing '" + key + "'");
       }
@@ -261,17 +303,41 @@ std::string substitute(Value& train, const std::string& name, const Value& v) {
   return "";
 }
 
+// A grid of optimizers whose default learning rates differ (adam 0.001, sgd 0.01) needs the
+// learning rate set: [train] holds one optimizer's default, and a fit of another would train at it.
+void refuse_unset_learning_rate(Reader& r, const Value& values, const std::vector<std::string>& optimizers,
+                                const Value& train, const std::vector<std::pair<std::string, const Value*>>& entries) {
+  const std::string lr = field(keys::train_learning_rate);
+  if (Reader::find(train, lr) || std::any_of(entries.begin(), entries.end(), [&](const auto& e) { return e.first == lr; }))
+    return;
+  std::vector<std::string> defaults;  // "adam 0.001"
+  std::set<std::string_view> rates;
+  for (const std::string& o : optimizers) {
+    const std::string_view rate = schema::find_option(*schema::find_optimizer(o), lr)->fallback;
+    defaults.push_back(o + " " + std::string(rate));
+    rates.insert(rate);
+  }
+  if (rates.size() > 1)
+    r.error(r.pos(values), "[search] param_grid optimizer: the optimizers' default learning rates differ (" +
+                               join(defaults, ", ") + "): set [train] learning_rate or add it to param_grid");
+}
+
 }  // namespace
 
 void read_search(Reader& r, const Value& t, const Value& train, const std::string& dir, SearchSpec& search) {
   r.check_keys(t, {"param_grid", "cv", "seed", "csv"}, "[search]");
   search.present = true;
   search.pos = r.pos(t);
-  auto put = [&](const std::string& key, std::string value) { search.config.emplace_back("search." + key, std::move(value)); };
-  const int64_t cv = r.integer(t, "cv", "[search]", 2, 1000).value_or(5);
-  put("cv", std::to_string(cv));
-  put("seed", std::to_string(r.integer(t, "seed", "[search]", 0, std::numeric_limits<int64_t>::max()).value_or(0)));
-  put("csv", detail::normalise_path(r.string(t, "csv", "[search]", true).value_or("cv_results.csv"), dir));
+  auto put = [&](std::string_view key, std::string value) { search.config.emplace_back(key, std::move(value)); };
+  // A number given, else the key's default (config_keys.hpp).
+  auto number = [&](const config::Key<uint64_t>& key, std::optional<int64_t> given) {
+    const std::string text = given ? std::to_string(*given) : std::string(key.fallback);
+    put(key.name, text);
+    return std::stoull(text);
+  };
+  const uint64_t cv = number(keys::search_cv, r.integer(t, "cv", "[search]", 2, 1000));
+  number(keys::search_seed, r.integer(t, "seed", "[search]", 0, std::numeric_limits<int64_t>::max()));
+  put(keys::search_csv.name, detail::normalise_path(r.string(t, "csv", "[search]", true).value_or("cv_results.csv"), dir));
 
   const Value* grid = Reader::find(t, "param_grid");
   if (!grid || !grid->is_table() || grid->as_table().empty()) {
@@ -308,7 +374,7 @@ void read_search(Reader& r, const Value& t, const Value& train, const std::strin
           r.error(at, "[search] param_grid " + name + ": " + problem.message);
           ok = false;
         }
-      const std::string key = "train." + name;  // (a structured binding: not capturable before clang 16)
+      const std::string key = keys::train_key(name);  // (a structured binding: not capturable before clang 16)
       const auto it = std::find_if(spec.config.begin(), spec.config.end(), [&](const auto& kv) { return kv.first == key; });
       if (ok && it != spec.config.end()) texts.push_back(it->second);
     }
@@ -319,14 +385,15 @@ void read_search(Reader& r, const Value& t, const Value& train, const std::strin
       r.error(r.pos(*values), "[search] param_grid " + name + ": a value is listed twice");
       continue;
     }
+    if (name == "optimizer") refuse_unset_learning_rate(r, *values, texts, train, entries);
     names.push_back(name);
     candidates *= texts.size();
-    put("param_grid." + name, join(texts, "\n"));
+    put(keys::search_param_grid(name), config::join_lines(texts));
   }
-  if (candidates * uint64_t(cv) > 1000000)
+  if (candidates * cv > 1000000)
     r.error(r.pos(*grid), "[search] param_grid: " + std::to_string(candidates) + " candidates x cv " + std::to_string(cv) +
                               " fits is more than 1000000");
-  put("params", join(names, "\n"));
+  put(keys::search_params.name, config::join_lines(names));
 }
 
 }  // namespace skyforge

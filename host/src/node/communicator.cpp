@@ -3,6 +3,8 @@
 // collective at a time, and every failure turned into a status and a last_error() message.
 #include "communicator_internal.hpp"
 
+#include <skyforge/config_keys.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -44,18 +46,7 @@ const char* dtype_name(sf_dtype d) {
 }
 
 std::chrono::milliseconds GlooCommunicator::parse_timeout(const char* config_value, const char* env_value) {
-  const char* v = config_value && *config_value ? config_value : env_value && *env_value ? env_value : nullptr;
-  if (!v) return std::chrono::seconds(300);
-  const std::string what = config_value && *config_value ? "job.collective_timeout" : "SKYFORGE_COLLECTIVE_TIMEOUT";
-  double s = 0;
-  size_t used = 0;
-  try {
-    s = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != std::strlen(v) || !(s > 0) || !std::isfinite(s) || s > 1e7)
-    throw std::invalid_argument(what + " = '" + v + "': expected a positive number of seconds");
+  const double s = skyforge::config::collective_timeout_s(config_value, env_value);
   return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(s * 1000.0)));
 }
 

@@ -1,6 +1,8 @@
 #include "services.hpp"
 #include "lent.hpp"
 
+#include <skyforge/config_keys.hpp>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -156,7 +158,7 @@ sf_status Services::find_compute_backend(const char* name, const sf_compute_hook
     if (const Backend* b = find(name)) return give(*b);
     return fail(SF_ERR_INVALID, std::string("no compute backend named '") + name + "' (" + loaded() + ")");
   }
-  if (auto it = config_.find("compute.backend"); it != config_.end() && !it->second.empty()) {
+  if (auto it = config_.find(std::string(config::keys::compute_backend.name)); it != config_.end() && !it->second.empty()) {
     if (const Backend* b = find(it->second)) return give(*b);
     return fail(SF_ERR_INVALID, "the selected compute backend '" + it->second + "' (compute.backend) is not loaded (" +
                                     loaded() + ")");

@@ -135,7 +135,7 @@ inline constexpr Key<std::string> compute_backend{"compute.backend", {}, "the se
 // default below; docs/training.md). Optimizer options have no default here: theirs are the
 // optimizer's, in optimizer_schema.hpp.
 inline constexpr Key<std::string> train_dataset{"train.dataset", "fashion-mnist", "[train] dataset"};
-inline constexpr Key<std::string> train_data_dir{"train.data_dir", {}, "[train] data_dir; absent: /usr/share/datasets/<dataset>"};
+inline constexpr Key<std::string> train_data_dir{"train.data_dir", {}, "[train] data_dir, the host's default /usr/share/datasets/<dataset>"};
 inline constexpr Key<uint64_t> train_layers{"train.layers", {}, "the number of [[train.layers]]"};
 inline constexpr Key<std::string> train_optimizer{"train.optimizer", "adam", "[train] optimizer"};
 inline constexpr Key<std::string> train_learning_rate{"train.learning_rate", {}, "[train] learning_rate, as text"};
@@ -155,9 +155,13 @@ inline constexpr Key<std::string> train_checkpoint_every{"train.checkpoint_every
 inline constexpr Key<bool> train_resume{"train.resume", "false", "[train] resume"};
 inline constexpr Key<uint64_t> train_threads{"train.threads", {}, "[train] threads; absent: all cores (a search's fit: 1)"};
 inline constexpr Key<bool> train_evaluate{"train.evaluate", "true", "[train] evaluate"};
+// The config key of a [train] key or a grid-search name ("layers.1.units" -> "train.layers.1.units"),
+// and back.
+inline std::string train_key(std::string_view field) { return "train." + std::string(field); }
+inline std::string_view train_field(std::string_view key) { return key.substr(std::string_view("train.").size()); }
 // A layer's option: "train.layers.<i>.<option>" (and "train.layers.<i>.type"), canonical text.
 inline std::string train_layer(uint64_t index, std::string_view option) {
-  return "train.layers." + std::to_string(index) + "." + std::string(option);
+  return train_key("layers." + std::to_string(index) + "." + std::string(option));
 }
 
 // A grid search ([search], docs/training.md): read by the sklearn task backend and the train app.

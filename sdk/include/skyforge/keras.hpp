@@ -43,6 +43,7 @@
 #include <skyforge/abi.h>
 #include <skyforge/keras_callbacks.hpp>
 #include <skyforge/layer_schema.hpp>
+#include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
 #include <skyforge/tfevents.hpp>
 
@@ -194,16 +195,18 @@ inline Layer MaxPooling2D(OptionalSize2 pool_size = {}, OptionalSize2 strides = 
 }  // namespace layers
 
 // ---- optimizers, backend, options -------------------------------------------------------------
+// Keras' optimizers, Keras' defaults: both from the optimizer schema (optimizer_schema.hpp),
+// which compile() checks them against.
 struct SGD {
-  double learning_rate = 0.01;
-  double momentum = 0.0;
+  double learning_rate = schema::default_real("sgd", "learning_rate");
+  double momentum = schema::default_real("sgd", "momentum");
   bool nesterov = false;
 };
 struct Adam {
-  double learning_rate = 0.001;
-  double beta_1 = 0.9;
-  double beta_2 = 0.999;
-  double epsilon = 1e-7;
+  double learning_rate = schema::default_real("adam", "learning_rate");
+  double beta_1 = schema::default_real("adam", "beta_1");
+  double beta_2 = schema::default_real("adam", "beta_2");
+  double epsilon = schema::default_real("adam", "epsilon");
 };
 using Optimizer = std::variant<SGD, Adam>;
 
@@ -304,23 +307,26 @@ inline uint64_t product(const std::vector<uint32_t>& s) {
   return n;
 }
 
-// Text form of an optimizer and its options (the keys abi.h lists).
+// Text form of an optimizer and its options (the keys abi.h lists), checked by the optimizer
+// schema: a value outside Keras' range is refused here, naming the option.
 inline std::pair<std::string, std::vector<std::pair<std::string, std::string>>> optimizer_spec(const Optimizer& o) {
+  std::pair<std::string, std::vector<std::pair<std::string, std::string>>> spec;
   if (const auto* s = std::get_if<SGD>(&o)) {
-    if (!(s->learning_rate > 0)) throw Error("SGD: learning_rate must be > 0", SF_ERR_INVALID);
-    if (s->momentum < 0 || s->momentum >= 1) throw Error("SGD: momentum must be in [0, 1)", SF_ERR_INVALID);
-    return {"sgd",
+    spec = {"sgd",
             {{"learning_rate", num(s->learning_rate)}, {"momentum", num(s->momentum)},
              {"nesterov", boolean(s->nesterov)}}};
+  } else {
+    const auto& a = std::get<Adam>(o);
+    spec = {"adam",
+            {{"learning_rate", num(a.learning_rate)}, {"beta_1", num(a.beta_1)}, {"beta_2", num(a.beta_2)},
+             {"epsilon", num(a.epsilon)}}};
   }
-  const auto& a = std::get<Adam>(o);
-  if (!(a.learning_rate > 0)) throw Error("Adam: learning_rate must be > 0", SF_ERR_INVALID);
-  if (a.beta_1 < 0 || a.beta_1 >= 1 || a.beta_2 < 0 || a.beta_2 >= 1)
-    throw Error("Adam: beta_1 and beta_2 must be in [0, 1)", SF_ERR_INVALID);
-  if (!(a.epsilon > 0)) throw Error("Adam: epsilon must be > 0", SF_ERR_INVALID);
-  return {"adam",
-          {{"learning_rate", num(a.learning_rate)}, {"beta_1", num(a.beta_1)}, {"beta_2", num(a.beta_2)},
-           {"epsilon", num(a.epsilon)}}};
+  try {
+    schema::parse_optimizer(spec.first, spec.second);
+  } catch (const schema::OptimizerError& e) {
+    throw Error(e.what(), SF_ERR_INVALID);
+  }
+  return spec;
 }
 
 // Every rank learns whether any rank failed a local check, and all throw the same message

@@ -44,24 +44,24 @@ constexpr OptionDef learning_rate(std::string_view fallback) {
   return {"learning_rate", OptionKind::real, fallback, {}, 0, kInf, true, false, {}, "step size"};
 }
 
-inline constexpr OptionDef kSgd[] = {
-    learning_rate("0.01"),
-    {"momentum", OptionKind::real, "0", {}, 0, 1, false, false, {}, "velocity = momentum * velocity - lr * g"},
-    {"nesterov", OptionKind::boolean, "false", {}, 0, 0, false, false, {}, "Nesterov momentum"},
-};
 inline constexpr OptionDef kAdam[] = {
     learning_rate("0.001"),
     {"beta_1", OptionKind::real, "0.9", {}, 0, 1, false, true, {}, "decay of the first moment"},
     {"beta_2", OptionKind::real, "0.999", {}, 0, 1, false, true, {}, "decay of the second moment"},
     {"epsilon", OptionKind::real, "1e-07", {}, 0, kInf, true, false, {}, "added to the second moment's root"},
 };
+inline constexpr OptionDef kSgd[] = {
+    learning_rate("0.01"),
+    {"momentum", OptionKind::real, "0", {}, 0, 1, false, false, {}, "velocity = momentum * velocity - lr * g"},
+    {"nesterov", OptionKind::boolean, "false", {}, 0, 0, false, false, {}, "Nesterov momentum"},
+};
 
 }  // namespace detail
 
 inline std::span<const OptimizerDef> optimizers() {
   static constexpr OptimizerDef defs[] = {
-      {"sgd", "SGD", detail::kSgd, "gradient descent, with momentum and Nesterov's variant"},
       {"adam", "Adam", detail::kAdam, "Adam (Kingma and Ba), Keras' bias correction"},
+      {"sgd", "SGD", detail::kSgd, "gradient descent, with momentum and Nesterov's variant"},
   };
   return defs;
 }
@@ -72,7 +72,7 @@ inline const OptimizerDef* find_optimizer(std::string_view name) {
   return nullptr;
 }
 
-// "sgd, adam": for messages.
+// "adam, sgd": for messages.
 inline std::string optimizer_names() {
   std::string out;
   for (const OptimizerDef& d : optimizers()) out += (out.empty() ? "" : ", ") + std::string(d.name);
