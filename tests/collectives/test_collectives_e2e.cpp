@@ -55,6 +55,15 @@ class Collectives : public SkyforgeRunTest {
     return "[pool]\nnodes = " + std::to_string(nodes) + "\n" + extra + (env.empty() ? "" : "[image]\nenv = { " + env + " }\n") +
            "[job]\napp = \"collective_check\"\nplugin_path = [\"" + COLL_FIXTURES + "\"]\n" + extra_job;
   }
+  // `skyforge run` of manifest(nodes, env, extra, extra_job), written to `file`: the run must
+  // fail, and within 30 s.
+  Output run_failing(const std::string& file, int nodes, const std::string& env, const std::string& extra = "",
+                     const std::string& extra_job = "") {
+    Output o = run({"run", write(file, manifest(nodes, env, extra, extra_job)).string()}, 60);
+    EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+    EXPECT_LT(o.seconds, 30);
+    return o;
+  }
   // Every node's "ok" line; returns the hashes seen. Every node must report `transport`.
   std::set<std::string> expect_ok(const Output& o, int nodes, const std::string& transport) {
     std::set<std::string> hashes;
@@ -112,49 +121,37 @@ TEST_F(Collectives, ThreeNodesInNetworkNamespaces) {
 // A node that fails before the collective: the run fails at once (not after the collective
 // timeout, 300 s by default), naming the node; the others, blocked in the rendezvous, are torn down.
 TEST_F(Collectives, NodeThrowingBeforeTheCollectiveFailsTheRunNamingIt) {
-  Output o = run({"run", write("throw.toml", manifest(3, "COLL_MODE = \"throw\"")).string()}, 60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  Output o = run_failing("throw.toml", 3, "COLL_MODE = \"throw\"");
   EXPECT_NE(o.err.find("node 1 failed"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("gives up before the collective on purpose"), std::string::npos) << o.err;
-  EXPECT_LT(o.seconds, 30);
 }
 
 TEST_F(Collectives, NodeExitingBeforeTheCollectiveFailsTheRunNamingIt) {
-  Output o = run({"run", write("exit.toml", manifest(3, "COLL_MODE = \"exit\"")).string()}, 60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  Output o = run_failing("exit.toml", 3, "COLL_MODE = \"exit\"");
   EXPECT_TRUE(std::regex_search(o.err, std::regex("node \\d"))) << o.err;
-  EXPECT_LT(o.seconds, 30);
 }
 
 // A node that fails after joining (shared memory mapped, segment already unlinked): the run
 // fails at once naming it; its peer's next collective fails instead of hanging.
 TEST_F(Collectives, NodeThrowingAfterJoiningFailsTheRunNamingIt) {
-  Output o = run({"run", write("throw_after.toml", manifest(2, "COLL_MODE = \"throw_after\"")).string()}, 60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  Output o = run_failing("throw_after.toml", 2, "COLL_MODE = \"throw_after\"");
   EXPECT_NE(o.err.find("node 1 failed"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("gives up after joining on purpose"), std::string::npos) << o.err;
-  EXPECT_LT(o.seconds, 30);
 }
 
 // A node that never calls communicator() (but does not fail): the others' rendezvous gives up
 // after the collective timeout with a message naming the missing node.
 TEST_F(Collectives, NodeSkippingTheCollectiveIsNamedAfterTheTimeout) {
-  Output o = run({"run", write("skip.toml", manifest(3, "COLL_MODE = \"skip\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"")).string()},
-                 60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  Output o = run_failing("skip.toml", 3, "COLL_MODE = \"skip\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"");
   EXPECT_NE(o.err.find("node 1 did not join the communicator within 3 s"), std::string::npos) << o.err;
-  EXPECT_LT(o.seconds, 30);
 }
 
 // A node that joins, then stalls: the others' allreduce times out with a clear error.
 TEST_F(Collectives, StalledPeerTimesOutWithAClearError) {
-  Output o = run({"run", write("stall.toml", manifest(2, "COLL_MODE = \"stall\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"")).string()},
-                 60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  Output o = run_failing("stall.toml", 2, "COLL_MODE = \"stall\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"");
   EXPECT_NE(o.err.find("node 0 failed"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("allreduce failed on node 0"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("within 3 s"), std::string::npos) << o.err;
-  EXPECT_LT(o.seconds, 30);
 }
 
 // The host's collective watchdog (label faults): every node reports its collectives with its
@@ -306,11 +303,9 @@ TEST_F(Watchdog, ANodeWhoseLinkIsThrottledIsFound) {
 // mode = "single" runs the app on the head only: no group to join, so communicator() fails at
 // once instead of waiting out the timeout for nodes that never run the app.
 TEST_F(Collectives, SingleModeHasNoCommunicator) {
-  Output o = run({"run", write("single.toml", manifest(2, "", "", "mode = \"single\"\n")).string()}, 60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  Output o = run_failing("single.toml", 2, "", "", "mode = \"single\"\n");
   EXPECT_NE(o.err.find("node 0 failed"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("with mode = \"single\" only the head runs it"), std::string::npos) << o.err;
-  EXPECT_LT(o.seconds, 30);
 }
 
 // Compute backends listed in [[plugins]] are created on every node with their options, found
