@@ -1,10 +1,14 @@
 // `skyforge backend-check` (docs/compute-backends.md, "Checking a backend"), run for real: the
 // cpu backend and the cuda engine's host build pass it; a backend with one deliberate defect
-// fails exactly the check that covers it; a backend that cannot run here is refused with exit 2.
+// fails exactly the check that covers it; a backend that cannot run here is refused with exit 2,
+// and so is the command of a `skyforge` that has no skyforge-backend-check beside it.
 #include <gtest/gtest.h>
 
 #include <skyforge/layer_schema.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <regex>
 
 #include "process.hpp"
@@ -105,4 +109,20 @@ TEST(BackendCheck, ABackendThatIsMissingOrCannotRunHereExits2) {
             std::string::npos)
       << o.err;
 #endif
+}
+
+// The suite is a program of its own (backends/check) that `skyforge backend-check` finds beside
+// itself: a `skyforge` without it says so, and where it looked.
+TEST(BackendCheck, ASkyforgeWithoutTheProgramBesideItSaysWhereItLooked) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("skyforge-bc-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(SKYFORGE_BIN, dir / "skyforge", fs::copy_options::overwrite_existing);
+  Output o = Child({(dir / "skyforge").string(), "backend-check", "cpu"}, {}).wait(60);
+  fs::remove_all(dir);
+  EXPECT_EQ(o.exit_code, 2) << o.out << o.err;
+  EXPECT_EQ(o.out, "");
+  EXPECT_EQ(o.err, "skyforge backend-check: cannot run " + (dir / "skyforge-backend-check").string() +
+                       " (No such file or directory): skyforge-backend-check is installed beside skyforge "
+                       "(docs/compute-backends.md, \"Checking a backend\")\n");
 }

@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <iomanip>
 #include <map>
@@ -21,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "backend_check.hpp"
 #include "catalog.hpp"
 #include "crash_context.hpp"
 #include "lent.hpp"
@@ -29,6 +29,7 @@
 #include "manifest.hpp"
 #include "plugin_resolution.hpp"
 #include "run.hpp"
+#include "self_exe.hpp"
 #include "services.hpp"
 #include "tls_identity.hpp"
 
@@ -482,30 +483,18 @@ int cmd_plugins(int argc, char** argv) {
   return 0;
 }
 
+// `skyforge backend-check ARGS`: the conformance suite is a program of its own, built on the SDK
+// (backends/check) and installed beside this one; it runs with ARGS and argv[0]
+// "skyforge backend-check", which its messages and usage name.
 int cmd_backend_check(int argc, char** argv) {
-  po::options_description desc(
-      "usage: skyforge backend-check [options] <name>\n\n"
-      "Runs the compute backend <name> through the conformance suite (docs/compute-backends.md,\n"
-      "\"Checking a backend\"): per-layer gradients against finite differences, 1 rank against 2,\n"
-      "state_dict round trips, bad input, agreement with a reference backend and checkpoints moving\n"
-      "to and from it. Exits 0 when no check failed, 1 when one did, 2 when the backend cannot be\n"
-      "found or cannot run here.\n\noptions");
-  BackendCheckOptions o;
-  std::vector<std::string> kv;
-  desc.add_options()("name", po::value(&o.backend), "the compute backend")(
-      "option,o", po::value(&kv)->composing(), "KEY=VALUE: an option of the backend (repeatable)")(
-      "plugin-path,p", po::value(&o.plugin_path)->composing(), "a directory searched for plugins first (repeatable)")(
-      "against", po::value(&o.against)->default_value("cpu"), "the reference backend; \"\" for none");
-  if (auto done = parse_command("backend-check", argc, argv, desc, "name", o.backend, "<name>")) return *done;
-  for (const auto& item : kv) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      std::cerr << "skyforge backend-check: --option " << item << ": expected KEY=VALUE\n";
-      return kExitUsage;
-    }
-    o.options.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-  }
-  return run_backend_check(o, std::cout, std::cerr);
+  const std::string tool = self_exe_dir() + "/skyforge-backend-check";
+  std::vector<char*> args{const_cast<char*>("skyforge backend-check")};
+  args.insert(args.end(), argv + 1, argv + argc);
+  args.push_back(nullptr);
+  ::execv(tool.c_str(), args.data());
+  std::cerr << "skyforge backend-check: cannot run " << tool << " (" << std::strerror(errno)
+            << "): skyforge-backend-check is installed beside skyforge (docs/compute-backends.md, \"Checking a backend\")\n";
+  return kExitUsage;
 }
 
 // A provider plugin loaded on the client with no pool, for `sweep` and `offers`: its options

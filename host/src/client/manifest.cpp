@@ -7,6 +7,8 @@
 #include "toml_reader.hpp"
 #include "train_table.hpp"
 
+// The [pool] accelerator format, one parser for the host's check and the plugins that read the
+// spec: a pure data header, one of those the host may include (skyforge::abi, sdk/CMakeLists.txt).
 #include <skyforge/accelerator.hpp>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
-// `skyforge backend-check NAME`: the conformance suite every compute backend passes
-// (docs/compute-backends.md, "Checking a backend"). It drives the backend's .so through the C
-// ABI only, as a node does — no backend internals, no pool — so a third party's backend is
-// checked exactly like `cpu`:
+// The conformance suite every compute backend passes (docs/compute-backends.md, "Checking a
+// backend"), run by `skyforge-backend-check NAME` and `skyforge backend-check NAME`. It loads the
+// backend's .so as a node does (the host's catalogue and loader) and drives it through the C ABI
+// only — no backend internals, no pool — so a third party's backend is checked exactly like `cpu`:
 //   - gradients: every layer of the schema (skyforge/layer_schema.hpp) in a small model, the
 //     gradient one SGD step applies against central finite differences of the training loss;
 //     dropout: inference is the identity, training is not;
@@ -11,8 +11,9 @@
 //     and leaves the engine as it was;
 //   - bad input: an empty batch, a label out of range and a bad model are refused with a message,
 //     and the engine still works afterwards;
+//   - bound data (ABI 1.8), where the backend keeps data: indexed steps are the plain steps;
 //   - agreement: the same models, seed and batches on the reference backend (`cpu`) give the
-//     same losses and weights within the documented tolerance.
+//     same losses and weights within the documented tolerance, and checkpoints move both ways.
 #pragma once
 
 #include <iosfwd>
@@ -20,18 +21,19 @@
 #include <utility>
 #include <vector>
 
-namespace skyforge {
+namespace skyforge::backend_check {
 
-struct BackendCheckOptions {
+struct Options {
   std::string backend;                                        // plugin name, as in the manifest
   std::vector<std::pair<std::string, std::string>> options;   // its options (plugin.toml checks them)
   std::vector<std::string> plugin_path;                       // searched before the default dirs
   std::string against = "cpu";                                // reference backend; "" or `backend`: none
+  std::string program = "skyforge-backend-check";             // what messages are prefixed with
 };
 
 // Prints one line per check (PASS / SKIP / FAIL, what was measured) and a summary to `out`.
 // Returns 0 when no check failed, 1 when one did, 2 when the backend cannot be found, loaded or
 // run on this machine (its probe's reason goes to `err`).
-int run_backend_check(const BackendCheckOptions& options, std::ostream& out, std::ostream& err);
+int run(const Options& options, std::ostream& out, std::ostream& err);
 
-}  // namespace skyforge
+}  // namespace skyforge::backend_check
