@@ -85,16 +85,18 @@ def permutation(n: int, shuffle: bool = True, seed: int = 0) -> np.ndarray:
     return np.asarray(idx, dtype=np.int64)
 
 
-def _where(node: Optional[int], total_nodes: Optional[int]) -> Tuple[int, int]:
-    if node is None or total_nodes is None:
+def _where(node: Optional[int], total: Optional[int], who: str = "shard", node_name: str = "node",
+           total_name: str = "total_nodes") -> Tuple[int, int]:
+    """(node, total), instance_info()'s where not given, checked; errors say `who` and the argument names."""
+    if node is None or total is None:
         info = instance_info()
         node = info.node if node is None else node
-        total_nodes = info.total_nodes if total_nodes is None else total_nodes
-    if total_nodes < 1:
-        raise ValueError("shard: total_nodes must be >= 1")
-    if not 0 <= node < total_nodes:
-        raise ValueError(f"shard: node {node} is not below total_nodes {total_nodes}")
-    return int(node), int(total_nodes)
+        total = info.total_nodes if total is None else total
+    if total < 1:
+        raise ValueError(f"{who}: {total_name} must be >= 1")
+    if not 0 <= node < total:
+        raise ValueError(f"{who}: {node_name} {node} is not below {total_name} {total}")
+    return int(node), int(total)
 
 
 def _bounds(n: int, node: int, total: int) -> Tuple[int, int]:
@@ -166,17 +168,8 @@ class DistributedSampler:
     def __init__(self, dataset: Union[int, Sequence[Any]], num_replicas: Optional[int] = None,
                  rank: Optional[int] = None, shuffle: bool = True, seed: int = 0, drop_last: bool = False):
         size = int(dataset) if isinstance(dataset, (int, np.integer)) else len(dataset)
-        if num_replicas is None or rank is None:
-            info = instance_info()
-            num_replicas = info.total_nodes if num_replicas is None else num_replicas
-            rank = info.node if rank is None else rank
-        if num_replicas < 1:
-            raise ValueError("DistributedSampler: num_replicas must be >= 1")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"DistributedSampler: rank {rank} is not below num_replicas {num_replicas}")
+        self.rank, self.num_replicas = _where(rank, num_replicas, "DistributedSampler", "rank", "num_replicas")
         self.size = size
-        self.num_replicas = int(num_replicas)
-        self.rank = int(rank)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
