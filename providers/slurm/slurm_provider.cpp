@@ -118,7 +118,8 @@ std::map<std::string, std::string> node_addresses(const std::string& out) {
   return m;
 }
 
-SlurmProvider::SlurmProvider(const Context& ctx) : Provider(ctx), config_(SlurmConfig::from(ctx.options)) {
+SlurmProvider::SlurmProvider(const Context& ctx)
+    : SessionProvider(ctx, "slurm provider"), config_(SlurmConfig::from(ctx.options)) {
   for (const char* tool : {"sbatch", "squeue", "scontrol", "srun", "sbcast", "scancel"})
     if (providers::find_program(tool).empty())
       throw Error(std::string("slurm provider: no `") + tool + "` on PATH (Debian: slurm-client)", SF_ERR_UNSUPPORTED);
@@ -135,6 +136,8 @@ std::string SlurmProvider::job_id() const {
   std::lock_guard<std::mutex> lock(mu_);
   return job_;
 }
+
+std::string SlurmProvider::where(const Node& n) const { return "slurm provider: " + n.id + " (" + n.name + ")"; }
 
 std::string SlurmProvider::pool_dir() const { return config_.stage_dir + "/skyforge-" + pool_id_; }
 
@@ -204,13 +207,10 @@ Provisioned SlurmProvider::provision(const PoolSpec& spec) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (uint32_t i = 0; i < spec.nodes; ++i) {
-      auto n = std::make_unique<Node>();
-      n->index = i;
-      n->id = "node-" + std::to_string(i);
-      n->name = names[i];
-      n->address = addrs.count(names[i]) ? addrs[names[i]] : names[i];
-      out.nodes.push_back({n->id, n->address});
-      nodes_.push_back(std::move(n));
+      Node& n = add_node_locked(i);
+      n.name = names[i];
+      n.address = addrs.count(names[i]) ? addrs[names[i]] : names[i];
+      out.nodes.push_back({n.id, n.address});
     }
     for (size_t i = spec.nodes; i < names.size(); ++i)
       spares_.emplace_back(names[i], addrs.count(names[i]) ? addrs[names[i]] : names[i]);
@@ -239,13 +239,6 @@ void SlurmProvider::stage() {
   }
 }
 
-SlurmProvider::Node* SlurmProvider::find(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)  // the newest entry: a replaced node's
-    if ((*it)->id == id) return it->get();
-  return nullptr;
-}
-
 std::string SlurmProvider::replace_node(const std::string& node_id) {
   Node& old = require(node_id, "replace_node");
   std::pair<std::string, std::string> spare;
@@ -260,25 +253,13 @@ std::string SlurmProvider::replace_node(const std::string& node_id) {
     spares_.erase(spares_.begin());
   }
   old.session.stop(std::chrono::milliseconds(2000));
-  auto n = std::make_unique<Node>();
-  n->index = old.index;
-  n->id = old.id;
-  n->name = spare.first;
-  n->address = spare.second;
-  host().info("slurm: " + node_id + " moves from " + old.name + " to the spare node " + n->name + " of job " + job_);
+  host().info("slurm: " + node_id + " moves from " + old.name + " to the spare node " + spare.first + " of job " + job_);
   std::lock_guard<std::mutex> lock(mu_);
-  old.gone = true;
   lost_names_.push_back(old.name);
-  nodes_.push_back(std::move(n));
+  Node& n = replace_node_locked(old);
+  n.name = spare.first;
+  n.address = spare.second;
   return spare.second;
-}
-
-SlurmProvider::Node& SlurmProvider::require(const std::string& id, const char* op) {
-  Node* n = find(id);
-  if (!n) throw Error(std::string("slurm provider: ") + op + ": unknown node " + id, SF_ERR_INVALID);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (n->gone) throw Error(std::string("slurm provider: ") + op + ": node " + id + " was terminated");
-  return *n;
 }
 
 void SlurmProvider::bootstrap(const std::string& node_id, const std::string& script, sf_sink log) {
@@ -311,41 +292,6 @@ void SlurmProvider::bootstrap(const std::string& node_id, const std::string& scr
   if (*status != 0)
     throw Error("slurm provider: " + node_id + " (" + n.name + ")'s bootstrap exited with status " +
                 std::to_string(*status) + (tail.empty() ? "" : ": " + tail));
-}
-
-void SlurmProvider::start_worker(const std::string& node_id, const std::vector<std::string>& argv,
-                                 const std::map<std::string, std::string>& env) {
-  Node& n = require(node_id, "start_worker");
-  try {
-    n.session.start_worker(argv, env);
-  } catch (const std::invalid_argument& e) {
-    throw invalid(e.what());
-  } catch (const providers::SessionGone& e) {
-    throw Error("slurm provider: " + node_id + " (" + n.name + "): " + e.what(), SF_ERR_GONE);
-  } catch (const std::runtime_error& e) {
-    throw Error("slurm provider: " + node_id + " (" + n.name + "): " + e.what());
-  }
-}
-
-int SlurmProvider::worker_alive(const std::string& node_id) {
-  Node* n = find(node_id);
-  return n ? n->session.alive() : -1;
-}
-
-int SlurmProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
-  Node* n = find(node_id);
-  if (!n || !n->session.started()) return -1;
-  auto code = n->session.exit_status();
-  if (!code) return 0;
-  if (*code > 128 && *code < 128 + 65) {  // the agent's `exit $rc` of a worker a signal ended
-    out.exit_code = -1;
-    out.signal = *code - 128;
-  } else {
-    out.exit_code = *code;
-    out.signal = 0;
-  }
-  out.last_words = n->session.last_words();
-  return 1;
 }
 
 void SlurmProvider::cancel_job(std::vector<std::string>& problems) {
@@ -386,12 +332,8 @@ void SlurmProvider::terminate(const std::vector<std::string>& node_ids) {
   bool all_gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& n : nodes_)
-      if (!n->gone && (node_ids.empty() || std::find(node_ids.begin(), node_ids.end(), n->id) != node_ids.end())) {
-        n->gone = true;
-        doomed.push_back(n.get());
-      }
-    all_gone = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->gone; });
+    doomed = take_nodes_locked(node_ids);
+    all_gone = all_gone_locked();
   }
   // Each node's step: its input closed (the agent stops the worker), then srun itself.
   std::vector<std::future<void>> stops;

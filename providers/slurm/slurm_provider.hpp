@@ -16,7 +16,7 @@
 
 #include <skyforge/sdk.hpp>
 
-#include "node_session.hpp"
+#include "session_provider.hpp"
 #include "spawn.hpp"
 
 namespace skyforge::slurm {
@@ -46,19 +46,20 @@ std::string stage_dirs_program();
 // "NodeName=n1 ... NodeAddr=10.0.0.2 ..." lines (`scontrol -o show node`) → name → address.
 std::map<std::string, std::string> node_addresses(const std::string& scontrol_output);
 
-class SlurmProvider : public Provider {
+// A node: one Slurm node of the allocation.
+struct SlurmNode : providers::SessionNode {
+  std::string name, address;
+};
+
+class SlurmProvider : public providers::SessionProvider<SlurmNode> {
  public:
   explicit SlurmProvider(const Context& ctx);
   ~SlurmProvider() override;
 
   Provisioned provision(const PoolSpec& spec) override;
   void bootstrap(const std::string& node_id, const std::string& script, sf_sink log) override;
-  void start_worker(const std::string& node_id, const std::vector<std::string>& argv,
-                    const std::map<std::string, std::string>& env) override;
   // Empty list: everything. Once no node is left: the nodes cleaned in one last step, scancel.
   void terminate(const std::vector<std::string>& node_ids) override;
-  int worker_alive(const std::string& node_id) override;
-  int worker_exit(const std::string& node_id, WorkerExit& out) override;
   // A node whose Slurm node is gone moves, under the same id, to a spare node of the allocation
   // (`spare_nodes`); bootstrap follows. SF_ERR_UNSUPPORTED when no spare is left.
   std::string replace_node(const std::string& node_id) override;
@@ -67,28 +68,21 @@ class SlurmProvider : public Provider {
   std::string job_id() const;
 
  private:
-  struct Node {
-    uint32_t index = 0;
-    std::string id, name, address;
-    providers::NodeSession session;
-    bool gone = false;
-  };
+  using Node = SlurmNode;
+
+  std::string where(const Node& n) const override;
   std::string program(const std::string& name) const;
   providers::CommandResult slurm(const std::string& tool, const std::vector<std::string>& args,
                                  std::chrono::milliseconds timeout = std::chrono::seconds(60)) const;
   std::string pool_dir() const;  // on the nodes
   void stage();                  // sbcast the host's files, once
-  Node* find(const std::string& id);
-  Node& require(const std::string& id, const char* op);
   void cancel_job(std::vector<std::string>& problems);
 
   SlurmConfig config_;
-  providers::Spawner spawner_;
   std::string pool_id_;
   std::vector<std::string> stage_files_;
-  mutable std::mutex mu_;
+  // Under mu_, with nodes_:
   std::string job_;  // "" until sbatch answered; cleared once cancelled
-  std::vector<std::unique_ptr<Node>> nodes_;  // a replaced node's newer entry comes later
   std::vector<std::pair<std::string, std::string>> spares_;  // (name, address) of unused spare nodes
   std::vector<std::string> lost_names_;  // Slurm nodes a pool node was moved away from
   std::mutex stage_mu_;

@@ -302,7 +302,8 @@ std::string platform_mismatch(const Platform& here, const Platform& there) {
 
 SshProvider::SshProvider(const Context& ctx) : SshProvider(ctx, SshConfig::from(ctx.options)) {}
 
-SshProvider::SshProvider(const Context& ctx, SshConfig config) : Provider(ctx), config_(std::move(config)) {
+SshProvider::SshProvider(const Context& ctx, SshConfig config)
+    : SessionProvider(ctx, "ssh provider"), config_(std::move(config)) {
   ssh_ = providers::find_program("ssh");
   if (ssh_.empty()) throw Error("ssh provider: no `ssh` program on PATH (Debian: openssh-client)", SF_ERR_UNSUPPORTED);
 }
@@ -315,6 +316,13 @@ SshProvider::~SshProvider() {
 }
 
 std::string SshProvider::describe(const Host& h) const { return "ssh host '" + h.spec.text + "'"; }
+
+std::string SshProvider::where(const Node& n) const { return describe(*n.host) + ": " + n.id; }
+
+// ssh's own 255: the connection, not the worker, ended.
+std::string SshProvider::session_lost(const Node& n) const {
+  return "the ssh connection to host '" + n.host->spec.text + "' ended (the host, its sshd or the network went away)";
+}
 
 std::string SshProvider::pool_words() const {
   return remote_path_words(config_.remote_dir) + "/pools/" + shell_quote(pool_id_);
@@ -514,12 +522,9 @@ Provisioned SshProvider::provision(const PoolSpec& spec) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (uint32_t i = 0; i < spec.nodes; ++i) {
-      auto n = std::make_unique<Node>();
-      n->index = i;
-      n->id = "node-" + std::to_string(i);
-      n->host = hosts_[i / config_.slots_per_host].get();
-      out.nodes.push_back({n->id, n->host->address});
-      nodes_.push_back(std::move(n));
+      Node& n = add_node_locked(i);
+      n.host = hosts_[i / config_.slots_per_host].get();
+      out.nodes.push_back({n.id, n.host->address});
     }
   }
   out.control_address = config_.control_address;
@@ -586,17 +591,6 @@ void SshProvider::remove_control_dir() {
   }
 }
 
-// A replaced node keeps its id: the newest entry is the node.
-SshProvider::Node& SshProvider::require(const std::string& id, const char* op) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
-    if ((*it)->id == id) {
-      if ((*it)->gone) throw Error(std::string("ssh provider: ") + op + ": node " + id + " was terminated");
-      return **it;
-    }
-  throw Error(std::string("ssh provider: ") + op + ": unknown node " + id, SF_ERR_INVALID);
-}
-
 void SshProvider::add_host(const std::string& text) {
   HostSpec h = parse_host(text);
   std::lock_guard<std::mutex> lock(mu_);
@@ -652,13 +646,8 @@ std::string SshProvider::replace_node(const std::string& node_id) {
     }
     spare = h;
   }
-  auto n = std::make_unique<Node>();
-  n->index = old.index;
-  n->id = old.id;
-  n->host = spare;
   std::lock_guard<std::mutex> lock(mu_);
-  old.gone = true;
-  nodes_.push_back(std::move(n));
+  replace_node_locked(old).host = spare;
   return spare->address;
 }
 
@@ -752,51 +741,6 @@ void SshProvider::bootstrap(const std::string& node_id, const std::string& scrip
                 (tail.empty() ? "" : ": " + tail));
 }
 
-void SshProvider::start_worker(const std::string& node_id, const std::vector<std::string>& argv,
-                               const std::map<std::string, std::string>& env) {
-  Node& n = require(node_id, "start_worker");
-  try {
-    n.session.start_worker(argv, env);
-  } catch (const std::invalid_argument& e) {
-    throw invalid(e.what());
-  } catch (const providers::SessionGone& e) {
-    throw Error(describe(*n.host) + ": " + node_id + ": " + e.what(), SF_ERR_GONE);
-  } catch (const std::runtime_error& e) {
-    throw Error(describe(*n.host) + ": " + node_id + ": " + e.what());
-  }
-}
-
-SshProvider::Node* SshProvider::find(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
-    if ((*it)->id == id) return it->get();
-  return nullptr;
-}
-
-int SshProvider::worker_alive(const std::string& node_id) {
-  Node* n = find(node_id);
-  return n ? n->session.alive() : -1;
-}
-
-int SshProvider::worker_exit(const std::string& node_id, WorkerExit& out) {
-  Node* n = find(node_id);
-  if (!n || !n->session.started()) return -1;
-  auto code = n->session.exit_status();
-  if (!code) return 0;
-  // What ssh reports: the remote exit status, 128+N for a remote signal N, 255 when ssh itself failed.
-  if (*code > 128 && *code < 128 + 65 && *code != 255) {
-    out.exit_code = -1;
-    out.signal = *code - 128;
-  } else {
-    out.exit_code = *code;
-    out.signal = 0;
-  }
-  out.last_words = n->session.last_words();
-  if (*code == 255 && out.last_words.empty())
-    out.last_words = "the ssh connection to host '" + n->host->spec.text + "' ended (the host, its sshd or the network went away)";
-  return 1;
-}
-
 std::string SshProvider::cleanup_script(const std::vector<const Node*>& nodes) const {
   std::string s = "P=" + pool_words() + "\nfor d in";
   for (const Node* n : nodes) s += " " + shell_quote(n->id);
@@ -822,11 +766,7 @@ void SshProvider::terminate(const std::vector<std::string>& node_ids) {
   std::vector<Host*> hosts;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& n : nodes_)
-      if (!n->gone && (node_ids.empty() || std::find(node_ids.begin(), node_ids.end(), n->id) != node_ids.end())) {
-        n->gone = true;
-        doomed.push_back(n.get());
-      }
+    doomed = take_nodes_locked(node_ids);
     for (auto& h : hosts_) hosts.push_back(h.get());
   }
   std::vector<std::string> problems;
@@ -860,7 +800,7 @@ void SshProvider::terminate(const std::vector<std::string>& node_ids) {
   bool all_gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    all_gone = std::all_of(nodes_.begin(), nodes_.end(), [](const auto& n) { return n->gone; });
+    all_gone = all_gone_locked();
   }
   if (all_gone) {
     for (Host* h : hosts) {

@@ -29,7 +29,7 @@
 
 #include <skyforge/sdk.hpp>
 
-#include "node_session.hpp"
+#include "session_provider.hpp"
 #include "spawn.hpp"
 
 namespace skyforge::ssh {
@@ -87,7 +87,25 @@ Platform local_platform();
 // "" when skyforge built on `here` runs on `there`; otherwise why not, with both named.
 std::string platform_mismatch(const Platform& here, const Platform& there);
 
-class SshProvider : public Provider {
+// A host of the pool and its ControlMaster connection.
+struct SshHost {
+  size_t index = 0;  // in `hosts`
+  HostSpec spec;
+  std::string control_path;
+  pid_t master = -1;
+  std::string address;  // the host's address, as it saw this connection arrive
+  std::set<std::string> missing;  // store keys it lacked when checked
+  std::mutex stage_mu;
+  bool staged = false;
+  bool lost = false;  // a node of it was replaced: it takes no other
+};
+
+// A node: a slot of a host.
+struct SshNode : providers::SessionNode {
+  SshHost* host = nullptr;
+};
+
+class SshProvider : public providers::SessionProvider<SshNode> {
  public:
   explicit SshProvider(const Context& ctx);
   // With a configuration made by another provider (aws: the instances it made).
@@ -96,12 +114,8 @@ class SshProvider : public Provider {
 
   Provisioned provision(const PoolSpec& spec) override;
   void bootstrap(const std::string& node_id, const std::string& script, sf_sink log) override;
-  void start_worker(const std::string& node_id, const std::vector<std::string>& argv,
-                    const std::map<std::string, std::string>& env) override;
   // Empty list: everything this instance made.
   void terminate(const std::vector<std::string>& node_ids) override;
-  int worker_alive(const std::string& node_id) override;
-  int worker_exit(const std::string& node_id, WorkerExit& out) override;
   // Node `node_id`'s host is gone: the node moves, under the same id, to a host in `hosts` with a
   // free slot (one already in the pool, else the first listed one not used yet), connected and
   // checked as in provision(). Returns its address; bootstrap and start_worker follow.
@@ -120,24 +134,11 @@ class SshProvider : public Provider {
     std::string key;   // <sha256>-<mode>: its name in the hosts' stores
     unsigned mode = 0644;
   };
-  struct Host {
-    size_t index = 0;
-    HostSpec spec;
-    std::string control_path;
-    pid_t master = -1;
-    std::string address;  // the host's address, as it saw this connection arrive
-    std::set<std::string> missing;  // store keys it lacked when checked
-    std::mutex stage_mu;
-    bool staged = false;
-    bool lost = false;  // a node of it was replaced: it takes no other
-  };
-  struct Node {
-    uint32_t index = 0;
-    std::string id;
-    Host* host = nullptr;
-    providers::NodeSession session;  // bootstrap, then the worker (node_session.hpp)
-    bool gone = false;
-  };
+  using Host = SshHost;
+  using Node = SshNode;
+
+  std::string where(const Node& n) const override;
+  std::string session_lost(const Node& n) const override;
 
   std::vector<std::string> ssh_args(const Host& h, bool master) const;
   // Runs `script` on the host with `sh -s` (its text on stdin). Throws Error naming the host.
@@ -146,8 +147,6 @@ class SshProvider : public Provider {
   void check_host(Host& h, const Platform& here);
   void stage_host(Host& h);
   std::string describe(const Host& h) const;
-  Node& require(const std::string& id, const char* op);
-  Node* find(const std::string& id);
   std::string cleanup_script(const std::vector<const Node*>& nodes) const;
   std::string pool_words() const;
   std::string control_path(size_t host_index) const;  // in control_dir_
@@ -157,13 +156,10 @@ class SshProvider : public Provider {
   void remove_control_dir();
 
   SshConfig config_;
-  providers::Spawner spawner_;  // the long-lived children (masters, sessions) die with this process
   std::string ssh_;  // the ssh program
   std::string pool_id_;
   std::vector<StageFile> stage_;
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Host>> hosts_;
-  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<Host>> hosts_;  // under mu_, as nodes_
   size_t copied_ = 0;
   std::string control_dir_;  // "" until the first master
   providers::Fd cleaner_;    // the write end of the pipe the directory's cleaner waits on
