@@ -18,22 +18,14 @@
 #include <thread>
 #include <vector>
 
+#include "moto.hpp"
+
 namespace skyforge::aws::testing {
 
 class ApiProxy {
  public:
   explicit ApiProxy(int upstream_port) : upstream_(upstream_port) {
-    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(listen_, 64);
-    socklen_t len = sizeof a;
-    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    listen_ = loopback_socket(port_, 64);
     thread_ = std::thread([this] { accept_loop(); });
   }
   ~ApiProxy() {

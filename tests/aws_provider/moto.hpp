@@ -23,16 +23,26 @@
 
 namespace skyforge::aws::testing {
 
-inline int free_loopback_port() {
+// A TCP socket on a free port of loopback (SO_REUSEADDR), listening with `backlog` when that is
+// above 0; `port` is its port.
+inline int loopback_socket(int& port, int backlog = 0) {
   int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  if (backlog > 0) ::listen(s, backlog);
   socklen_t len = sizeof a;
   ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
-  ::close(s);
+  port = ntohs(a.sin_port);
+  return s;
+}
+
+inline int free_loopback_port() {
+  int port = 0;
+  ::close(loopback_socket(port));
   return port;
 }
 

@@ -29,6 +29,16 @@ class AwsConfigTest : public ::testing::Test {
     };
   }
   void write(const std::string& rel, const std::string& text) { std::ofstream(home_ / rel) << text; }
+  // Why resolve_aws refused; a test failure when it did not.
+  std::string refusal(const std::string& profile, const std::string& region) {
+    try {
+      resolve_aws(env(), profile, region);
+      ADD_FAILURE() << "resolve_aws(\"" << profile << "\", \"" << region << "\") did not refuse";
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  }
 
   fs::path home_;
   std::map<std::string, std::string> vars_;
@@ -83,45 +93,27 @@ TEST_F(AwsConfigTest, TheEndpointFromTheServiceVariableThenTheGlobalOne) {
 }
 
 TEST_F(AwsConfigTest, NothingFoundNamesEveryPlaceLookedAt) {
-  try {
-    resolve_aws(env(), "ghost", "us-east-1");
-    FAIL();
-  } catch (const std::runtime_error& e) {
-    std::string m = e.what();
-    EXPECT_NE(m.find("profile 'ghost'"), std::string::npos) << m;
-    EXPECT_NE(m.find("AWS_ACCESS_KEY_ID"), std::string::npos) << m;
-    EXPECT_NE(m.find((home_ / ".aws/credentials").string()), std::string::npos) << m;
-    EXPECT_NE(m.find("[profile ghost]"), std::string::npos) << m;
-  }
+  const std::string m = refusal("ghost", "us-east-1");
+  EXPECT_NE(m.find("profile 'ghost'"), std::string::npos) << m;
+  EXPECT_NE(m.find("AWS_ACCESS_KEY_ID"), std::string::npos) << m;
+  EXPECT_NE(m.find((home_ / ".aws/credentials").string()), std::string::npos) << m;
+  EXPECT_NE(m.find("[profile ghost]"), std::string::npos) << m;
   vars_["AWS_ACCESS_KEY_ID"] = "AKID";
   vars_["AWS_SECRET_ACCESS_KEY"] = "s";
-  try {
-    resolve_aws(env(), "", "");
-    FAIL();
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("no region"), std::string::npos) << e.what();
-  }
+  const std::string no_region = refusal("", "");
+  EXPECT_NE(no_region.find("no region"), std::string::npos) << no_region;
 }
 
 TEST_F(AwsConfigTest, AMalformedFileIsNamedWithItsLine) {
   write(".aws/credentials", "[default]\naws_access_key_id = A\nthis line has no equals sign\n");
-  try {
-    resolve_aws(env(), "", "us-east-1");
-    FAIL();
-  } catch (const std::runtime_error& e) {
-    std::string m = e.what();
-    EXPECT_NE(m.find((home_ / ".aws/credentials").string() + " line 3"), std::string::npos) << m;
-  }
+  const std::string m = refusal("", "us-east-1");
+  EXPECT_NE(m.find((home_ / ".aws/credentials").string() + " line 3"), std::string::npos) << m;
 }
 
 TEST_F(AwsConfigTest, AKeyWithoutItsSecretIsRefusedWithoutPrintingTheKeyMaterial) {
   write(".aws/credentials", "[default]\naws_access_key_id = AKIDONLY\n");
-  try {
-    resolve_aws(env(), "", "us-east-1");
-    FAIL();
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("no aws_secret_access_key"), std::string::npos) << e.what();
-  }
+  const std::string m = refusal("", "us-east-1");
+  EXPECT_NE(m.find("no aws_secret_access_key"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -19,8 +19,7 @@
 #include "moto.hpp"
 #include "process.hpp"
 #include "provider_e2e.hpp"
-#include "run_fixture.hpp"
-#include "train_faults.hpp"
+#include "provider_run_test.hpp"
 
 namespace skyforge::test {
 namespace {
@@ -30,9 +29,9 @@ using aws::testing::MotoServer;
 
 bool g_isolated = false;
 
-class AwsE2E : public SkyforgeRunTest {
+class AwsE2E : public ProviderRunTest {
  protected:
-  AwsE2E() : SkyforgeRunTest("skyforge-aws-e2e") {}
+  AwsE2E() : ProviderRunTest("skyforge-aws-e2e", 180) {}
 
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "not root: the harness's machines are network namespaces";
@@ -90,9 +89,6 @@ class AwsE2E : public SkyforgeRunTest {
            "\n\n[provider]\nimage = \"ami-760aaa0f\"\ninstance_type = \"t3.micro\"\nsubnet = \"" + hv_->subnet() +
            "\"\nuse_private_ip = true\nssh_user = \"root\"\nremote_dir = \"" + (root_ / "remote").string() +
            "\"\npoll_interval_ms = 100\nttl = \"1m\"\n" + extra + "\n";
-  }
-  Output run(const std::string& name, const std::string& manifest, double timeout_s = 180) {
-    return skyforge({"run", write(name, manifest).string()}, timeout_s);
   }
   std::string command_job(const std::string& cmd) const {
     return "[job]\nmode = \"broadcast\"\ncommand = [\"sh\", \"-c\", \"" + cmd + "\"]\n";
@@ -214,24 +210,22 @@ TEST_F(AwsE2E, AnInstanceTakenAwayMidRunFailsTheRunNamingItsNode) {
 // 1 is bootstrapped there, and the run ends with the weights and history of an uninterrupted run
 // on the local provider, to the bit. Then nothing is left: every instance, the group, the key.
 TEST_F(AwsE2E, AnInstanceTakenAwayMidTrainingIsReplacedAtRestartAndTheRunEndsAsOnLocal) {
-  const fs::path ref = root_ / "local", out = root_ / "aws";
-  Output local = run("local.toml", local_reference(ref), 240);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  auto c = start_skyforge({"run", write("aws.toml", faulty_training(aws_pool(2), 1, out, 4)).string()});
-  ASSERT_TRUE(wait_checkpoint(out, 2, 240));
-  std::smatch m;
-  std::string err = c->err_so_far();
-  ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(aws: node 1 (i-[0-9a-f]+): running)"))) << err;
-  const std::string lost = m[1];
-  hv_->interrupt(lost);
-  Output o = c->wait(300);
-  ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.err.find("node 1 lost: "), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("aws: node-1 " + lost + " is gone; launching another in its place"), std::string::npos) << o.err;
-  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(restart 1/1: node 1 replaced: now at \S+, bootstrapped in \d+ ms)")))
-      << o.err;
-  print_replacement(o.err);
-  expect_ends_as(local, ref, o, out);
+  std::string lost;
+  expect_restarted_run_ends_as_local(
+      aws_pool(2), 240,
+      [&](Child& run) {
+        std::smatch m;
+        std::string err = run.err_so_far();
+        ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(aws: node 1 (i-[0-9a-f]+): running)"))) << err;
+        lost = m[1];
+        hv_->interrupt(lost);
+      },
+      [&](const Output& o) {
+        EXPECT_NE(o.err.find("aws: node-1 " + lost + " is gone; launching another in its place"), std::string::npos) << o.err;
+        EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(restart 1/1: node 1 replaced: now at \S+, bootstrapped in \d+ ms)")))
+            << o.err;
+        print_replacement(o.err);
+      });
 }
 
 // The host killed mid-job: each worker loses its lease, ages the machine's lease file, and the

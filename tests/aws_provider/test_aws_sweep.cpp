@@ -293,17 +293,7 @@ TEST(AwsSweepBudget, SweepGivesUpAfterSweepTimeoutNotTeardownTimeout) {
 // A listening socket that never answers (connect succeeds, no response), on loopback.
 class SilentListener {
  public:
-  SilentListener() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(fd_, 64);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
+  SilentListener() { fd_ = aws::testing::loopback_socket(port_, 64); }
   ~SilentListener() { ::close(fd_); }
   int port() const { return port_; }
 

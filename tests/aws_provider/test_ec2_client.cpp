@@ -109,15 +109,7 @@ class StreamingServer {
  public:
   StreamingServer(std::string head, uint64_t body_bytes, std::string body_prefix = "")
       : head_(std::move(head)), body_bytes_(body_bytes), prefix_(std::move(body_prefix)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(fd_, 4);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    fd_ = skyforge::aws::testing::loopback_socket(port_, 4);
     thread_ = std::thread([this] { serve(); });
   }
   ~StreamingServer() {

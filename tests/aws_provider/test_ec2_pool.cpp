@@ -14,6 +14,7 @@
 #include "api_proxy.hpp"
 #include "ec2_pool.hpp"
 #include "moto.hpp"
+#include "provider_options.hpp"
 
 using namespace skyforge::aws;
 using skyforge::aws::testing::ApiProxy;
@@ -22,11 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-skyforge::Options options_of(const std::vector<std::pair<std::string, std::string>>& kv) {
-  std::vector<sf_kv> c;
-  for (const auto& [k, v] : kv) c.push_back(sf_kv{k.c_str(), v.c_str()});
-  return skyforge::Options(c.data(), c.size());
-}
+using skyforge::test::options;
 
 class Ec2PoolTest : public ::testing::Test {
  protected:
@@ -35,7 +32,7 @@ class Ec2PoolTest : public ::testing::Test {
     moto_ = std::make_unique<MotoServer>();
     proxy_ = std::make_unique<ApiProxy>(moto_->port());
     state_ = fs::temp_directory_path() / ("skyforge-ec2pool-test-" + std::to_string(::getpid()));
-    options_ = AwsOptions::from(options_of({{"image", "ami-760aaa0f"}, {"instance_type", "t3.micro"},
+    options_ = AwsOptions::from(options({{"image", "ami-760aaa0f"}, {"instance_type", "t3.micro"},
                                             {"poll_interval_ms", "50"}, {"ttl", "1h"}, {"tags", "team=ml"}}));
   }
   void TearDown() override {
@@ -306,13 +303,9 @@ TEST_F(Ec2PoolTest, ANamedImageIsTheNewestOfItsOwnerAndPattern) {
 }
 
 TEST(AwsOptionsTest, BadOptionsAreNamed) {
-  auto expect_invalid = [](std::vector<std::pair<std::string, std::string>> kv, const std::string& needle) {
-    try {
-      AwsOptions::from(options_of(kv));
-      ADD_FAILURE() << "accepted: " << needle;
-    } catch (const skyforge::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+  auto expect_invalid = [](const std::map<std::string, std::string>& kv, const std::string& needle) {
+    const std::string error = skyforge::test::error_of([&] { AwsOptions::from(options(kv)); });
+    EXPECT_NE(error.find(needle), std::string::npos) << (error.empty() ? "accepted: " : error) << needle;
   };
   expect_invalid({{"ttl", "soon"}}, "option 'ttl'");
   expect_invalid({{"ttl", "30s"}}, "at least 1 minute");
@@ -327,9 +320,9 @@ TEST(AwsOptionsTest, BadOptionsAreNamed) {
   expect_invalid({{"ssh_user", "ubuntu; poweroff"}}, "option 'ssh_user': expected a login name");
   expect_invalid({{"ssh_user", "-u0"}}, "option 'ssh_user'");
   expect_invalid({{"ssh_user", "a'b"}}, "option 'ssh_user'");
-  EXPECT_EQ(AwsOptions::from(options_of({{"ssh_user", "ec2-user"}})).ssh_user, "ec2-user");
-  EXPECT_EQ(AwsOptions::from(options_of({})).sweep_timeout, std::chrono::seconds(30));
-  AwsOptions ok = AwsOptions::from(options_of({{"ttl", "90m"}, {"instance_type", "g5.xlarge"},
+  EXPECT_EQ(AwsOptions::from(options({{"ssh_user", "ec2-user"}})).ssh_user, "ec2-user");
+  EXPECT_EQ(AwsOptions::from(options({})).sweep_timeout, std::chrono::seconds(30));
+  AwsOptions ok = AwsOptions::from(options({{"ttl", "90m"}, {"instance_type", "g5.xlarge"},
                                                {"fallback_instance_types", "g5.2xlarge\ng6.xlarge"}}));
   EXPECT_EQ(ok.ttl, std::chrono::minutes(90));
   EXPECT_EQ(ok.instance_types, (std::vector<std::string>{"g5.xlarge", "g5.2xlarge", "g6.xlarge"}));

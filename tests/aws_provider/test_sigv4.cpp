@@ -108,14 +108,19 @@ std::string original_header_block(const std::string& text) {
   return block;
 }
 
+// The three files of a signing (`kind`: "header" or "query") against what was signed.
+void expect_signature(const Case& c, const Signature& s, const std::string& kind) {
+  EXPECT_EQ(s.canonical_request, slurp(c.dir / (kind + "-canonical-request.txt")));
+  EXPECT_EQ(s.string_to_sign, slurp(c.dir / (kind + "-string-to-sign.txt")));
+  EXPECT_EQ(s.signature, slurp(c.dir / (kind + "-signature.txt")));
+}
+
 class SigV4Suite : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SigV4Suite, HeaderSigning) {
   Case c = load(GetParam());
   Signature s = sign_headers(c.request, c.credentials, c.params);
-  EXPECT_EQ(s.canonical_request, slurp(c.dir / "header-canonical-request.txt"));
-  EXPECT_EQ(s.string_to_sign, slurp(c.dir / "header-string-to-sign.txt"));
-  EXPECT_EQ(s.signature, slurp(c.dir / "header-signature.txt"));
+  expect_signature(c, s, "header");
   // The signed request: the original lines plus what signing added, whatever their order.
   std::string signed_text = c.original_text.substr(0, c.original_text.find('\n')) + "\n" +
                             original_header_block(c.original_text) + "\n";
@@ -126,9 +131,7 @@ TEST_P(SigV4Suite, HeaderSigning) {
 TEST_P(SigV4Suite, QuerySigning) {
   Case c = load(GetParam());
   Signature s = sign_query(c.request, c.credentials, c.params);
-  EXPECT_EQ(s.canonical_request, slurp(c.dir / "query-canonical-request.txt"));
-  EXPECT_EQ(s.string_to_sign, slurp(c.dir / "query-string-to-sign.txt"));
-  EXPECT_EQ(s.signature, slurp(c.dir / "query-signature.txt"));
+  expect_signature(c, s, "query");
   std::string expected = slurp(c.dir / "query-signed-request.txt");
   std::string line = expected.substr(0, expected.find('\n'));
   EXPECT_EQ(c.request.method + " " + c.request.path + "?" + s.query + " HTTP/1.1", line);

@@ -11,8 +11,8 @@
 #include <atomic>
 #include <fstream>
 #include <iterator>
-#include <sstream>
 
+#include "cgroup.hpp"
 #include "process.hpp"
 #include "run_fixture.hpp"
 
@@ -36,43 +36,6 @@ std::vector<pid_t> marked(const std::string& mark) {
     if (slurp(e.path() / "environ").find(needle) != std::string::npos) out.push_back(std::stoi(name));
   }
   return out;
-}
-
-// This process's cgroup directory on the cgroup2 mount, where `skyforge` (its child) makes its
-// pools' cgroups; empty, with `why`, where it cannot (then the provider cannot either).
-fs::path cgroup_base(std::string& why) {
-  std::string self;
-  std::istringstream cg(slurp("/proc/self/cgroup"));
-  for (std::string line; std::getline(cg, line);)
-    if (line.rfind("0::", 0) == 0) self = line.substr(3);
-  fs::path mount;
-  std::string root;
-  std::istringstream mi(slurp("/proc/self/mountinfo"));
-  for (std::string line; std::getline(mi, line);) {
-    std::istringstream f(line);
-    std::string id, parent, dev, r, point;
-    f >> id >> parent >> dev >> r >> point;
-    const auto dash = line.find(" - cgroup2 ");
-    if (dash == std::string::npos) continue;
-    if (mount.empty() || point == "/sys/fs/cgroup") {
-      mount = point;
-      root = r;
-    }
-  }
-  if (self.empty() || mount.empty()) {
-    why = "no cgroup v2 here";
-    return {};
-  }
-  if (root != "/" && self.rfind(root, 0) != 0) {
-    why = "this test's cgroup is not under the cgroup2 mount";
-    return {};
-  }
-  fs::path base = mount / fs::path(root == "/" ? self : self.substr(root.size())).relative_path();
-  if (::access(base.c_str(), W_OK) != 0 || ::access((base / "cgroup.procs").c_str(), W_OK) != 0) {
-    why = "cgroup " + base.string() + " is not writable here";
-    return {};
-  }
-  return base;
 }
 
 // The pool cgroups a `skyforge` process (pid) made: skyforge-<pool>-<pid>.
@@ -129,7 +92,7 @@ class Reaper : public SkyforgeRunTest {
 
 TEST_F(Reaper, CgroupEndsEscapeesAfterANormalRunAndRemovesItsCgroups) {
   std::string why;
-  const fs::path base = cgroup_base(why);
+  const fs::path base = skyforge::local::cgroup::usable_base(why);
   if (base.empty()) GTEST_SKIP() << why;
   auto c = start_skyforge({"run", manifest("sleep 0.5").string()});
   ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
@@ -142,7 +105,7 @@ TEST_F(Reaper, CgroupEndsEscapeesAfterANormalRunAndRemovesItsCgroups) {
 
 TEST_F(Reaper, CgroupEndsEscapeesAfterTheirWorkerWasKilled) {
   std::string why;
-  const fs::path base = cgroup_base(why);
+  const fs::path base = skyforge::local::cgroup::usable_base(why);
   if (base.empty()) GTEST_SKIP() << why;
   auto c = start_skyforge({"run", manifest("sleep 300").string()});
   ASSERT_TRUE(c->wait_for_output("[node 0] up", 30));
@@ -162,7 +125,7 @@ TEST_F(Reaper, CgroupEndsEscapeesAfterTheirWorkerWasKilled) {
 TEST_F(Reaper, WithoutCgroupsTheWorkerEndsWhatItInheritedAtTheJobsEnd) {
   extra_env_["SKYFORGE_CGROUP"] = "off";
   std::string why;
-  const fs::path base = cgroup_base(why);
+  const fs::path base = skyforge::local::cgroup::usable_base(why);
   auto c = start_skyforge({"run", manifest("sleep 0.5").string()});
   ASSERT_TRUE(c->wait_for_output("[node 1] up", 30));
   if (!base.empty()) {

@@ -32,6 +32,7 @@
 #include "gpus.hpp"
 #include "local_provider.hpp"
 #include "netns.hpp"
+#include "provider_options.hpp"
 #include "spawn.hpp"
 
 namespace fs = std::filesystem;
@@ -121,9 +122,7 @@ class LocalProviderTest : public ::testing::Test {
   }
   std::unique_ptr<LocalProvider> make(std::map<std::string, std::string> opts = {}) {
     if (!opts.count("work_root")) opts["work_root"] = root_.string();
-    std::vector<sf_kv> kv;
-    for (auto& [k, v] : opts) kv.push_back({k.c_str(), v.c_str()});
-    skyforge::Context ctx{skyforge::Host(), skyforge::Options(kv.data(), kv.size())};
+    skyforge::Context ctx{skyforge::Host(), skyforge::test::options(opts)};
     return std::make_unique<LocalProvider>(ctx);
   }
   skyforge::Provisioned provision(LocalProvider& p, uint32_t nodes) {
@@ -798,10 +797,7 @@ TEST_F(LocalProviderTest, NetnsWithoutPrivilegesIsRefusedWithAClearMessage) {
       msg = "<cannot drop privileges>";
     } else {
       try {
-        std::map<std::string, std::string> o{{"isolation", "netns"}, {"work_root", root}};
-        std::vector<sf_kv> kv;
-        for (auto& [k, v] : o) kv.push_back({k.c_str(), v.c_str()});
-        LocalProvider lp(skyforge::Context{skyforge::Host(), skyforge::Options(kv.data(), kv.size())});
+        LocalProvider lp(skyforge::Context{skyforge::Host(), skyforge::test::options({{"isolation", "netns"}, {"work_root", root}})});
       } catch (const skyforge::Error& e) {
         msg = e.what();
       }

@@ -10,25 +10,14 @@
 #include <sys/stat.h>
 #include <functional>
 
+#include "provider_options.hpp"
 #include "slurm_provider.hpp"
 
 namespace skyforge::slurm {
 namespace {
 
-Options options(std::map<std::string, std::string> kv) {
-  std::vector<sf_kv> v;
-  for (auto& [k, val] : kv) v.push_back({k.c_str(), val.c_str()});
-  return Options(v.data(), v.size());
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
+using test::options;
 
 // The stage directories' program, run for real with sh as the nodes run it.
 struct StageDirs : ::testing::Test {

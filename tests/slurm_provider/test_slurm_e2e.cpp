@@ -8,16 +8,15 @@
 
 #include "process.hpp"
 #include "provider_e2e.hpp"
-#include "run_fixture.hpp"
+#include "provider_run_test.hpp"
 #include "slurm_cluster.hpp"
-#include "train_faults.hpp"
 
 namespace skyforge::test {
 namespace {
 
-class SlurmE2E : public SkyforgeRunTest {
+class SlurmE2E : public ProviderRunTest {
  protected:
-  SlurmE2E() : SkyforgeRunTest("skyforge-slurm-e2e") {}
+  SlurmE2E() : ProviderRunTest("skyforge-slurm-e2e") {}
 
   void SetUp() override {
     if (auto why = SlurmCluster::unavailable(); !why.empty()) GTEST_SKIP() << "no real Slurm cluster here: " << why;
@@ -57,9 +56,6 @@ class SlurmE2E : public SkyforgeRunTest {
   std::string slurm_pool(int nodes, const std::string& provider_extra = "", const std::string& pool_extra = "") const {
     return "[pool]\nprovider = \"slurm\"\nnodes = " + std::to_string(nodes) + "\n" + pool_extra +
            "\n[provider]\ntime_limit = \"10\"\nstage_dir = \"" + nodes_dir_.string() + "\"\n" + provider_extra + "\n";
-  }
-  Output run(const std::string& name, const std::string& manifest, double timeout_s = 120) {
-    return skyforge({"run", write(name, manifest).string()}, timeout_s);
   }
 
   std::unique_ptr<SlurmCluster> cluster_;
@@ -149,17 +145,12 @@ TEST_F(SlurmE2E, ABadSbatchOptionFailsWithSbatchsReason) {
 // the job resumes from the head's last checkpoint, and the run ends with the weights and history
 // of an uninterrupted run on the local provider, to the bit.
 TEST_F(SlurmE2E, ALostWorkerRestartsInItsStepAndTheRunEndsAsOnLocal) {
-  const fs::path ref = root_ / "local", out = root_ / "slurm";
-  Output local = run("local.toml", local_reference(ref), 240);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  auto c = start_skyforge({"run", write("slurm.toml", faulty_training(slurm_pool(2), 1, out, 4)).string()});
-  ASSERT_TRUE(wait_checkpoint(out, 2, 180));
-  kill_worker_of(nodes_dir_, 1);
-  Output o = c->wait(240);
-  ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
-  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
-  expect_ends_as(local, ref, o, out);
+  expect_restarted_run_ends_as_local(
+      slurm_pool(2), 180, [&](Child&) { kill_worker_of(nodes_dir_, 1); },
+      [](const Output& o) {
+        EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
+        EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
+      });
 }
 
 // A Slurm node that is gone ([job] max_restarts, [provider] spare_nodes = 1): every process of
@@ -168,22 +159,17 @@ TEST_F(SlurmE2E, ALostWorkerRestartsInItsStepAndTheRunEndsAsOnLocal) {
 // the weights and history of an uninterrupted run on the local provider, to the bit.
 TEST_F(SlurmE2E, ALostNodeMovesToASpareNodeAtRestartAndTheRunEndsAsOnLocal) {
   make_cluster(3);
-  const fs::path ref = root_ / "local", out = root_ / "slurm";
-  Output local = run("local.toml", local_reference(ref), 240);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  auto c = start_skyforge({"run", write("slurm.toml", faulty_training(slurm_pool(2, "spare_nodes = 1\n"), 1, out, 4)).string()});
-  ASSERT_TRUE(wait_checkpoint(out, 2, 180)) << c->err_so_far();
-  cluster_->kill_node(1);
-  Output o = c->wait(240);
-  ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.err.find("node 1 lost: "), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("slurm: node-1 moves from " + cluster_->node_names()[1] + " to the spare node " +
-                       cluster_->node_names()[2]),
-            std::string::npos)
-      << o.err;
-  EXPECT_NE(o.err.find("restart 1/1: node 1 replaced: now at " + cluster_->addresses()[2]), std::string::npos) << o.err;
-  print_replacement(o.err);
-  expect_ends_as(local, ref, o, out);
+  expect_restarted_run_ends_as_local(
+      slurm_pool(2, "spare_nodes = 1\n"), 180, [&](Child&) { cluster_->kill_node(1); },
+      [&](const Output& o) {
+        EXPECT_NE(o.err.find("slurm: node-1 moves from " + cluster_->node_names()[1] + " to the spare node " +
+                             cluster_->node_names()[2]),
+                  std::string::npos)
+            << o.err;
+        EXPECT_NE(o.err.find("restart 1/1: node 1 replaced: now at " + cluster_->addresses()[2]), std::string::npos)
+            << o.err;
+        print_replacement(o.err);
+      });
   // The job was cancelled; Slurm ends it once it has declared the lost node down (SlurmdTimeout,
   // 10 s in this cluster): then nothing is left (TearDown).
   for (int i = 0; i < 600 && skyforge_jobs() != ""; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));

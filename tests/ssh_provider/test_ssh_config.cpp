@@ -10,25 +10,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "provider_options.hpp"
 #include "ssh_provider.hpp"
 
 namespace skyforge::ssh {
 namespace {
 
-Options options(std::map<std::string, std::string> kv) {
-  std::vector<sf_kv> v;
-  for (auto& [k, val] : kv) v.push_back({k.c_str(), val.c_str()});
-  return Options(v.data(), v.size());
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
+using test::options;
 
 TEST(SshHosts, EntriesNameUserHostAndPort) {
   auto h = parse_host("alice@10.0.0.5");

@@ -15,16 +15,15 @@
 
 #include "process.hpp"
 #include "provider_e2e.hpp"
-#include "run_fixture.hpp"
+#include "provider_run_test.hpp"
 #include "sshd_hosts.hpp"
-#include "train_faults.hpp"
 
 namespace skyforge::test {
 namespace {
 
-class SshE2E : public SkyforgeRunTest {
+class SshE2E : public ProviderRunTest {
  protected:
-  SshE2E() : SkyforgeRunTest("skyforge-ssh-e2e") {}
+  SshE2E() : ProviderRunTest("skyforge-ssh-e2e") {}
 
   void SetUp() override {
     if (auto why = SshdHosts::unavailable(); !why.empty()) GTEST_SKIP() << "no real sshd hosts here: " << why;
@@ -57,9 +56,6 @@ class SshE2E : public SkyforgeRunTest {
            "\n[provider]\nhosts = " + hosts_->hosts_toml() + "\nslots_per_host = " + std::to_string(slots) +
            "\nssh_config = \"" + hosts_->ssh_config().string() + "\"\nremote_dir = \"" + remote_.string() + "\"\n" +
            provider_extra + "\n";
-  }
-  Output run(const std::string& name, const std::string& manifest, double timeout_s = 120) {
-    return skyforge({"run", write(name, manifest).string()}, timeout_s);
   }
   // The store's files and their identity: a file copied again gets a new inode.
   std::map<std::string, ino_t> store() const {
@@ -360,17 +356,12 @@ TEST_F(SshE2E, ANodesDirectoryAndFilesAreTheUsersAlone) {
 // node directory, the job resumes from the head's last checkpoint, and the run ends with the
 // weights and history of an uninterrupted run on the local provider, to the bit.
 TEST_F(SshE2E, ALostWorkerRestartsOnItsHostAndTheRunEndsAsOnLocal) {
-  const fs::path ref = root_ / "local", out = root_ / "ssh";
-  Output local = run("local.toml", local_reference(ref), 240);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  auto c = start_skyforge({"run", write("ssh.toml", faulty_training(ssh_pool(2), 1, out, 4)).string()});
-  ASSERT_TRUE(wait_checkpoint(out, 2));
-  kill_worker_of(remote_, 1);
-  Output o = c->wait(240);
-  ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
-  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
-  expect_ends_as(local, ref, o, out);
+  expect_restarted_run_ends_as_local(
+      ssh_pool(2), 120, [&](Child&) { kill_worker_of(remote_, 1); },
+      [](const Output& o) {
+        EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
+        EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
+      });
 }
 
 // A host that goes away ([job] max_restarts, a spare host listed): node 1's sshd is killed with
@@ -380,21 +371,15 @@ TEST_F(SshE2E, ALostWorkerRestartsOnItsHostAndTheRunEndsAsOnLocal) {
 TEST_F(SshE2E, ALostHostIsReplacedByASpareOneAtRestartAndTheRunEndsAsOnLocal) {
   hosts_.reset();
   hosts_ = std::make_unique<SshdHosts>(root_ / "hosts3", 3);
-  const fs::path ref = root_ / "local", out = root_ / "ssh";
-  Output local = run("local.toml", local_reference(ref), 240);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  auto c = start_skyforge({"run", write("ssh.toml", faulty_training(ssh_pool(2), 1, out, 4)).string()});
-  ASSERT_TRUE(wait_checkpoint(out, 2));
-  hosts_->stop_sshd(1);  // node 1's host
-  Output o = c->wait(240);
-  ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.err.find("node 1 lost: "), std::string::npos) << o.err;
-  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(restart 1/1: node 1 cannot take a worker \(.*\); the 'ssh' provider gives it another machine)")))
-      << o.err;
-  EXPECT_NE(o.err.find("restart 1/1: node 1 replaced: now at " + hosts_->addresses()[2]), std::string::npos) << o.err;
-  print_replacement(o.err);
-  EXPECT_NE(o.out.find("[node 1] => "), std::string::npos) << o.out;
-  expect_ends_as(local, ref, o, out);
+  expect_restarted_run_ends_as_local(
+      ssh_pool(2), 120, [&](Child&) { hosts_->stop_sshd(1); },  // node 1's host
+      [&](const Output& o) {
+        EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(restart 1/1: node 1 cannot take a worker \(.*\); the 'ssh' provider gives it another machine)")))
+            << o.err;
+        EXPECT_NE(o.err.find("restart 1/1: node 1 replaced: now at " + hosts_->addresses()[2]), std::string::npos) << o.err;
+        print_replacement(o.err);
+        EXPECT_NE(o.out.find("[node 1] => "), std::string::npos) << o.out;
+      });
 }
 
 // Without a spare host the restart fails saying what would have saved the run, and tears down.
