@@ -51,7 +51,11 @@ class PoolRun final : private Recovery::Pool {
   void wait_joined();
   void send_jobs();
   void wait_ready();
-  void rejoin() override { wait_joined(), send_jobs(), wait_ready(); }  // after a restart
+  void rejoin() override {  // after a restart
+    wait_joined();
+    send_jobs();
+    wait_ready();
+  }
   void execute();
   void teardown();
   sf_status terminate_nodes();  // provider.terminate for every node made so far
