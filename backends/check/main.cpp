@@ -18,10 +18,9 @@ namespace {
 
 constexpr int kExitUsage = 2;  // as `skyforge`'s, and a backend that cannot run here
 
-// argv[0] as a command name: "skyforge backend-check" as given, else the file name of the path.
+// argv[0] as a command name: the file name of a path, else as given ("skyforge backend-check").
 const char* program_name(const char* argv0) {
   if (!argv0 || !*argv0) return "skyforge-backend-check";
-  if (std::strchr(argv0, ' ')) return argv0;
   const char* slash = std::strrchr(argv0, '/');
   return slash ? slash + 1 : argv0;
 }
