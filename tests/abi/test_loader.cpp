@@ -8,12 +8,14 @@
 #include <thread>
 #include <vector>
 
+#include "../support/contains.hpp"
 #include "env.hpp"
 #include "lent.hpp"
 #include "loader.hpp"
 #include "services.hpp"
 
 using namespace skyforge;
+using skyforge::test::contains;
 
 namespace {
 
@@ -84,43 +86,41 @@ TEST_F(LoaderTest, AShorterHookTableIsAdaptedAndItsMissingHooksAreNull) {
 
 TEST_F(LoaderTest, MajorMismatchQuotesBothVersionsAndTheFile) {
   std::string e = load_error(fixture("abi_major_mismatch"));
-  EXPECT_NE(e.find(fixture("abi_major_mismatch")), std::string::npos) << e;
-  EXPECT_NE(e.find(std::to_string(SKYFORGE_ABI_MAJOR + 1) + "." + std::to_string(SKYFORGE_ABI_MINOR)), std::string::npos) << e;
-  EXPECT_NE(e.find(std::to_string(SKYFORGE_ABI_MAJOR) + "." + std::to_string(SKYFORGE_ABI_MINOR)), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, fixture("abi_major_mismatch")));
+  EXPECT_TRUE(contains(e, std::to_string(SKYFORGE_ABI_MAJOR + 1) + "." + std::to_string(SKYFORGE_ABI_MINOR)));
+  EXPECT_TRUE(contains(e, std::to_string(SKYFORGE_ABI_MAJOR) + "." + std::to_string(SKYFORGE_ABI_MINOR)));
 }
 
 TEST_F(LoaderTest, MinorTooNewQuotesBothVersions) {
   std::string e = load_error(fixture("abi_minor_too_new"));
-  EXPECT_NE(e.find(fixture("abi_minor_too_new")), std::string::npos) << e;
-  EXPECT_NE(e.find(std::to_string(SKYFORGE_ABI_MAJOR) + "." + std::to_string(SKYFORGE_ABI_MINOR + 1)), std::string::npos) << e;
-  EXPECT_NE(e.find("newer than host ABI " + std::to_string(SKYFORGE_ABI_MAJOR) + "." +
-                   std::to_string(SKYFORGE_ABI_MINOR)),
-            std::string::npos)
-      << e;
+  EXPECT_TRUE(contains(e, fixture("abi_minor_too_new")));
+  EXPECT_TRUE(contains(e, std::to_string(SKYFORGE_ABI_MAJOR) + "." + std::to_string(SKYFORGE_ABI_MINOR + 1)));
+  EXPECT_TRUE(contains(
+      e, "newer than host ABI " + std::to_string(SKYFORGE_ABI_MAJOR) + "." + std::to_string(SKYFORGE_ABI_MINOR)));
 }
 
 TEST_F(LoaderTest, MissingRequiredHookIsNamed) {
   std::string e = load_error(fixture("missing_required_hook"));
-  EXPECT_NE(e.find(fixture("missing_required_hook")), std::string::npos) << e;
-  EXPECT_NE(e.find("'terminate'"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, fixture("missing_required_hook")));
+  EXPECT_TRUE(contains(e, "'terminate'"));
 }
 
 TEST_F(LoaderTest, DescriptorTooSmallIsRefusedBeforeAnyFieldPastTheVersion) {
   std::string e = load_error(fixture("descriptor_too_small"));
-  EXPECT_NE(e.find(fixture("descriptor_too_small")), std::string::npos) << e;
-  EXPECT_NE(e.find("descriptor too small (16 bytes)"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, fixture("descriptor_too_small")));
+  EXPECT_TRUE(contains(e, "descriptor too small (16 bytes)"));
 }
 
 TEST_F(LoaderTest, DescriptorWithoutANameIsRefused) {
   std::string e = load_error(fixture("no_name"));
-  EXPECT_NE(e.find(fixture("no_name")), std::string::npos) << e;
-  EXPECT_NE(e.find("has no name"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, fixture("no_name")));
+  EXPECT_TRUE(contains(e, "has no name"));
 }
 
 TEST_F(LoaderTest, DescriptorWithoutCreateIsRefusedNamingThePlugin) {
   std::string e = load_error(fixture("no_create"));
-  EXPECT_NE(e.find(fixture("no_create")), std::string::npos) << e;
-  EXPECT_NE(e.find("plugin 'no_create' is missing create/destroy/last_error"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, fixture("no_create")));
+  EXPECT_TRUE(contains(e, "plugin 'no_create' is missing create/destroy/last_error"));
 }
 
 TEST_F(LoaderTest, PluginTomlAbiMustBeTheOneTheLibraryDeclares) {
@@ -129,28 +129,25 @@ TEST_F(LoaderTest, PluginTomlAbiMustBeTheOneTheLibraryDeclares) {
   // So does the SDK's SKYFORGE_PLUGIN(): a C++ plugin that asks for 1.0 would load in a 1.0 host.
   EXPECT_EQ(loader.load(fixture("sdk_app"), "sdk_app", SF_KIND_APP, std::make_pair(1, 0)).abi_minor, 0);
   std::string e = load_error(fixture("init_fails"), "init_fails", std::nullopt, std::make_pair(1, 1));
-  EXPECT_NE(e.find(fixture("init_fails")), std::string::npos) << e;
-  EXPECT_NE(e.find("plugin.toml says abi \"1.1\" but the library declares ABI 1.0"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, fixture("init_fails")));
+  EXPECT_TRUE(contains(e, "plugin.toml says abi \"1.1\" but the library declares ABI 1.0"));
 }
 
 TEST_F(LoaderTest, ComputeBackendMissingItsHooksIsRefusedAtLoad) {
   std::string e = load_error(fixture("compute_without_hooks"));
-  EXPECT_NE(e.find(fixture("compute_without_hooks")), std::string::npos) << e;
-  EXPECT_NE(e.find("compute_backend plugin 'compute_without_hooks' lacks the required hook 'engine_create'"),
-            std::string::npos)
-      << e;
+  EXPECT_TRUE(contains(e, fixture("compute_without_hooks")));
+  EXPECT_TRUE(contains(e, "compute_backend plugin 'compute_without_hooks' lacks the required hook 'engine_create'"));
 }
 
 // Bound data (ABI 1.8): a caller that finds bind_data uses the other four, so a table with some
 // of them is refused at load, naming the five.
 TEST_F(LoaderTest, ComputeBackendWithSomeBoundDataHooksIsRefusedAtLoad) {
   std::string e = load_error(fixture("compute_partial_bound"));
-  EXPECT_NE(e.find(fixture("compute_partial_bound")), std::string::npos) << e;
-  EXPECT_NE(e.find("compute_backend plugin 'compute_partial_bound' has some of the bound-data hooks (ABI 1.8) but "
-                   "not all: bind_data, release_data, train_step_indexed, eval_step_indexed and take_results go "
-                   "together"),
-            std::string::npos)
-      << e;
+  EXPECT_TRUE(contains(e, fixture("compute_partial_bound")));
+  EXPECT_TRUE(contains(e,
+                       "compute_backend plugin 'compute_partial_bound' has some of the bound-data hooks (ABI 1.8) but "
+                       "not all: bind_data, release_data, train_step_indexed, eval_step_indexed and take_results go "
+                       "together"));
 }
 
 TEST_F(LoaderTest, TaskBackendsHaveTheirHooksFromAbi1_5) {
@@ -159,11 +156,11 @@ TEST_F(LoaderTest, TaskBackendsHaveTheirHooksFromAbi1_5) {
   EXPECT_NE(std::get<sf_task_hooks>(ok.table).next_batch, nullptr);
   EXPECT_EQ(std::get<sf_task_hooks>(ok.table).plan, nullptr);  // optional, absent
   std::string e = load_error(fixture("task_without_state"));
-  EXPECT_NE(e.find("task_backend plugin 'task_without_state' lacks the required hook 'state'"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, "task_backend plugin 'task_without_state' lacks the required hook 'state'"));
   // Before 1.5 the kind existed without hooks: such a library can run no job.
   e = load_error(fixture("task_backend_v1_4"));
-  EXPECT_NE(e.find(fixture("task_backend_v1_4")), std::string::npos) << e;
-  EXPECT_NE(e.find("declares ABI 1.4; task backends have hooks from ABI 1.5 on"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, fixture("task_backend_v1_4")));
+  EXPECT_TRUE(contains(e, "declares ABI 1.4; task backends have hooks from ABI 1.5 on"));
 }
 
 TEST_F(LoaderTest, InitFailureCarriesThePluginsMessage) {
@@ -181,33 +178,33 @@ TEST_F(LoaderTest, InitFailureCarriesThePluginsMessage) {
 TEST_F(LoaderTest, TwoLibrariesClaimingOneNameAreBothNamed) {
   loader.load(fixture("dup_a"));
   std::string e = load_error(fixture("dup_b"));
-  EXPECT_NE(e.find("'dup'"), std::string::npos) << e;
-  EXPECT_NE(e.find(fixture("dup_a")), std::string::npos) << e;
-  EXPECT_NE(e.find(fixture("dup_b")), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, "'dup'"));
+  EXPECT_TRUE(contains(e, fixture("dup_a")));
+  EXPECT_TRUE(contains(e, fixture("dup_b")));
 }
 
 TEST_F(LoaderTest, NotAPluginAtAll) {
   std::string path = std::string(FIXTURES) + "/not_a_plugin/libnot_a_plugin.so";
   std::string e = load_error(path);
-  EXPECT_NE(e.find(path), std::string::npos) << e;
-  EXPECT_NE(e.find("not a skyforge plugin"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, path));
+  EXPECT_TRUE(contains(e, "not a skyforge plugin"));
 }
 
 TEST_F(LoaderTest, MissingFileAndNonLibrary) {
   std::string e = load_error(std::string(FIXTURES) + "/nope/libnope.so");
-  EXPECT_NE(e.find("not found"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, "not found"));
   e = load_error(std::string(FIXTURES) + "/ok_v1_0/plugin.toml");
-  EXPECT_NE(e.find("cannot load shared library"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, "cannot load shared library"));
 }
 
 TEST_F(LoaderTest, EntryReturningNullIsRefused) {
   std::string e = load_error(fixture("entry_returns_null"));
-  EXPECT_NE(e.find("no descriptor"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, "no descriptor"));
 }
 
 TEST_F(LoaderTest, NameAndKindMustMatchWhatPluginTomlSays) {
   std::string e = load_error(fixture("ok_v1_0"), "something_else");
-  EXPECT_NE(e.find("something_else"), std::string::npos) << e;
+  EXPECT_TRUE(contains(e, "something_else"));
   Loader other(services.table());
   try {
     other.load(fixture("ok_v1_0"), "ok_v1_0", SF_KIND_PROVIDER);

@@ -122,8 +122,8 @@ TEST_F(Collectives, ThreeNodesInNetworkNamespaces) {
 // timeout, 300 s by default), naming the node; the others, blocked in the rendezvous, are torn down.
 TEST_F(Collectives, NodeThrowingBeforeTheCollectiveFailsTheRunNamingIt) {
   Output o = run_failing("throw.toml", 3, "COLL_MODE = \"throw\"");
-  EXPECT_NE(o.err.find("node 1 failed"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("gives up before the collective on purpose"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "node 1 failed"));
+  EXPECT_TRUE(contains(o.err, "gives up before the collective on purpose"));
 }
 
 TEST_F(Collectives, NodeExitingBeforeTheCollectiveFailsTheRunNamingIt) {
@@ -135,23 +135,23 @@ TEST_F(Collectives, NodeExitingBeforeTheCollectiveFailsTheRunNamingIt) {
 // fails at once naming it; its peer's next collective fails instead of hanging.
 TEST_F(Collectives, NodeThrowingAfterJoiningFailsTheRunNamingIt) {
   Output o = run_failing("throw_after.toml", 2, "COLL_MODE = \"throw_after\"");
-  EXPECT_NE(o.err.find("node 1 failed"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("gives up after joining on purpose"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "node 1 failed"));
+  EXPECT_TRUE(contains(o.err, "gives up after joining on purpose"));
 }
 
 // A node that never calls communicator() (but does not fail): the others' rendezvous gives up
 // after the collective timeout with a message naming the missing node.
 TEST_F(Collectives, NodeSkippingTheCollectiveIsNamedAfterTheTimeout) {
   Output o = run_failing("skip.toml", 3, "COLL_MODE = \"skip\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"");
-  EXPECT_NE(o.err.find("node 1 did not join the communicator within 3 s"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "node 1 did not join the communicator within 3 s"));
 }
 
 // A node that joins, then stalls: the others' allreduce times out with a clear error.
 TEST_F(Collectives, StalledPeerTimesOutWithAClearError) {
   Output o = run_failing("stall.toml", 2, "COLL_MODE = \"stall\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"");
-  EXPECT_NE(o.err.find("node 0 failed"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("allreduce failed on node 0"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("within 3 s"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "node 0 failed"));
+  EXPECT_TRUE(contains(o.err, "allreduce failed on node 0"));
+  EXPECT_TRUE(contains(o.err, "within 3 s"));
 }
 
 // The host's collective watchdog (label faults): every node reports its collectives with its
@@ -207,10 +207,9 @@ TEST_F(Watchdog, ANodeThatNeverEntersTheFirstCollectiveIsNamed) {
   const double named = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Output o = c->wait(60);
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
-  EXPECT_NE(o.err.find("node 1 never entered allreduce #1 (node 0 waiting 2 s, [job] collective_timeout = 2 s); "
-                       "node 1 has made no collective call yet"),
-            std::string::npos)
-      << o.err;
+  EXPECT_TRUE(contains(o.err,
+                       "node 1 never entered allreduce #1 (node 0 waiting 2 s, [job] collective_timeout = 2 s); "
+                       "node 1 has made no collective call yet"));
   std::printf("[ figure ] a node that never enters a collective: named %.2f s after the run started (collective_timeout 2 s)\n",
               named);
   EXPECT_LT(named, 10);
@@ -240,7 +239,7 @@ TEST_F(Watchdog, ANodeWhoseLinkIsCutIsNamed) {
   const double named = seconds_since(t0);
   Output o = c->wait(60);
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
-  EXPECT_NE(o.err.find("node 1 lost"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "node 1 lost"));
   std::printf("[ figure ] a node whose link is cut: named %.1f s after the cut\n", named);
   EXPECT_LT(named, 10);
 }
@@ -304,8 +303,8 @@ TEST_F(Watchdog, ANodeWhoseLinkIsThrottledIsFound) {
 // once instead of waiting out the timeout for nodes that never run the app.
 TEST_F(Collectives, SingleModeHasNoCommunicator) {
   Output o = run_failing("single.toml", 2, "", "", "mode = \"single\"\n");
-  EXPECT_NE(o.err.find("node 0 failed"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("with mode = \"single\" only the head runs it"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "node 0 failed"));
+  EXPECT_TRUE(contains(o.err, "with mode = \"single\" only the head runs it"));
 }
 
 // Compute backends listed in [[plugins]] are created on every node with their options, found
@@ -319,16 +318,14 @@ TEST_F(Collectives, ComputeBackendsAreLentByNameAndDestroyedAfterTheApp) {
                   "[job]\napp = \"collective_check\"\nplugin_path = [\"" + COLL_FIXTURES + "\"]\n";
   Output o = run({"run", write("backend.toml", m).string()}, 60);
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
-  EXPECT_NE(o.out.find("[coll_backend_a] coll_backend_a tag=alpha"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("[coll_backend_b] coll_backend_b tag=none"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("[] error(2): compute_backend(selected): no compute backend is selected (loaded: "
-                       "'coll_backend_a', 'coll_backend_b'; pass a name)"),
-            std::string::npos)
-      << o.out;
-  EXPECT_NE(o.out.find("[no_such_backend] error(2): compute_backend(no_such_backend): no compute backend named "
-                       "'no_such_backend' (loaded: 'coll_backend_a', 'coll_backend_b')"),
-            std::string::npos)
-      << o.out;
+  EXPECT_TRUE(contains(o.out, "[coll_backend_a] coll_backend_a tag=alpha"));
+  EXPECT_TRUE(contains(o.out, "[coll_backend_b] coll_backend_b tag=none"));
+  EXPECT_TRUE(contains(o.out,
+                       "[] error(2): compute_backend(selected): no compute backend is selected (loaded: "
+                       "'coll_backend_a', 'coll_backend_b'; pass a name)"));
+  EXPECT_TRUE(contains(o.out,
+                       "[no_such_backend] error(2): compute_backend(no_such_backend): no compute backend named "
+                       "'no_such_backend' (loaded: 'coll_backend_a', 'coll_backend_b')"));
   std::ifstream in(trace);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(text, "destroy app\ndestroy coll_backend_b\ndestroy coll_backend_a\n");

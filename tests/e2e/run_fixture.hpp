@@ -15,6 +15,7 @@
 #include <system_error>
 #include <vector>
 
+#include "../support/contains.hpp"
 #include "process.hpp"
 
 namespace skyforge::test {

@@ -63,8 +63,7 @@ TEST_F(E2E, BroadcastNativeAppRunsOnEveryNode) {
   Output o = run({"run", m.string()});
   ASSERT_EQ(o.exit_code, 0) << o.err;
   for (int i = 0; i < 4; ++i)
-    EXPECT_NE(o.out.find("[node " + std::to_string(i) + "] => node " + std::to_string(i) + "/4"), std::string::npos)
-        << o.out;
+    EXPECT_TRUE(contains(o.out, "[node " + std::to_string(i) + "] => node " + std::to_string(i) + "/4"));
 }
 
 TEST_F(E2E, SingleModeRunsOnTheHeadOnly) {
@@ -72,7 +71,7 @@ TEST_F(E2E, SingleModeRunsOnTheHeadOnly) {
   Output o = run({"run", m.string()});
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(count(o.out, "] => node "), 1) << o.out;
-  EXPECT_NE(o.out.find("[node 0] => node 0/3"), std::string::npos) << o.out;
+  EXPECT_TRUE(contains(o.out, "[node 0] => node 0/3"));
 }
 
 TEST_F(E2E, MapReturnsResultsInInputOrderAcrossAllSlots) {
@@ -114,19 +113,18 @@ TEST_F(E2E, StderrIsStreamedAndHeadPolicyKeepsOnlyTheHead) {
                                                "stdout = \"head\"\n"));
   Output o = run({"run", m.string()});
   ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.out.find("[node 0] out-0"), std::string::npos) << o.out;
+  EXPECT_TRUE(contains(o.out, "[node 0] out-0"));
   EXPECT_EQ(o.out.find("out-1"), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("out-2"), std::string::npos) << o.out;
-  for (int i = 0; i < 3; ++i)
-    EXPECT_NE(o.err.find("[node " + std::to_string(i) + "] err-" + std::to_string(i)), std::string::npos) << o.err;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(contains(o.err, "[node " + std::to_string(i) + "] err-" + std::to_string(i)));
 }
 
 TEST_F(E2E, NonZeroExitFailsTheRunAndNamesTheNode) {
   auto m = write("fail.toml", command_manifest(3, "if [ $SKYFORGE_NODE = 1 ]; then exit 3; fi"));
   Output o = run({"run", m.string()});
   EXPECT_EQ(o.exit_code, 1);
-  EXPECT_NE(o.err.find("node 1"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("exit 3"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "node 1"));
+  EXPECT_TRUE(contains(o.err, "exit 3"));
 }
 
 TEST_F(E2E, EnvPassesAVariableByNameToEveryNodesJob) {
@@ -134,18 +132,18 @@ TEST_F(E2E, EnvPassesAVariableByNameToEveryNodesJob) {
   extra_env_["SF_TEST_TOKEN"] = "s3cr3t";
   Output o = run({"run", "--env", "SF_TEST_TOKEN", m.string()});
   ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.out.find("[node 0] token=s3cr3t"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("[node 1] token=s3cr3t"), std::string::npos) << o.out;
+  EXPECT_TRUE(contains(o.out, "[node 0] token=s3cr3t"));
+  EXPECT_TRUE(contains(o.out, "[node 1] token=s3cr3t"));
   o = run({"run", "--env", "SF_TEST_NOT_SET", m.string()});
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_NE(o.err.find("--env SF_TEST_NOT_SET: not set in this environment"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "--env SF_TEST_NOT_SET: not set in this environment"));
 }
 
 TEST_F(E2E, NodesTheTeardownStoppedAreNotReportedAsFailed) {
   auto m = write("onefails.toml", command_manifest(3, "if [ $SKYFORGE_NODE = 1 ]; then exit 3; fi; exec sleep 30"));
   Output o = run({"run", m.string()});
   EXPECT_EQ(o.exit_code, 1);
-  EXPECT_NE(o.err.find("command failed on node 1 (exit 3)"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "command failed on node 1 (exit 3)"));
   EXPECT_EQ(o.err.find("signal 15"), std::string::npos) << o.err;
   EXPECT_LT(o.seconds, 20) << "the others were stopped, not waited for";
 }
@@ -154,14 +152,14 @@ TEST_F(E2E, BadManifestIsRefusedBeforeAnythingStarts) {
   auto m = write("bad.toml", "[pool]\nnodes = 0\n[job]\napp = \"hello\"\n");
   Output o = run({"run", m.string()});
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_NE(o.err.find("bad.toml:2:"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("nodes"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "bad.toml:2:"));
+  EXPECT_TRUE(contains(o.err, "nodes"));
   auto m2 = write("missing.toml", "[pool]\nnodes = 1\n[job]\napp = \"no_such_app\"\n");
   o = run({"validate", m2.string()});
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_NE(o.err.find("missing.toml:4:"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("no_such_app"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("searched"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "missing.toml:4:"));
+  EXPECT_TRUE(contains(o.err, "no_such_app"));
+  EXPECT_TRUE(contains(o.err, "searched"));
 }
 
 TEST_F(E2E, APluginRefusingItsOptionsIsAManifestErrorAtThatOption) {
@@ -189,7 +187,7 @@ TEST_F(E2E, ValidateAndPluginsAndHelp) {
   for (std::string cmd : {"run", "validate", "plugins"}) {
     o = run({cmd, "--help"});
     EXPECT_EQ(o.exit_code, 0) << cmd;
-    EXPECT_NE(o.out.find("usage: skyforge " + cmd), std::string::npos) << o.out;
+    EXPECT_TRUE(contains(o.out, "usage: skyforge " + cmd));
   }
   o = run({"--help"});
   EXPECT_EQ(o.exit_code, 0);
@@ -208,7 +206,7 @@ TEST_F(E2E, PluginsWithAManifestSearchesItsPluginPathToo) {
   auto bad = write("broken.toml", "[pool]\nnodes = \"two\"\n");
   o = run({"plugins", bad.string()});
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_NE(o.err.find("broken.toml:2:"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "broken.toml:2:"));
 }
 
 TEST_F(E2E, FrameworkHooksEnterInManifestOrderAndExitInReverseEvenOnFailure) {
@@ -242,9 +240,9 @@ TEST_F(E2E, JobConfigIsTheSameOnTheClientAndOnEveryNode) {
   auto app = write("app.toml", "[pool]\nnodes = 1\n" + plugins + "[job]\n" + path + "app = \"hello\"\n");
   o = run({"run", app.string()});
   ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.out.find("client job.kind=app\n"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("[node 0] node job.app=hello\n"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("client job.timeout=(none)\n"), std::string::npos) << o.out;
+  EXPECT_TRUE(contains(o.out, "client job.kind=app\n"));
+  EXPECT_TRUE(contains(o.out, "[node 0] node job.app=hello\n"));
+  EXPECT_TRUE(contains(o.out, "client job.timeout=(none)\n"));
 }
 
 TEST_F(E2E, AFailedTaskOrAThrowingExitHookFailsTheNodesRun) {
@@ -254,7 +252,7 @@ TEST_F(E2E, AFailedTaskOrAThrowingExitHookFailsTheNodesRun) {
                                       "app = \"hello\"\nmode = \"map\"\ninputs = [\"1\", \"boom\", \"3\"]\n");
   Output o = run({"run", m.string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;
-  EXPECT_NE(o.out.find("[node 0] exit trace_a failed"), std::string::npos) << o.out;
+  EXPECT_TRUE(contains(o.out, "[node 0] exit trace_a failed"));
   // An exit hook that throws fails the run, names the plugin and the hook, and the other exit
   // hooks still run.
   auto e = write("exitthrow.toml", command_manifest(1, "true", path,
@@ -262,9 +260,8 @@ TEST_F(E2E, AFailedTaskOrAThrowingExitHookFailsTheNodesRun) {
                                                     "\"trace_b\"\nfail_exit = true\n"));
   o = run({"run", e.string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;
-  EXPECT_NE(o.err.find("plugin 'trace_b' around_app_exit: trace_b refuses to exit cleanly"), std::string::npos)
-      << o.err;
-  EXPECT_NE(o.out.find("[node 0] exit trace_a ok"), std::string::npos) << o.out;
+  EXPECT_TRUE(contains(o.err, "plugin 'trace_b' around_app_exit: trace_b refuses to exit cleanly"));
+  EXPECT_TRUE(contains(o.out, "[node 0] exit trace_a ok"));
 }
 
 // A native app that kills its worker: the run names the node, the signal (or exit status), the
@@ -279,31 +276,28 @@ TEST_F(E2E, AWorkerKilledByItsAppIsNamedWithTheSignalTheTaskAndTheApp) {
   };
   Output o = run({"run", map("segv.toml", "segv").string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;
-  EXPECT_NE(o.err.find(" lost: its worker was killed by SIGSEGV (Segmentation fault); its last words: "
-                       "skyforge-worker: task 5 (slot 0) of app 'crashy' died of SIGSEGV (signal 11)"),
-            std::string::npos)
-      << o.err;
+  EXPECT_TRUE(contains(o.err,
+                       " lost: its worker was killed by SIGSEGV (Segmentation fault); its last words: "
+                       "skyforge-worker: task 5 (slot 0) of app 'crashy' died of SIGSEGV (signal 11)"));
   EXPECT_EQ(o.err.find("connection reset by peer\n"), std::string::npos) << o.err;  // not the bare reason
 
   o = run({"run", map("abort.toml", "abort").string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;
-  EXPECT_NE(o.err.find(" lost: its worker was killed by SIGABRT (Aborted); its last words: "
-                       "skyforge-worker: task 5 (slot 0) of app 'crashy' died of SIGABRT (signal 6)"),
-            std::string::npos)
-      << o.err;
+  EXPECT_TRUE(contains(o.err,
+                       " lost: its worker was killed by SIGABRT (Aborted); its last words: "
+                       "skyforge-worker: task 5 (slot 0) of app 'crashy' died of SIGABRT (signal 6)"));
 
   o = run({"run", map("exit.toml", "exit3").string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;
-  EXPECT_NE(o.err.find(" lost: its worker exited with status 3"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, " lost: its worker exited with status 3"));
 
   // run() of a broadcast app: every node dies, the first one reported names run().
   auto b = write("run.toml", "[pool]\nnodes = 1\n[job]\n" + path + "app = \"crashy\"\n[job.options]\nrun = \"segv\"\n");
   o = run({"run", b.string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;
-  EXPECT_NE(o.err.find("node 0 lost: its worker was killed by SIGSEGV (Segmentation fault); its last words: "
-                       "skyforge-worker: run() of app 'crashy' died of SIGSEGV (signal 11)"),
-            std::string::npos)
-      << o.err;
+  EXPECT_TRUE(contains(o.err,
+                       "node 0 lost: its worker was killed by SIGSEGV (Segmentation fault); its last words: "
+                       "skyforge-worker: run() of app 'crashy' died of SIGSEGV (signal 11)"));
 }
 
 // A restart ([job] max_restarts) whose surviving node's native app never returns: the worker
@@ -321,12 +315,11 @@ TEST_F(E2E, ARestartGoesOnWhenASurvivorsAppNeverReturns) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_TRUE(fs::exists(marker.string() + ".stalled"));  // one node really stalled
-  EXPECT_NE(o.err.find("lost: its worker was killed by SIGKILL"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("warning: run() of app 'crashy' did not end within 8 s of the host's shutdown (restart); "
-                       "the worker ends without it"),
-            std::string::npos)
-      << o.err;
-  EXPECT_NE(o.err.find("restart 1/1: every node ready again"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "lost: its worker was killed by SIGKILL"));
+  EXPECT_TRUE(contains(o.err,
+                       "warning: run() of app 'crashy' did not end within 8 s of the host's shutdown (restart); "
+                       "the worker ends without it"));
+  EXPECT_TRUE(contains(o.err, "restart 1/1: every node ready again"));
   EXPECT_EQ(o.err.find("did not stop"), std::string::npos) << o.err;
   std::printf("kill -> stalled survivor left -> run done: %.1f s\n", seconds);
 
@@ -343,11 +336,10 @@ TEST_F(E2E, ARestartGoesOnWhenASurvivorsAppNeverReturns) {
   o = run({"run", c.string()});
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_TRUE(fs::exists(st));
-  EXPECT_NE(o.err.find("warning: the command did not end within 8 s of the host's shutdown (restart) and its "
-                       "SIGTERM; SIGKILL"),
-            std::string::npos)
-      << o.err;
-  EXPECT_NE(o.err.find("restart 1/1: every node ready again"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err,
+                       "warning: the command did not end within 8 s of the host's shutdown (restart) and its "
+                       "SIGTERM; SIGKILL"));
+  EXPECT_TRUE(contains(o.err, "restart 1/1: every node ready again"));
 }
 
 // A compute backend that says it cannot run (sf_compute_hooks::probe; the cuda backend without
@@ -372,14 +364,14 @@ TEST_F(E2E, AComputeBackendThatCannotRunHereStopsTheRunBeforeAnythingStarts) {
   EXPECT_EQ(o.out, "");
   o = run({"env", m.string()});  // env starts the pool as run would: it stops alike
   EXPECT_EQ(o.exit_code, 2) << o.err;
-  EXPECT_NE(o.err.find(":5:11: compute backend 'picky' cannot run on this machine"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, ":5:11: compute backend 'picky' cannot run on this machine"));
 
   // The client's machine has it, the nodes do not (what an ssh or slurm pool meets): each node
   // refuses before its job starts, naming itself and the reason; the command never runs.
   auto n = manifest("picky-nodes.toml", "missing = \"frobnicator\"\non = \"nodes\"\n");
   o = run({"run", n.string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;
-  EXPECT_NE(o.err.find("plugin 'picky' probe: picky: this machine has no frobnicator"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "plugin 'picky' probe: picky: this machine has no frobnicator"));
   EXPECT_EQ(o.out.find("ran"), std::string::npos) << o.out;
 
   // Nothing missing: the probe passes and the command runs on both nodes.
@@ -415,26 +407,23 @@ TEST_F(E2E, EachLocalNodeSeesOnlyItsOwnGpus) {
   for (int node = 0; node < 2; ++node) {
     Output o = run({"env", "--node", std::to_string(node), m.string()});
     ASSERT_EQ(o.exit_code, 0) << o.err;
-    EXPECT_NE(o.out.find(node == 0 ? "\nCUDA_VISIBLE_DEVICES=GPU-a,GPU-b\n" : "\nCUDA_VISIBLE_DEVICES=GPU-c,GPU-d\n"),
-              std::string::npos)
-        << o.out;
+    EXPECT_TRUE(
+        contains(o.out, node == 0 ? "\nCUDA_VISIBLE_DEVICES=GPU-a,GPU-b\n" : "\nCUDA_VISIBLE_DEVICES=GPU-c,GPU-d\n"));
   }
   auto too_many = write("gpus3.toml", "[pool]\nnodes = 3\naccelerator = \"A100:2\"\n[job]\ncommand = [\"true\"]\n");
   Output o = run({"run", too_many.string()});
   EXPECT_EQ(o.exit_code, 1) << o.err;
-  EXPECT_NE(o.err.find("local provider: [pool] accelerator = \"A100:2\" asks for 2 GPUs per node, 6 for 3 nodes; "
-                       "this machine offers 4 (CUDA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c,GPU-d)"),
-            std::string::npos)
-      << o.err;
+  EXPECT_TRUE(contains(o.err,
+                       "local provider: [pool] accelerator = \"A100:2\" asks for 2 GPUs per node, 6 for 3 nodes; "
+                       "this machine offers 4 (CUDA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c,GPU-d)"));
 
   // A machine that offers no GPU: the run goes on with a warning, CUDA_VISIBLE_DEVICES untouched.
   extra_env_["CUDA_VISIBLE_DEVICES"] = "";
   o = run({"run", m.string()});
   EXPECT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.err.find("asks for 2 GPUs per node, and this machine offers none (CUDA_VISIBLE_DEVICES=); "
-                       "CUDA_VISIBLE_DEVICES left as it is"),
-            std::string::npos)
-      << o.err;
+  EXPECT_TRUE(contains(o.err,
+                       "asks for 2 GPUs per node, and this machine offers none (CUDA_VISIBLE_DEVICES=); "
+                       "CUDA_VISIBLE_DEVICES left as it is"));
 }
 
 TEST_F(E2E, PoolSecretIsNeverVisibleToTheCommandOrInTheWorkersEnviron) {
@@ -457,8 +446,8 @@ TEST_F(E2E, ImageEnvAndFilesReachEveryNode) {
   Output o = run({"run", m.string()});
   ASSERT_EQ(o.exit_code, 0) << o.err;
   for (int i = 0; i < 2; ++i) {
-    EXPECT_NE(o.out.find("[node " + std::to_string(i) + "] foo=bar baz"), std::string::npos) << o.out;
-    EXPECT_NE(o.out.find("[node " + std::to_string(i) + "] payload-line"), std::string::npos) << o.out;
+    EXPECT_TRUE(contains(o.out, "[node " + std::to_string(i) + "] foo=bar baz"));
+    EXPECT_TRUE(contains(o.out, "[node " + std::to_string(i) + "] payload-line"));
   }
 }
 
@@ -504,7 +493,7 @@ TEST_F(E2E, WorkerKilledIsReportedLostAndPoolIsCleaned) {
   ::kill(workers()[0], SIGKILL);
   Output o = c->wait(30);
   EXPECT_EQ(o.exit_code, 1);
-  EXPECT_NE(o.err.find("lost"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "lost"));
 }
 
 TEST_F(E2E, CommandAppInheritsOnlyTheStandardDescriptors) {
@@ -549,7 +538,7 @@ TEST_F(E2E, KilledWorkerTakesItsCommandsDescendantsAlong) {
   ::kill(victim, SIGKILL);
   Output o = c->wait(30);
   EXPECT_EQ(o.exit_code, 1);
-  EXPECT_NE(o.err.find("lost"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "lost"));
   EXPECT_EQ(o.err.find("lease expired"), std::string::npos) << o.err;
   auto left = wait_no_processes_under(root_, 1);
   EXPECT_TRUE(left.empty()) << left.size() << " processes outlived the run, e.g. " << comm_of(left[0]);
@@ -598,7 +587,7 @@ TEST_F(E2E, StoppedWorkerIsDeclaredLostWithinFiveSeconds) {
   EXPECT_LE(lost_after, 5.0);
   Output o = c->wait(30);
   EXPECT_EQ(o.exit_code, 1);
-  EXPECT_NE(o.err.find("lease expired"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "lease expired"));
 }
 
 TEST_F(E2E, HostKilledWorkersExitOnTheirOwn) {
@@ -652,7 +641,7 @@ TEST_F(E2E, JobTimeoutFailsAndCleansUp) {
   auto m = write("timeout.toml", command_manifest(2, "exec sleep 120", "timeout = 1.5\n"));
   Output o = run({"run", m.string()});
   EXPECT_EQ(o.exit_code, 1);
-  EXPECT_NE(o.err.find("timeout"), std::string::npos) << o.err;
+  EXPECT_TRUE(contains(o.err, "timeout"));
 }
 
 TEST_F(E2E, NetnsIsolationGivesEachNodeItsOwnAddress) {
@@ -722,8 +711,8 @@ TEST_F(E2E, AConnectionFloodIsSummarisedAndTheJobGoesOn) {
   Output o = c->wait(60);
   for (int fd : held) ::close(fd);
   EXPECT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.out.find("[node 0] done"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("[node 1] done"), std::string::npos) << o.out;
+  EXPECT_TRUE(contains(o.out, "[node 0] done"));
+  EXPECT_TRUE(contains(o.out, "[node 1] done"));
   size_t lines = 0;
   for (size_t at = o.err.find("rejected"); at != std::string::npos; at = o.err.find("rejected", at + 1)) ++lines;
   EXPECT_GE(lines, 4u) << o.err;  // three verbatim, at least the final summary

@@ -10,6 +10,7 @@
 #include <regex>
 #include <set>
 
+#include "../support/env_map.hpp"
 #include "fw_e2e.hpp"
 
 using namespace skyforge::test;
@@ -30,33 +31,37 @@ TEST_F(FrameworkE2E, TorchGivesEveryNodeItsRankAndOneSharedMaster) {
     auto& e = envs[n];
     const std::string r = std::to_string(n);
     SCOPED_TRACE("node " + r);
-    EXPECT_EQ(e["RANK"], r);
-    EXPECT_EQ(e["WORLD_SIZE"], "3");
-    EXPECT_EQ(e["NODE_RANK"], r);
-    EXPECT_EQ(e["GROUP_RANK"], r);
-    EXPECT_EQ(e["GROUP_WORLD_SIZE"], "3");
-    EXPECT_EQ(e["ROLE_RANK"], r);
-    EXPECT_EQ(e["ROLE_WORLD_SIZE"], "3");
-    EXPECT_EQ(e["ROLE_NAME"], "default");
+    expect_vars(e, {
+        {"RANK", r},
+        {"WORLD_SIZE", "3"},
+        {"NODE_RANK", r},
+        {"GROUP_RANK", r},
+        {"GROUP_WORLD_SIZE", "3"},
+        {"ROLE_RANK", r},
+        {"ROLE_WORLD_SIZE", "3"},
+        {"ROLE_NAME", "default"},
+    });
     EXPECT_EQ(e["LOCAL_RANK"], r) << "three nodes share this machine";
     EXPECT_EQ(e["LOCAL_WORLD_SIZE"], "3");
     EXPECT_EQ(e["MASTER_ADDR"], envs[0]["MASTER_ADDR"]);
     EXPECT_FALSE(e["MASTER_ADDR"].empty());
-    EXPECT_EQ(e["MASTER_PORT"], port);
-    EXPECT_EQ(e["TORCHELASTIC_RUN_ID"], pool);
-    EXPECT_EQ(e["TORCHELASTIC_RESTART_COUNT"], "0");
-    EXPECT_EQ(e["TORCHELASTIC_MAX_RESTARTS"], "0");
-    EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "False");
-    EXPECT_EQ(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
-    EXPECT_EQ(e["PET_NNODES"], "3");
-    EXPECT_EQ(e["PET_NODE_RANK"], r);
-    EXPECT_EQ(e["PET_NPROC_PER_NODE"], "1");
-    EXPECT_EQ(e["PET_MASTER_ADDR"], e["MASTER_ADDR"]);
-    EXPECT_EQ(e["PET_MASTER_PORT"], port);
-    EXPECT_EQ(e["PET_RDZV_BACKEND"], "static");
-    EXPECT_EQ(e["PET_RDZV_ENDPOINT"], e["MASTER_ADDR"] + ":" + port);
-    EXPECT_EQ(e["PET_RDZV_ID"], pool);
-    EXPECT_EQ(e["SKYFORGE_TORCH_BACKEND"], "gloo");
+    expect_vars(e, {
+        {"MASTER_PORT", port},
+        {"TORCHELASTIC_RUN_ID", pool},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},
+        {"TORCHELASTIC_MAX_RESTARTS", "0"},
+        {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+        {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+        {"PET_NNODES", "3"},
+        {"PET_NODE_RANK", r},
+        {"PET_NPROC_PER_NODE", "1"},
+        {"PET_MASTER_ADDR", e["MASTER_ADDR"]},
+        {"PET_MASTER_PORT", port},
+        {"PET_RDZV_BACKEND", "static"},
+        {"PET_RDZV_ENDPOINT", e["MASTER_ADDR"] + ":" + port},
+        {"PET_RDZV_ID", pool},
+        {"SKYFORGE_TORCH_BACKEND", "gloo"},
+    });
   }
 }
 
@@ -94,10 +99,12 @@ TEST_F(FrameworkE2E, JaxGivesEveryProcessTheCoordinatorAndItsId) {
   ASSERT_TRUE(std::regex_match(coord, m, std::regex(R"(.+:(\d+))"))) << coord;
   for (int n = 0; n < 3; ++n) {
     auto& e = envs[n];
-    EXPECT_EQ(e["JAX_COORDINATOR_ADDRESS"], coord);
-    EXPECT_EQ(e["JAX_NUM_PROCESSES"], "3");
-    EXPECT_EQ(e["JAX_PROCESS_ID"], std::to_string(n));
-    EXPECT_EQ(e["JAX_LOCAL_DEVICE_COUNT"], "1");
+    expect_vars(e, {
+        {"JAX_COORDINATOR_ADDRESS", coord},
+        {"JAX_NUM_PROCESSES", "3"},
+        {"JAX_PROCESS_ID", std::to_string(n)},
+        {"JAX_LOCAL_DEVICE_COUNT", "1"},
+    });
     EXPECT_NE(e["PYTHONPATH"].find(".skyforge/jax"), std::string::npos) << e["PYTHONPATH"];
   }
 }
@@ -182,14 +189,16 @@ TEST_F(FrameworkE2E, HuggingfaceIsTheTorchEnvironmentPlusAccelerateOptions) {
     EXPECT_EQ(e["RANK"], std::to_string(n));
     EXPECT_EQ(e["WORLD_SIZE"], "2");
     EXPECT_TRUE(is_port(e["MASTER_PORT"]));
-    EXPECT_EQ(e["MASTER_PORT"], envs[0]["MASTER_PORT"]);
-    EXPECT_EQ(e["PET_NNODES"], "2");
-    EXPECT_EQ(e["ACCELERATE_MIXED_PRECISION"], "bf16");
-    EXPECT_EQ(e["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"], "4");
-    EXPECT_EQ(e["ACCELERATE_USE_FSDP"], "true");
-    EXPECT_EQ(e["HF_HUB_OFFLINE"], "1");
-    EXPECT_EQ(e["HF_DATASETS_OFFLINE"], "1");
-    EXPECT_EQ(e["TRANSFORMERS_OFFLINE"], "1");
+    expect_vars(e, {
+        {"MASTER_PORT", envs[0]["MASTER_PORT"]},
+        {"PET_NNODES", "2"},
+        {"ACCELERATE_MIXED_PRECISION", "bf16"},
+        {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4"},
+        {"ACCELERATE_USE_FSDP", "true"},
+        {"HF_HUB_OFFLINE", "1"},
+        {"HF_DATASETS_OFFLINE", "1"},
+        {"TRANSFORMERS_OFFLINE", "1"},
+    });
     EXPECT_TRUE(e["HF_HOME"].size() > 3 && e["HF_HOME"].substr(e["HF_HOME"].size() - 3) == "/hf") << e["HF_HOME"];
     EXPECT_EQ(e["HF_HOME"].front(), '/');
   }

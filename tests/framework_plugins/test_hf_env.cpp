@@ -4,18 +4,14 @@
 
 #include <map>
 
+#include "../support/env_map.hpp"
 #include "hf_env.hpp"
 
 using namespace skyforge::huggingface;
+using skyforge::test::as_map;
 namespace st = skyforge::torch;
 
 namespace {
-
-std::map<std::string, std::string> as_map(const EnvList& l) {
-  std::map<std::string, std::string> m;
-  for (const auto& [k, v] : l) EXPECT_TRUE(m.emplace(k, v).second) << "set twice: " << k;
-  return m;
-}
 
 TEST(HfEnv, NothingByDefault) { EXPECT_TRUE(environment(Settings{}).empty()); }
 

@@ -5,17 +5,13 @@
 #include <regex>
 #include <set>
 
+#include "../support/env_map.hpp"
 #include "jax_env.hpp"
 
 using namespace skyforge::jax;
+using skyforge::test::as_map;
 
 namespace {
-
-std::map<std::string, std::string> as_map(const EnvList& l) {
-  std::map<std::string, std::string> m;
-  for (const auto& [k, v] : l) EXPECT_TRUE(m.emplace(k, v).second) << "set twice: " << k;
-  return m;
-}
 
 Settings cpu(uint16_t port = 41000) {
   Settings s;

@@ -6,9 +6,11 @@
 #include <set>
 #include <sstream>
 
+#include "../support/env_map.hpp"
 #include "mig_env.hpp"
 
 using namespace skyforge::mig;
+using skyforge::test::as_map;
 
 namespace {
 
@@ -18,12 +20,6 @@ std::string listing(const std::string& name) {
   std::stringstream s;
   s << f.rdbuf();
   return s.str();
-}
-
-std::map<std::string, std::string> as_map(const EnvList& l) {
-  std::map<std::string, std::string> m;
-  for (const auto& [k, v] : l) EXPECT_TRUE(m.emplace(k, v).second) << "set twice: " << k;
-  return m;
 }
 
 TEST(MigParse, A100WithTwo3g40gbInstances) {

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/contains.hpp"
 #include "protocol.hpp"
 
 namespace sftest {
@@ -90,11 +91,7 @@ inline std::string reason(Latch<std::string>& latch, std::chrono::milliseconds t
   return why.value_or("");
 }
 
-// `text` contains `part`; the failure shows both.
-inline ::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
+using skyforge::test::contains;
 
 // Blocking POSIX TCP client with per-call timeouts.
 class RawPeer {

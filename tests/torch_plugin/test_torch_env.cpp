@@ -4,17 +4,13 @@
 #include <set>
 #include <stdexcept>
 
+#include "../support/env_map.hpp"
 #include "torch_env.hpp"
 
 using namespace skyforge::torch;
+using skyforge::test::as_map;
 
 namespace {
-
-std::map<std::string, std::string> as_map(const EnvList& l) {
-  std::map<std::string, std::string> m;
-  for (const auto& [k, v] : l) EXPECT_TRUE(m.emplace(k, v).second) << "set twice: " << k;
-  return m;
-}
 
 TEST(TorchRanks, OneProcessPerNodeOneNodePerMachineIsTorchrunsLayout) {
   for (uint32_t node = 0; node < 4; ++node) {

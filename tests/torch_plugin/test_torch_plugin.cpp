@@ -19,9 +19,12 @@
 
 #include <skyforge/abi.h>
 
+#include "../support/env_map.hpp"
+
 namespace {
 
 using Env = std::map<std::string, std::string>;
+using skyforge::test::expect_vars;
 
 // The head's rendezvous store, shared by every node of the test pool.
 struct Store {
@@ -221,9 +224,11 @@ TEST(TorchPlugin, ExplicitPortAndBackendOptionsWinWithoutTheStore) {
   std::string err;
   ASSERT_EQ(enter(store, {{"master_port", "29510"}, {"backend", "nccl"}}, Node{.node = 1, .nodes = 2}, env, err), SF_OK)
       << err;
-  EXPECT_EQ(env["MASTER_PORT"], "29510");
-  EXPECT_EQ(env["PET_MASTER_PORT"], "29510");
-  EXPECT_EQ(env["SKYFORGE_TORCH_BACKEND"], "nccl");
+  expect_vars(env, {
+      {"MASTER_PORT", "29510"},
+      {"PET_MASTER_PORT", "29510"},
+      {"SKYFORGE_TORCH_BACKEND", "nccl"},
+  });
   EXPECT_TRUE(store.values.empty());
   EXPECT_TRUE(store.counters.empty());
 }
@@ -268,15 +273,17 @@ TEST(TorchPlugin, SeveralProcessesPerNodeWrapAPlainCommandInTheFanoutLauncher) {
   ASSERT_EQ(enter(store, {{"master_port", "29512"}, {"nproc_per_node", "4"}}, Node{.node = 1, .nodes = 2}, env, err, &cmd),
             SF_OK)
       << err;
-  EXPECT_EQ(env["WORLD_SIZE"], "8");
-  EXPECT_EQ(env["RANK"], "4");
-  EXPECT_EQ(env["LOCAL_RANK"], "0");
-  EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "4");
-  EXPECT_EQ(env["PET_NPROC_PER_NODE"], "4");
-  EXPECT_EQ(env["SKYFORGE_FANOUT_NPROC"], "4");
-  EXPECT_EQ(env["SKYFORGE_FANOUT_ADD"], "RANK LOCAL_RANK ROLE_RANK");
-  EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
-  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+  expect_vars(env, {
+      {"WORLD_SIZE", "8"},
+      {"RANK", "4"},
+      {"LOCAL_RANK", "0"},
+      {"LOCAL_WORLD_SIZE", "4"},
+      {"PET_NPROC_PER_NODE", "4"},
+      {"SKYFORGE_FANOUT_NPROC", "4"},
+      {"SKYFORGE_FANOUT_ADD", "RANK LOCAL_RANK ROLE_RANK"},
+      {"OMP_NUM_THREADS", "1"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+  });
   ASSERT_GE(cmd.size(), 6u);
   EXPECT_EQ(cmd[0], "sh");
   EXPECT_EQ(cmd[3], "skyforge-fanout");
@@ -308,9 +315,11 @@ TEST(TorchPlugin, ExistingSettingsWinOverTorchrunsDefaults) {
   Env env = {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}, {"OMP_NUM_THREADS", "8"}, {"SKYFORGE_FANOUT_ADD", "JAX_PROCESS_ID"}};
   std::string err;
   ASSERT_EQ(enter(store, {{"master_port", "29514"}, {"nproc_per_node", "2"}}, Node{}, env, err), SF_OK) << err;
-  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
-  EXPECT_EQ(env["OMP_NUM_THREADS"], "8");
-  EXPECT_EQ(env["SKYFORGE_FANOUT_ADD"], "JAX_PROCESS_ID RANK LOCAL_RANK ROLE_RANK");
+  expect_vars(env, {
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"},
+      {"OMP_NUM_THREADS", "8"},
+      {"SKYFORGE_FANOUT_ADD", "JAX_PROCESS_ID RANK LOCAL_RANK ROLE_RANK"},
+  });
 }
 
 TEST(TorchPlugin, NprocZeroFollowsTheMigPluginsDeviceCount) {
