@@ -9,6 +9,8 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include <skyforge/config_keys.hpp>
+
 #include <algorithm>
 #include <future>
 #include <map>
@@ -205,14 +207,16 @@ void PoolRun::send_jobs() {
   const std::string store_addr = nodes[0].hello->store_addr;
   const std::vector<NodeTable::Local> local = nodes.local_ranks();
   std::map<std::string, std::string> config = job_config(m_, opt_.verbose);
-  if (recovery_.restarts_used() > 0) config["job.restart"] = std::to_string(recovery_.restarts_used());
+  namespace keys = skyforge::config::keys;
+  auto put = [&](const auto& key, std::string value) { config[std::string(key.name)] = std::move(value); };
+  if (recovery_.restarts_used() > 0) put(keys::job_restart, std::to_string(recovery_.restarts_used()));
   // The communicator's own timeout is the backstop behind the host's watchdog, which names the
   // laggard: it must not fire first.
   if (m_.job.collective_timeout_given) {
     const double s = std::max(2 * m_.job.collective_timeout_s, m_.job.collective_timeout_s + 30);
-    config["job.collective_timeout"] = std::to_string(s);
+    put(keys::job_collective_timeout, std::to_string(s));
   }
-  if (opt_.resume) config["job.resume"] = "true";
+  if (opt_.resume) put(keys::job_resume, "true");
   const NodePlugins plugins = node_plugins(m_, catalog_, frameworks_, app_, config);
   for (uint32_t i = 0; i < nodes.size(); ++i) {
     msg::Job j;

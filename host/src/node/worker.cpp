@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <skyforge/config_keys.hpp>
+
 #include "last_words.hpp"
 #include "processes.hpp"
 #include "worker_impl.hpp"
@@ -218,7 +220,8 @@ int Worker::run() {
     if (have_job) {
       services_.set_instance(job_->id, args_.work_dir);
       services_.set_config(job_->config);
-      if (auto it = job_->config.find("log.verbose"); it != job_->config.end() && it->second == "true")
+      if (auto it = job_->config.find(std::string(skyforge::config::keys::log_verbose.name));
+          it != job_->config.end() && it->second == "true")
         min_log_level_ = SF_LOG_DEBUG;
       auto [store_host, store_port] = split_host_port(job_->id.store_addr);
       services_.set_store_connector([this, store_host = store_host, store_port = store_port] {

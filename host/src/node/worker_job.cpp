@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <skyforge/config_keys.hpp>
+
 #include "io_loop.hpp"
 #include "last_words.hpp"
 #include "lent.hpp"
@@ -72,7 +74,8 @@ void Worker::setup_plugins(EnvMap& env) {
       compute_backends_.push_back(loader_->create(p, f.options));
       auto& b = compute_backends_.back();
       services_.add_compute_backend(p.name, b->hooks<sf_compute_hooks>(), b->self());
-      if (auto sel = job.config.find("compute.backend"); sel != job.config.end() && sel->second == p.name)
+      if (auto sel = job.config.find(std::string(skyforge::config::keys::compute_backend.name));
+          sel != job.config.end() && sel->second == p.name)
         selected_backend_ = b.get();
       continue;
     }
@@ -223,9 +226,9 @@ std::shared_ptr<const sf_communicator> Worker::make_communicator() {
   o.size = job.id.total_nodes;
   o.address = job.id.private_ip.empty() ? args_.address : job.id.private_ip;
   o.prefix = "gloo/0/";  // one communicator per pool (job); the store lives as long as the pool
-  auto cfg = job.config.find("job.collective_timeout");
-  auto env = job.env.find("SKYFORGE_COLLECTIVE_TIMEOUT");
-  const char* env_value = env != job.env.end() ? env->second.c_str() : std::getenv("SKYFORGE_COLLECTIVE_TIMEOUT");
+  auto cfg = job.config.find(std::string(skyforge::config::keys::job_collective_timeout.name));
+  auto env = job.env.find(skyforge::config::kCollectiveTimeoutEnv);
+  const char* env_value = env != job.env.end() ? env->second.c_str() : std::getenv(skyforge::config::kCollectiveTimeoutEnv);
   o.timeout = GlooCommunicator::parse_timeout(cfg != job.config.end() ? cfg->second.c_str() : nullptr, env_value);
   net::StoreClient* store = services_.store();
   if (!store) throw std::runtime_error("the rendezvous store is not connected");
