@@ -161,17 +161,7 @@ TEST_F(AwsE2E, AnAcceleratorPicksTheCheapestTypeThatFits) {
 }
 
 // The main job, [pool] changed only: the same trained weights as on local.
-TEST_F(AwsE2E, FashionMnistOnTwoInstancesTrainsTheWeightsLocalTrains) {
-  Output local = run("fm-local.toml", example_manifest("fashion-mnist.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n",
-                                                       root_ / "runs"), 300);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  Output aws = run("fm-aws.toml", example_manifest("fashion-mnist.toml", aws_pool(2), root_ / "runs"), 300);
-  ASSERT_EQ(aws.exit_code, 0) << aws.err;
-  const std::string w = json_field(local.out, 0, "weights_fnv1a64");
-  ASSERT_FALSE(w.empty()) << local.out;
-  EXPECT_EQ(json_field(aws.out, 0, "weights_fnv1a64"), w) << aws.out;
-  EXPECT_EQ(json_field(aws.out, 1, "weights_fnv1a64"), w) << aws.out;
-}
+TEST_F(AwsE2E, FashionMnistOnTwoInstancesTrainsTheWeightsLocalTrains) { expect_fashion_mnist_as_local(aws_pool(2)); }
 
 // Ctrl-C while the machines still boot: the wait stops at once (ABI 1.6 cancel) and every
 // instance, the group and the key pair go.

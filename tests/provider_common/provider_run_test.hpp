@@ -1,16 +1,19 @@
 // The fixture of the end-to-end tests of the providers that reach other machines (ssh, slurm,
-// aws): `skyforge run` of a manifest, and the fault run they all pass (label `faults`) -- a
-// training run that loses node 1 and ends, after a restart, as the same training does
-// uninterrupted on the local provider.
+// aws): `skyforge run` of a manifest, and the runs they all pass against the same run on the
+// local provider -- the examples' jobs, and (label `faults`) a training run that loses node 1
+// and ends, after a restart, as the same training does uninterrupted.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <functional>
+#include <regex>
+#include <set>
 #include <string>
 
 #include "process.hpp"
+#include "provider_e2e.hpp"
 #include "run_fixture.hpp"
 #include "train_faults.hpp"
 
@@ -24,6 +27,49 @@ class ProviderRunTest : public SkyforgeRunTest {
 
   Output run(const std::string& name, const std::string& manifest, double timeout_s = 0) {
     return skyforge({"run", write(name, manifest).string()}, timeout_s > 0 ? timeout_s : run_timeout_s_);
+  }
+
+  // examples/<file> with its [pool] replaced by `pool`, its outputs under the test's root.
+  std::string example(const std::string& file, const std::string& pool) const {
+    return example_manifest(file, pool, root_ / "runs");
+  }
+
+  // The main job (examples/fashion-mnist.toml) on 2 nodes of `pool` trains the weights, and
+  // reaches the test accuracy, it does on 2 local nodes, to the bit.
+  void expect_fashion_mnist_as_local(const std::string& pool) {
+    Output local = run("fm-local.toml", example("fashion-mnist.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n"), 300);
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    Output o = run("fm.toml", example("fashion-mnist.toml", pool), 300);
+    ASSERT_EQ(o.exit_code, 0) << o.err;
+    const std::string w = json_field(local.out, 0, "weights_fnv1a64");
+    ASSERT_FALSE(w.empty()) << local.out;
+    EXPECT_EQ(json_field(o.out, 0, "weights_fnv1a64"), w) << o.out;
+    EXPECT_EQ(json_field(o.out, 1, "weights_fnv1a64"), w) << o.out;
+    EXPECT_EQ(json_field(o.out, 0, "test_accuracy"), json_field(local.out, 0, "test_accuracy"));
+  }
+
+  // The map example (examples/map.toml, 20 tasks) on `pool` (2 nodes, concurrency 2) gives the
+  // results it gives on 2 local nodes.
+  void expect_map_results_as_local(const std::string& pool) {
+    Output local = run("map-local.toml", example("map.toml", "[pool]\nprovider = \"local\"\nnodes = 2\nconcurrency = 2\n"));
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    Output o = run("map.toml", example("map.toml", pool));
+    ASSERT_EQ(o.exit_code, 0) << o.err;
+    auto results = [](const std::string& out) {
+      std::set<std::string> r;
+      std::regex task(R"(\[task \d+\] => .*)");
+      for (std::sregex_iterator it(out.begin(), out.end(), task), e; it != e; ++it) r.insert(it->str());
+      return r;
+    };
+    EXPECT_EQ(results(o.out).size(), 20u) << o.out;
+    EXPECT_EQ(results(o.out), results(local.out));
+  }
+
+  // What the host says of node 1's worker killed (SIGKILL) and started again on its machine,
+  // the job resuming from the last checkpoint.
+  static void expect_worker_restarted(const Output& o) {
+    EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
   }
 
   // The main job's training on 2 nodes of `pool` with [job] max_restarts = 1: `fault` strikes

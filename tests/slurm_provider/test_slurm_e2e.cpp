@@ -77,30 +77,10 @@ TEST_F(SlurmE2E, HelloRunsOnEveryNodeOfOneJob) {
 }
 
 TEST_F(SlurmE2E, MapJobGivesTheResultsItGivesOnLocal) {
-  Output local = run("map-local.toml", example_manifest("map.toml", "[pool]\nprovider = \"local\"\nnodes = 2\nconcurrency = 2\n", root_ / "runs"));
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  Output slurm = run("map-slurm.toml", example_manifest("map.toml", slurm_pool(2, "", "concurrency = 2\n"), root_ / "runs"));
-  ASSERT_EQ(slurm.exit_code, 0) << slurm.err;
-  auto results = [](const std::string& out) {
-    std::set<std::string> r;
-    std::regex task(R"(\[task \d+\] => .*)");
-    for (std::sregex_iterator it(out.begin(), out.end(), task), e; it != e; ++it) r.insert(it->str());
-    return r;
-  };
-  EXPECT_EQ(results(slurm.out).size(), 20u) << slurm.out;
-  EXPECT_EQ(results(slurm.out), results(local.out));
+  expect_map_results_as_local(slurm_pool(2, "", "concurrency = 2\n"));
 }
 
-TEST_F(SlurmE2E, FashionMnistOnTwoNodesTrainsTheWeightsLocalTrains) {
-  Output local = run("fm-local.toml", example_manifest("fashion-mnist.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n", root_ / "runs"), 300);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  Output slurm = run("fm-slurm.toml", example_manifest("fashion-mnist.toml", slurm_pool(2), root_ / "runs"), 300);
-  ASSERT_EQ(slurm.exit_code, 0) << slurm.err;
-  const std::string w = json_field(local.out, 0, "weights_fnv1a64");
-  ASSERT_FALSE(w.empty()) << local.out;
-  EXPECT_EQ(json_field(slurm.out, 0, "weights_fnv1a64"), w) << slurm.out;
-  EXPECT_EQ(json_field(slurm.out, 1, "weights_fnv1a64"), w) << slurm.out;
-}
+TEST_F(SlurmE2E, FashionMnistOnTwoNodesTrainsTheWeightsLocalTrains) { expect_fashion_mnist_as_local(slurm_pool(2)); }
 
 TEST_F(SlurmE2E, TorchDdpAcrossTwoNodesTrainsTheWeightsLocalTrains) {
   const std::string python = "/usr/bin/python3";
@@ -147,10 +127,7 @@ TEST_F(SlurmE2E, ABadSbatchOptionFailsWithSbatchsReason) {
 TEST_F(SlurmE2E, ALostWorkerRestartsInItsStepAndTheRunEndsAsOnLocal) {
   expect_restarted_run_ends_as_local(
       slurm_pool(2), 180, [&](Child&) { kill_worker_of(nodes_dir_, 1); },
-      [](const Output& o) {
-        EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
-        EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
-      });
+      expect_worker_restarted);
 }
 
 // A Slurm node that is gone ([job] max_restarts, [provider] spare_nodes = 1): every process of

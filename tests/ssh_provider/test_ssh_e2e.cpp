@@ -68,10 +68,6 @@ class SshE2E : public ProviderRunTest {
     }
     return files;
   }
-  std::string example(const std::string& file, const std::string& pool) const {
-    return example_manifest(file, pool, root_ / "runs");
-  }
-
   std::unique_ptr<SshdHosts> hosts_;
   fs::path remote_;
 };
@@ -107,32 +103,11 @@ TEST_F(SshE2E, SecondRunCopiesNothingAlreadyThere) {
 }
 
 TEST_F(SshE2E, MapJobGivesTheResultsItGivesOnLocal) {
-  Output local = run("map-local.toml", example("map.toml", "[pool]\nprovider = \"local\"\nnodes = 2\nconcurrency = 2\n"));
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  Output ssh = run("map-ssh.toml", example("map.toml", ssh_pool(2, 1, "", "concurrency = 2\n")));
-  ASSERT_EQ(ssh.exit_code, 0) << ssh.err;
-  auto results = [](const std::string& out) {
-    std::set<std::string> r;
-    std::regex task(R"(\[task \d+\] => .*)");
-    for (std::sregex_iterator it(out.begin(), out.end(), task), e; it != e; ++it) r.insert(it->str());
-    return r;
-  };
-  EXPECT_EQ(results(ssh.out).size(), 20u) << ssh.out;
-  EXPECT_EQ(results(ssh.out), results(local.out));
+  expect_map_results_as_local(ssh_pool(2, 1, "", "concurrency = 2\n"));
 }
 
 // The main job, [pool] changed only: the same trained weights on both providers.
-TEST_F(SshE2E, FashionMnistOnTwoHostsTrainsTheWeightsLocalTrains) {
-  Output local = run("fm-local.toml", example("fashion-mnist.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n"), 300);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  Output ssh = run("fm-ssh.toml", example("fashion-mnist.toml", ssh_pool(2)), 300);
-  ASSERT_EQ(ssh.exit_code, 0) << ssh.err;
-  const std::string w = json_field(local.out, 0, "weights_fnv1a64");
-  ASSERT_FALSE(w.empty()) << local.out;
-  EXPECT_EQ(json_field(ssh.out, 0, "weights_fnv1a64"), w) << ssh.out;
-  EXPECT_EQ(json_field(ssh.out, 1, "weights_fnv1a64"), w) << ssh.out;
-  EXPECT_EQ(json_field(ssh.out, 0, "test_accuracy"), json_field(local.out, 0, "test_accuracy"));
-}
+TEST_F(SshE2E, FashionMnistOnTwoHostsTrainsTheWeightsLocalTrains) { expect_fashion_mnist_as_local(ssh_pool(2)); }
 
 // A real PyTorch DDP command app (the torch plugin's env:// rendezvous across the two hosts).
 TEST_F(SshE2E, TorchDdpAcrossTwoHostsTrainsTheWeightsLocalTrains) {
@@ -358,10 +333,7 @@ TEST_F(SshE2E, ANodesDirectoryAndFilesAreTheUsersAlone) {
 TEST_F(SshE2E, ALostWorkerRestartsOnItsHostAndTheRunEndsAsOnLocal) {
   expect_restarted_run_ends_as_local(
       ssh_pool(2), 120, [&](Child&) { kill_worker_of(remote_, 1); },
-      [](const Output& o) {
-        EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(node 1 lost: its worker was killed by SIGKILL.*; restart 1/1)"))) << o.err;
-        EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(Resuming from .*ckpt-[23]\.bin)"))) << o.out;
-      });
+      expect_worker_restarted);
 }
 
 // A host that goes away ([job] max_restarts, a spare host listed): node 1's sshd is killed with
