@@ -35,8 +35,6 @@ bool known_type(uint16_t t) {
 namespace skyforge::net {
 using detail::get_u16;
 using detail::get_u32;
-using detail::put_u16;
-using detail::put_u32;
 
 namespace {
 std::string hex32(uint32_t v) {
@@ -66,15 +64,8 @@ FrameHeader decode_header(const char* p, uint32_t max_frame) {
   return h;
 }
 
-std::array<char, kHeaderSize> encode_header(msg::Type type, size_t payload_size) {
-  if (payload_size > UINT32_MAX)
-    throw ProtocolError("frame too large: " + std::to_string(payload_size) + " bytes do not fit a frame");
-  std::array<char, kHeaderSize> h{};
-  put_u32(h.data(), kMagic);
-  put_u16(h.data() + 4, kProtocolVersion);
-  put_u16(h.data() + 6, static_cast<uint16_t>(type));
-  put_u32(h.data() + 8, static_cast<uint32_t>(payload_size));
-  return h;
+void detail::throw_frame_too_large(size_t payload_size) {
+  throw ProtocolError("frame too large: " + std::to_string(payload_size) + " bytes do not fit a frame");
 }
 
 void append_frame(std::string& out, msg::Type type, std::string_view payload) {

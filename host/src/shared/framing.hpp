@@ -50,9 +50,6 @@ struct FrameHeader {
 // Parses and validates a kHeaderSize-byte header: magic, version, known type, length <= max_frame.
 // Throws ProtocolError naming what is wrong.
 FrameHeader decode_header(const char* header, uint32_t max_frame);
-// The header of a frame of `type` with `payload_size` bytes of payload. Throws ProtocolError if
-// that does not fit a u32 length.
-std::array<char, kHeaderSize> encode_header(msg::Type type, size_t payload_size);
 // Header + payload. Throws ProtocolError if the payload does not fit a u32 length.
 std::string encode_frame(msg::Type type, std::string_view payload);
 // Appends the encoded frame to `out` (saves a copy on hot paths).
@@ -99,6 +96,20 @@ inline uint32_t get_u32(const char* p) {
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(p[i])) << (8 * i);
   return v;
 }
+
+[[noreturn]] void throw_frame_too_large(size_t payload_size);
 }  // namespace detail
+
+// The header of a frame of `type` with `payload_size` bytes of payload. Throws ProtocolError if
+// that does not fit a u32 length. Inline: the send path encodes one per frame.
+inline std::array<char, kHeaderSize> encode_header(msg::Type type, size_t payload_size) {
+  if (payload_size > UINT32_MAX) detail::throw_frame_too_large(payload_size);
+  std::array<char, kHeaderSize> h{};
+  detail::put_u32(h.data(), kMagic);
+  detail::put_u16(h.data() + 4, kProtocolVersion);
+  detail::put_u16(h.data() + 6, static_cast<uint16_t>(type));
+  detail::put_u32(h.data() + 8, static_cast<uint32_t>(payload_size));
+  return h;
+}
 
 }  // namespace skyforge::net
