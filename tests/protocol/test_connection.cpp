@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 
 #include "helpers.hpp"
@@ -326,12 +327,19 @@ TEST(Connection, SendIsThreadSafeAndOrderedPerThread) {
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(next[static_cast<uint32_t>(t)], kPerThread);
 }
 
+// A client connection to `s` as node 1, started: what it receives dropped, its close reason set
+// in `closed`.
+static std::shared_ptr<Connection> started_client(IoThread& cio, TestServer& s, Latch<std::string>& closed) {
+  auto c = connect(cio.io(), "127.0.0.1", s.server.port(), kSecret, 1, {}, 2000);
+  c->start([](msg::Type, std::string&&) {}, [&closed](const std::string& r) { closed.set(r); });
+  return c;
+}
+
 TEST(Connection, GracefulCloseFlushesQueuedFrames) {
   TestServer s;
   Latch<std::string> closed;
   IoThread cio;
-  auto c = connect(cio.io(), "127.0.0.1", s.server.port(), kSecret, 1, {}, 2000);
-  c->start([](msg::Type, std::string&&) {}, [&](const std::string& r) { closed.set(r); });
+  auto c = started_client(cio, s, closed);
   constexpr int kFrames = 2000;
   for (int i = 0; i < kFrames; ++i) c->send(msg::Type::Log, std::string(1000, 'p'));
   c->close();
@@ -347,8 +355,7 @@ TEST(Connection, AbortClosesAtOnceAndOnCloseRunsOnce) {
   TestServer s;
   Latch<std::string> closed;
   IoThread cio;
-  auto c = connect(cio.io(), "127.0.0.1", s.server.port(), kSecret, 1, {}, 2000);
-  c->start([](msg::Type, std::string&&) {}, [&](const std::string& r) { closed.set(r); });
+  auto c = started_client(cio, s, closed);
   c->abort();
   c->abort();
   c->close();
@@ -473,55 +480,62 @@ TEST(Channel, AManInTheMiddleCannotSwapAKeyShare) {
   EXPECT_FALSE(s.authenticated.is_set());
 }
 
-TEST(Channel, AnAlteredRecordClosesTheConnection) {
+// Records a peer writes after the handshake that the server refuses: it closes the connection
+// with `reason`, having taken `received` frames before.
+struct RefusedRecords {
+  const char* name;
+  std::function<std::string(RawPeer&)> bytes;  // what the authenticated peer writes
+  const char* reason;
+  size_t received;
+};
+void PrintTo(const RefusedRecords& r, std::ostream* os) { *os << r.name; }
+
+class Refused : public ::testing::TestWithParam<RefusedRecords> {};
+
+TEST_P(Refused, RecordsCloseTheConnection) {
   TestServer s;
   RawPeer p(s.server.port());
   ASSERT_TRUE(p.authenticate(kSecret, 1));
-  std::string r = p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "hello"})));
-  r[kRecordHeaderSize + 14] ^= 0x01;  // one bit of the payload
-  p.write(r);
-  EXPECT_TRUE(contains(reason(s.closed), "protocol error: record 0 failed authentication"));
-  EXPECT_EQ(s.received.size(), 0u);
+  p.write(GetParam().bytes(p));
+  EXPECT_TRUE(contains(reason(s.closed), GetParam().reason));
+  EXPECT_EQ(s.received.size(), GetParam().received);
   EXPECT_TRUE(p.closed_within(1000ms));
 }
 
-TEST(Channel, AReplayedRecordClosesTheConnection) {
-  TestServer s;
-  RawPeer p(s.server.port());
-  ASSERT_TRUE(p.authenticate(kSecret, 1));
-  const std::string r = p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "once"})));
-  p.write(r + r);
-  EXPECT_TRUE(contains(reason(s.closed), "record 1 failed authentication"));
-  EXPECT_EQ(s.received.size(), 1u);  // the original, not its copy
+static std::string log_record(RawPeer& p, const std::string& text) {
+  return p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, text})));
 }
 
-TEST(Channel, ReorderedRecordsCloseTheConnection) {
-  TestServer s;
-  RawPeer p(s.server.port());
-  ASSERT_TRUE(p.authenticate(kSecret, 1));
-  const std::string first = p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "first"})));
-  const std::string second = p.seal(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "second"})));
-  p.write(second + first);
-  EXPECT_TRUE(contains(reason(s.closed), "record 0 failed authentication"));
-  EXPECT_EQ(s.received.size(), 0u);
-}
-
-TEST(Channel, AnUnsealedFrameAfterTheHandshakeIsRefused) {
-  TestServer s;
-  RawPeer p(s.server.port());
-  ASSERT_TRUE(p.authenticate(kSecret, 1));
-  p.write(encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "in the clear"})));
-  EXPECT_TRUE(contains(reason(s.closed), "protocol error: record"));
-  EXPECT_EQ(s.received.size(), 0u);
-}
-
-TEST(Channel, AnOversizedRecordIsRefusedFromItsLength) {
-  TestServer s;
-  RawPeer p(s.server.port());
-  ASSERT_TRUE(p.authenticate(kSecret, 1));
-  p.write(std::string("\xff\xff\xff\x7f", 4));  // ~2 GiB claimed, nothing after it
-  EXPECT_TRUE(contains(reason(s.closed), "protocol error: record too large: 2147483647 bytes"));
-}
+INSTANTIATE_TEST_SUITE_P(
+    Channel, Refused,
+    ::testing::Values(
+        RefusedRecords{"Altered",
+                       [](RawPeer& p) {
+                         std::string r = log_record(p, "hello");
+                         r[kRecordHeaderSize + 14] ^= 0x01;  // one bit of the payload
+                         return r;
+                       },
+                       "protocol error: record 0 failed authentication", 0},
+        // The original is taken, not its copy.
+        RefusedRecords{"Replayed",
+                       [](RawPeer& p) {
+                         const std::string r = log_record(p, "once");
+                         return r + r;
+                       },
+                       "record 1 failed authentication", 1},
+        RefusedRecords{"Reordered",
+                       [](RawPeer& p) {
+                         const std::string first = log_record(p, "first");
+                         return log_record(p, "second") + first;
+                       },
+                       "record 0 failed authentication", 0},
+        RefusedRecords{"UnsealedAfterTheHandshake",
+                       [](RawPeer&) { return encode_frame(msg::Type::Log, serialize(msg::Log{1, 0, "in the clear"})); },
+                       "protocol error: record", 0},
+        // ~2 GiB claimed, nothing after it: refused from its length.
+        RefusedRecords{"Oversized", [](RawPeer&) { return std::string("\xff\xff\xff\x7f", 4); },
+                       "protocol error: record too large: 2147483647 bytes", 0}),
+    [](const ::testing::TestParamInfo<RefusedRecords>& info) { return std::string(info.param.name); });
 
 TEST(Channel, ATruncatedRecordAtEofIsReported) {
   TestServer s;

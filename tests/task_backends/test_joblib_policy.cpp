@@ -34,11 +34,16 @@ void answer(Policy& p, uint32_t node, const std::vector<uint64_t>& batch, uint64
   p.completed(node, skyforge::TaskOutcomes(out.data(), out.size()), ns_each * batch.size());
 }
 
-TasksState state_of(const Policy& p, std::string* why = nullptr) {
-  std::string w;
-  TasksState s = p.state(w);
-  if (why) *why = w;
-  return s;
+TasksState state_of(const Policy& p) {
+  std::string why;
+  return p.state(why);
+}
+
+// Why the job failed; it must have.
+std::string failure_of(const Policy& p) {
+  std::string why;
+  EXPECT_EQ(p.state(why), TasksState::failed);
+  return why;
 }
 
 std::vector<uint64_t> iota(uint64_t from, uint64_t n) {
@@ -106,13 +111,10 @@ TEST(JoblibPolicy, TheFirstFailureStopsTheDispatchAndNamesTaskNodeAndSlot) {
   auto b0 = p.next_batch(0, 100), b1 = p.next_batch(1, 100);
   std::vector<sf_task_outcome> out = {{2, 1, 0, 1, "ok", 2}, {3, 1, 0, 0, "ValueError: no", 14}};
   p.completed(1, skyforge::TaskOutcomes(out.data(), out.size()), 100);
-  std::string why;
-  EXPECT_EQ(state_of(p, &why), TasksState::failed);
-  EXPECT_EQ(why, "task 3 failed on node 1 slot 0: ValueError: no");
+  EXPECT_EQ(failure_of(p), "task 3 failed on node 1 slot 0: ValueError: no");
   EXPECT_TRUE(p.next_batch(0, 100).empty()) << "nothing more goes out (joblib's abort_everything)";
   answer(p, 0, b0, 10, {0});  // a later failure does not replace the first
-  EXPECT_EQ(state_of(p, &why), TasksState::failed);
-  EXPECT_EQ(why, "task 3 failed on node 1 slot 0: ValueError: no");
+  EXPECT_EQ(failure_of(p), "task 3 failed on node 1 slot 0: ValueError: no");
 }
 
 TEST(JoblibPolicy, AFailedTaskRunsAgainOnlyWithRetryFailed) {
@@ -125,9 +127,7 @@ TEST(JoblibPolicy, AFailedTaskRunsAgainOnlyWithRetryFailed) {
   answer(p, 0, {0}, 10, {0});
   EXPECT_EQ(p.next_batch(0, 10), iota(0, 1));
   answer(p, 0, {0}, 10, {0});  // third failure: retries = 2 are spent
-  std::string why;
-  EXPECT_EQ(state_of(p, &why), TasksState::failed);
-  EXPECT_EQ(why, "task 0 failed on node 0 slot 0: boom (run 3 times; [tasks] retries = 2)");
+  EXPECT_EQ(failure_of(p), "task 0 failed on node 0 slot 0: boom (run 3 times; [tasks] retries = 2)");
 }
 
 TEST(JoblibPolicy, ALostNodesTasksGoToTheOthersLowestFirst) {
@@ -144,9 +144,7 @@ TEST(JoblibPolicy, ALostNodesTasksGoToTheOthersLowestFirst) {
   EXPECT_EQ(p.next_batch(1, 100), iota(4, 2));
   // A task lost a second time has no retry left.
   p.node_lost(1);
-  std::string why;
-  EXPECT_EQ(state_of(p, &why), TasksState::failed);
-  EXPECT_EQ(why, "task 4 was out on a lost node 2 times ([tasks] retries = 1)");
+  EXPECT_EQ(failure_of(p), "task 4 was out on a lost node 2 times ([tasks] retries = 1)");
 }
 
 // reorder() sets the order of what has not gone out; tasks to run again still go first, and a
@@ -174,9 +172,7 @@ TEST(JoblibPolicy, WithoutRetriesALostNodeFailsTheJob) {
   p.begin(job(2, 1, 1, 4));
   p.next_batch(0, 10);
   p.node_lost(1);  // even a node that held nothing
-  std::string why;
-  EXPECT_EQ(state_of(p, &why), TasksState::failed);
-  EXPECT_EQ(why, "[tasks] retries = 0, so a lost node fails the job (no task was out on it)");
+  EXPECT_EQ(failure_of(p), "[tasks] retries = 0, so a lost node fails the job (no task was out on it)");
 }
 
 TEST(JoblibPolicy, NoNodeLeftFailsTheJob) {
@@ -184,9 +180,7 @@ TEST(JoblibPolicy, NoNodeLeftFailsTheJob) {
   p.begin(job(2, 1, 1, 4));
   p.node_lost(0);
   p.node_lost(1);
-  std::string why;
-  EXPECT_EQ(state_of(p, &why), TasksState::failed);
-  EXPECT_EQ(why, "every node of the pool is lost");
+  EXPECT_EQ(failure_of(p), "every node of the pool is lost");
 }
 
 TEST(JoblibPolicy, OptionsAreChecked) {
