@@ -43,6 +43,15 @@ inline K::Sequential small_model(uint32_t classes = 3) {
   return K::Sequential({K::Input({2, 3, 1}), K::Flatten(), K::Dense(classes)});
 }
 
+// Fit options that print nothing: `epochs` epochs of `batch_size` samples.
+inline K::FitOptions quiet_fit(uint32_t epochs, uint32_t batch_size) {
+  K::FitOptions o;
+  o.epochs = epochs;
+  o.batch_size = batch_size;
+  o.verbose = 0;
+  return o;
+}
+
 // The exception text of f(), or "" when it returns.
 inline std::string error_of(const std::function<void()>& f) {
   try {

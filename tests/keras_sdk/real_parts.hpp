@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "model_util.hpp"
+
 namespace real {
 
 // One instance of the real cpu backend; engines made through backend() belong to it.
@@ -91,6 +93,14 @@ inline skyforge::keras::CompileOptions bind(SpiedCpu& b, const sf_communicator* 
   o.seed = seed;
   o.threads = 1;
   return o;
+}
+
+// small_model() compiled as most tests train it: SGD(0.3), sparse categorical cross-entropy and
+// accuracy, on `b` as bind(b, comm, seed) sets it up.
+inline skyforge::keras::Sequential sgd_model(SpiedCpu& b, const sf_communicator* comm = nullptr, uint64_t seed = 7) {
+  skyforge::keras::Sequential m = model_util::small_model();
+  m.compile(skyforge::keras::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm, seed));
+  return m;
 }
 
 // Forwards every sf_communicator call to `real` and records its signature ("allreduce n=3

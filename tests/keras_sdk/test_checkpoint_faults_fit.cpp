@@ -22,13 +22,8 @@
 
 namespace K = skyforge::keras;
 namespace fs = std::filesystem;
-using model_util::error_of;
-using model_util::make_data;
-using model_util::small_model;
-using model_util::Synthetic;
-using real::run_ranks;
-using real::bind;
-using real::SpiedCpu;
+using namespace model_util;
+using namespace real;
 
 namespace {
 
@@ -64,8 +59,7 @@ TEST(CheckpointFit, ALockedDirectoryFailsAtOnceAndADeadHoldersIsTakenOver) {
 
   const Synthetic d = make_data(64, 3);
   SpiedCpu b;
-  K::Sequential m = small_model();
-  m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b));
+  K::Sequential m = sgd_model(b);
   const std::string err = error_of([&] { m.fit(d.x, d.y, fit_options(ckpt, 2, true)); });
   EXPECT_NE(err.find("checkpoint directory " + ckpt.string() + " is in use by another run (host "), std::string::npos) << err;
   EXPECT_NE(err.find(", pid " + std::to_string(child) + ", started "), std::string::npos) << err;
@@ -95,8 +89,7 @@ TEST(CheckpointFit, OnlyRankZeroLocksAndItsFailureReachesEveryRank) {
   auto fit_two = [&] {
     return run_ranks(2, [&](uint32_t, const sf_communicator* comm) {
       SpiedCpu b;
-      K::Sequential m = small_model();
-      m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm));
+      K::Sequential m = sgd_model(b, comm);
       K::FitOptions o = fit_options(ckpt, 1, false);
       o.data = K::Data::replicated;
       m.fit(d.x, d.y, o);
@@ -123,15 +116,13 @@ TEST(CheckpointFit, AnotherRunsCheckpointIsRefused) {
   const fs::path ckpt = dir.path / "ckpt";
   const Synthetic d = make_data(96, 3);
   SpiedCpu ba;
-  K::Sequential a = small_model();
-  a.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(ba, nullptr, 7));
+  K::Sequential a = sgd_model(ba, nullptr, 7);
   a.fit(d.x, d.y, fit_options(ckpt, 1, true));
   const std::string before = K::read_file(ckpt / "ckpt-1.bin");
   EXPECT_EQ(K::decode_checkpoint(before, "ckpt-1.bin").seed, 7u);
 
   SpiedCpu bb;
-  K::Sequential b = small_model();
-  b.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(bb, nullptr, 99));
+  K::Sequential b = sgd_model(bb, nullptr, 99);
   std::string err = error_of([&] { b.fit(d.x, d.y, fit_options(ckpt, 3, true)); });
   EXPECT_NE(err.find("checkpoint " + (ckpt / "ckpt-1.bin").string() +
                      " was written by a run with seed 7, and this run's seed is 99: resuming it would mix two runs"),
@@ -152,8 +143,7 @@ TEST(CheckpointFit, AnotherRunsCheckpointIsRefused) {
   o.callbacks.checkpoint_every_steps = 4;
   o.steps_per_epoch = 5;
   SpiedCpu bc;
-  K::Sequential cm = small_model();
-  cm.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(bc));
+  K::Sequential cm = sgd_model(bc);
   cm.fit(d.x, d.y, o);
   K::write_file_atomic(mid / "latest", "ckpt-0-4.bin\n");  // as if cut off after step 4
   ASSERT_FALSE(fs::exists(mid / "ckpt-0-4.bin"));          // replaced by the epoch's: write it again
@@ -179,14 +169,12 @@ TEST(CheckpointFit, LeftoversOfAnInterruptedRunAreCleaned) {
   const fs::path ckpt = dir.path / "ckpt";
   const Synthetic d = make_data(64, 3);
   SpiedCpu b1;
-  K::Sequential m = small_model();
-  m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b1));
+  K::Sequential m = sgd_model(b1);
   m.fit(d.x, d.y, fit_options(ckpt, 1, false));
   for (const char* name : {"ckpt-2.bin.tmp.31337", "latest.tmp.31337", "ckpt-1-2.bin"}) std::ofstream(ckpt / name) << "x";
   std::FILE* out = std::tmpfile();
   SpiedCpu b2;
-  K::Sequential again = small_model();
-  again.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b2));
+  K::Sequential again = sgd_model(b2);
   EXPECT_EQ(again.fit(d.x, d.y, fit_options(ckpt, 2, true, out)).size(), 2u);
   const std::string said = text_of(out);
   std::fclose(out);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "model_util.hpp"
 #include "real_parts.hpp"
 #include "test_util.hpp"
 
@@ -70,10 +71,7 @@ TEST(KerasCpu, FashionMnistMlpLearnsAndResumes) {
   co.seed = 3;
   co.threads = 1;  // the test machine may have 1-2 cores, shared
   m.compile(K::Adam{2e-3}, "sparse_categorical_crossentropy", {"accuracy"}, co);
-  K::FitOptions o;
-  o.epochs = 2;
-  o.batch_size = 64;
-  o.verbose = 0;
+  K::FitOptions o = model_util::quiet_fit(2, 64);
   o.validation_data = {test.x, test.y};
   o.callbacks.checkpoint_dir = (dir.path / "ckpt").string();
   o.callbacks.csv = (dir.path / "h.csv").string();
@@ -110,10 +108,7 @@ TEST(KerasCpu, TwoRanksMatchOneRankOnTheSameGlobalBatch) {
     GTEST_SKIP() << "no Fashion-MNIST in " << FASHION_MNIST_DIR;
   const ds::TrainTest data = ds::load_fashion_mnist(FASHION_MNIST_DIR);
   const Subset train = head(data.train, 2000);
-  K::FitOptions o;
-  o.epochs = 1;
-  o.batch_size = 64;
-  o.verbose = 0;
+  K::FitOptions o = model_util::quiet_fit(1, 64);
   o.data = K::Data::replicated;
   o.seed = 1;
   auto compile = [](K::Sequential& m, const CpuInstance& cpu, const sf_communicator* comm) {

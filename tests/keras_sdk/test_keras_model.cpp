@@ -26,14 +26,8 @@
 namespace K = skyforge::keras;
 namespace fs = std::filesystem;
 using Opts = std::vector<std::pair<std::string, std::string>>;
-using model_util::error_of;
-using model_util::make_data;
-using model_util::slice;
-using model_util::small_model;
-using model_util::Synthetic;
-using real::run_ranks;
-using real::bind;
-using real::SpiedCpu;
+using namespace model_util;
+using namespace real;
 
 namespace {
 
@@ -214,13 +208,9 @@ TEST(KerasFit, DropRemainder) {
 TEST(KerasFit, WritesCsvTensorBoardAndCheckpoints) {
   TempDir dir("fit_files");
   SpiedCpu b;
-  K::Sequential m = small_model();
-  m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b));
+  K::Sequential m = sgd_model(b);
   const Synthetic train = make_data(120, 3), val = make_data(30, 4);
-  K::FitOptions o;
-  o.epochs = 3;
-  o.batch_size = 16;
-  o.verbose = 0;
+  K::FitOptions o = quiet_fit(3, 16);
   o.validation_data = {val.x, val.y};
   o.callbacks.csv = (dir.path / "history.csv").string();
   o.callbacks.tensorboard = (dir.path / "logs").string();
@@ -241,8 +231,7 @@ TEST(KerasFit, WritesCsvTensorBoardAndCheckpoints) {
   // The stored state is the engine's: a fresh engine loading it holds the same weights, and
   // one loading the epoch-1 checkpoint does not.
   SpiedCpu fresh;
-  K::Sequential again = small_model();
-  again.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(fresh, nullptr, 99));
+  K::Sequential again = sgd_model(fresh, nullptr, 99);
   EXPECT_NE(again.get_weights(), m.get_weights());
   again.load_checkpoint(dir.path / "ckpt" / "ckpt-3.bin");
   EXPECT_EQ(again.get_weights(), m.get_weights());
@@ -293,10 +282,7 @@ TEST(KerasFit, ResumeContinuesExactly) {
                           K::Dropout(0.25), K::Dense(3)});
   };
   auto opts = [&](uint32_t epochs, bool resume, const fs::path& ckdir) {
-    K::FitOptions o;
-    o.epochs = epochs;
-    o.batch_size = 16;
-    o.verbose = 0;
+    K::FitOptions o = quiet_fit(epochs, 16);
     o.seed = 11;
     o.callbacks.checkpoint_dir = ckdir.string();
     o.callbacks.csv = (ckdir / "h.csv").string();
@@ -376,13 +362,11 @@ TEST(KerasFit, ResumeWithAnotherModelIsAClearError) {
 // Compile is a collective: every replica starts from rank 0's initial weights, whatever its seed.
 TEST(KerasDataParallel, CompileStartsEveryReplicaFromRankZerosWeights) {
   SpiedCpu single;
-  K::Sequential m1 = small_model();
-  m1.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(single, nullptr, 100));
+  K::Sequential m1 = sgd_model(single, nullptr, 100);
   std::vector<std::vector<float>> w(2);
   const auto errors = run_ranks(2, [&](uint32_t r, const sf_communicator* comm) {
     SpiedCpu b;
-    K::Sequential m = small_model();
-    m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm, 100 + r));
+    K::Sequential m = sgd_model(b, comm, 100 + r);
     w[r] = m.get_weights();
   });
   ASSERT_EQ(errors, (std::vector<std::string>{"", ""}));
@@ -402,18 +386,14 @@ TEST(KerasDataParallel, ReplicatedMatchesSingleRank) {
           std::string(transport == real::Transport::tcp ? "tcp" : "default transport") + ", batch " +
           std::to_string(batch);
       TempDir dir("replicated");
-      K::FitOptions o;
-      o.epochs = 3;
-      o.batch_size = batch;
-      o.verbose = 0;
+      K::FitOptions o = quiet_fit(3, batch);
       o.seed = 5;
       o.data = K::Data::replicated;
       o.validation_data = {val.x, val.y};
       o.callbacks.tensorboard_update_freq = 1;
 
       SpiedCpu single;
-      K::Sequential m1 = small_model();
-      m1.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(single));
+      K::Sequential m1 = sgd_model(single);
       K::FitOptions o1 = o;
       o1.callbacks.tensorboard = (dir.path / "one").string();
       const K::History h1 = m1.fit(d.x, d.y, o1);
@@ -427,8 +407,7 @@ TEST(KerasDataParallel, ReplicatedMatchesSingleRank) {
           2,
           [&](uint32_t r, const sf_communicator* comm) {
             SpiedCpu b;
-            K::Sequential m = small_model();
-            m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm));
+            K::Sequential m = sgd_model(b, comm);
             K::FitOptions o2 = o;
             o2.callbacks.tensorboard = (dir.path / "two").string();  // rank 0 writes
             h2[r] = m.fit(d.x, d.y, o2);
@@ -479,12 +458,8 @@ TEST(KerasDataParallel, UnevenShardsStayCollective) {
     const Synthetic mine = r == 0 ? slice(d, 0, 130) : slice(d, 130, 70);
     real::CommSpy spy(comm);
     SpiedCpu b;
-    K::Sequential m = small_model();
-    m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, spy.table()));
-    K::FitOptions o;
-    o.epochs = 2;
-    o.batch_size = 20;  // 10 per rank: rank 0 has 13 batches, rank 1 has 7
-    o.verbose = 0;
+    K::Sequential m = sgd_model(b, spy.table());
+    K::FitOptions o = quiet_fit(2, 20);  // 10 per rank: rank 0 has 13 batches, rank 1 has 7
     m.fit(mine.x, mine.y, o);
     train_calls[r] = b.spy.train_calls;
     results[r] = m.evaluate(mine.x, mine.y, 20, K::Data::sharded);
@@ -528,12 +503,8 @@ TEST(KerasDataParallel, ShardedWithSkyforgeShard) {
                     d.x.begin() + static_cast<std::ptrdiff_t>(i * 6 + 6));
     }
     SpiedCpu b;
-    K::Sequential m = small_model();
-    m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm));
-    K::FitOptions o;
-    o.epochs = 2;
-    o.batch_size = 32;
-    o.verbose = 0;
+    K::Sequential m = sgd_model(b, comm);
+    K::FitOptions o = quiet_fit(2, 32);
     h[r] = m.fit(mine.x, mine.y, o);
     batches[r] = b.spy.train_batches;
     w[r] = m.get_weights();
@@ -556,8 +527,7 @@ TEST(KerasDataParallel, OneRanksBadInputFailsEveryRank) {
     Synthetic mine = d;
     if (r == 1) mine.y[3] = 9;
     SpiedCpu b;
-    K::Sequential m = small_model();
-    m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm));
+    K::Sequential m = sgd_model(b, comm);
     K::FitOptions o;
     o.verbose = 0;
     try {
@@ -575,8 +545,7 @@ TEST(KerasDataParallel, BatchSmallerThanWorldAndEmptyEvalShard) {
   const Synthetic d = make_data(10, 1);
   const auto errors = run_ranks(2, [&](uint32_t r, const sf_communicator* comm) {
     SpiedCpu b;
-    K::Sequential m = small_model();
-    m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm));
+    K::Sequential m = sgd_model(b, comm);
     K::FitOptions o;
     o.verbose = 0;
     o.batch_size = 1;
@@ -596,8 +565,7 @@ TEST(KerasDataParallel, ReplicatedRefusesDifferentArrays) {
   const auto errors = run_ranks(2, [&](uint32_t r, const sf_communicator* comm) {
     const Synthetic mine = slice(d, r * 20, 20);
     SpiedCpu b;
-    K::Sequential m = small_model();
-    m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm));
+    K::Sequential m = sgd_model(b, comm);
     const std::string eval_err = error_of([&] { m.evaluate(mine.x, mine.y); });
     if (eval_err.find("evaluate: Data::replicated needs the same arrays on every rank") == std::string::npos)
       throw std::runtime_error("unexpected evaluate error: " + eval_err);
@@ -618,8 +586,7 @@ TEST(KerasDataParallel, Rank0IoFailureReachesEveryRank) {
   const Synthetic d = make_data(40, 1);
   const auto errors = run_ranks(2, [&](uint32_t, const sf_communicator* comm) {
     SpiedCpu b;
-    K::Sequential m = small_model();
-    m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm));
+    K::Sequential m = sgd_model(b, comm);
     K::FitOptions o;
     o.verbose = 0;
     o.data = K::Data::replicated;
@@ -637,8 +604,7 @@ TEST(KerasDataParallel, OnlyRankZeroPrints) {
   std::vector<std::string> printed(2);
   const auto errors = run_ranks(2, [&](uint32_t r, const sf_communicator* comm) {
     SpiedCpu b;
-    K::Sequential m = small_model();
-    m.compile(K::SGD{0.3}, "sparse_categorical_crossentropy", {"accuracy"}, bind(b, comm));
+    K::Sequential m = sgd_model(b, comm);
     std::FILE* f = std::tmpfile();
     K::FitOptions o;
     o.epochs = 2;

@@ -13,10 +13,7 @@
 
 namespace K = skyforge::keras;
 using Opts = std::vector<std::pair<std::string, std::string>>;
-using model_util::error_of;
-using model_util::make_data;
-using model_util::small_model;
-using model_util::Synthetic;
+using namespace model_util;
 
 // ---- layers and specs --------------------------------------------------------------------------
 TEST(KerasLayers, BuildersRecordTheArgumentsGiven) {
