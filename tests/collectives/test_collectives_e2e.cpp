@@ -56,12 +56,14 @@ class Collectives : public SkyforgeRunTest {
            "[job]\napp = \"collective_check\"\nplugin_path = [\"" + COLL_FIXTURES + "\"]\n" + extra_job;
   }
   // `skyforge run` of manifest(nodes, env, extra, extra_job), written to `file`: the run must
-  // fail, and within 30 s.
-  Output run_failing(const std::string& file, int nodes, const std::string& env, const std::string& extra = "",
+  // fail, within 30 s, its stderr holding each of `says`.
+  Output run_failing(const std::string& file, int nodes, const std::string& env,
+                     const std::vector<std::string>& says, const std::string& extra = "",
                      const std::string& extra_job = "") {
     Output o = run({"run", write(file, manifest(nodes, env, extra, extra_job)).string()}, 60);
     EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
     EXPECT_LT(o.seconds, 30);
+    for (const auto& part : says) EXPECT_TRUE(contains(o.err, part));
     return o;
   }
   // Every node's "ok" line; returns the hashes seen. Every node must report `transport`.
@@ -121,37 +123,31 @@ TEST_F(Collectives, ThreeNodesInNetworkNamespaces) {
 // A node that fails before the collective: the run fails at once (not after the collective
 // timeout, 300 s by default), naming the node; the others, blocked in the rendezvous, are torn down.
 TEST_F(Collectives, NodeThrowingBeforeTheCollectiveFailsTheRunNamingIt) {
-  Output o = run_failing("throw.toml", 3, "COLL_MODE = \"throw\"");
-  EXPECT_TRUE(contains(o.err, "node 1 failed"));
-  EXPECT_TRUE(contains(o.err, "gives up before the collective on purpose"));
+  run_failing("throw.toml", 3, "COLL_MODE = \"throw\"", {"node 1 failed", "gives up before the collective on purpose"});
 }
 
 TEST_F(Collectives, NodeExitingBeforeTheCollectiveFailsTheRunNamingIt) {
-  Output o = run_failing("exit.toml", 3, "COLL_MODE = \"exit\"");
+  Output o = run_failing("exit.toml", 3, "COLL_MODE = \"exit\"", {});
   EXPECT_TRUE(std::regex_search(o.err, std::regex("node \\d"))) << o.err;
 }
 
 // A node that fails after joining (shared memory mapped, segment already unlinked): the run
 // fails at once naming it; its peer's next collective fails instead of hanging.
 TEST_F(Collectives, NodeThrowingAfterJoiningFailsTheRunNamingIt) {
-  Output o = run_failing("throw_after.toml", 2, "COLL_MODE = \"throw_after\"");
-  EXPECT_TRUE(contains(o.err, "node 1 failed"));
-  EXPECT_TRUE(contains(o.err, "gives up after joining on purpose"));
+  run_failing("throw_after.toml", 2, "COLL_MODE = \"throw_after\"", {"node 1 failed", "gives up after joining on purpose"});
 }
 
 // A node that never calls communicator() (but does not fail): the others' rendezvous gives up
 // after the collective timeout with a message naming the missing node.
 TEST_F(Collectives, NodeSkippingTheCollectiveIsNamedAfterTheTimeout) {
-  Output o = run_failing("skip.toml", 3, "COLL_MODE = \"skip\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"");
-  EXPECT_TRUE(contains(o.err, "node 1 did not join the communicator within 3 s"));
+  run_failing("skip.toml", 3, "COLL_MODE = \"skip\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"",
+              {"node 1 did not join the communicator within 3 s"});
 }
 
 // A node that joins, then stalls: the others' allreduce times out with a clear error.
 TEST_F(Collectives, StalledPeerTimesOutWithAClearError) {
-  Output o = run_failing("stall.toml", 2, "COLL_MODE = \"stall\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"");
-  EXPECT_TRUE(contains(o.err, "node 0 failed"));
-  EXPECT_TRUE(contains(o.err, "allreduce failed on node 0"));
-  EXPECT_TRUE(contains(o.err, "within 3 s"));
+  run_failing("stall.toml", 2, "COLL_MODE = \"stall\", SKYFORGE_COLLECTIVE_TIMEOUT = \"3\"",
+              {"node 0 failed", "allreduce failed on node 0", "within 3 s"});
 }
 
 // The host's collective watchdog (label faults): every node reports its collectives with its
@@ -177,26 +173,30 @@ class Watchdog : public Collectives {
   }
   // A 2-node netns pool in a minute-long allreduce loop, and a shell command run in node 1's
   // network namespace once it is well inside the loop (`in_ns`: the script for `sh -c`, no
-  // single quotes). Returns the run and when the command was done.
-  struct Injected {
-    std::unique_ptr<Child> run;
-    std::chrono::steady_clock::time_point at;
+  // single quotes); then `said` must show in the run's output within `within` s, and the run
+  // must fail. Returns the run and how long after the command `said` showed.
+  struct Found {
+    Output run;
+    double seconds = 0;
   };
-  Injected inject_into_node_1(const std::string& name, const std::string& extra_job, const std::string& in_ns) {
-    Injected r;
-    r.run = start_skyforge({"run", write(name, manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
-                                                       "[provider]\nisolation = \"netns\"\n", extra_job)).string()});
+  Found inject_into_node_1(const std::string& name, const std::string& extra_job, const std::string& in_ns,
+                           const std::string& said, double within) {
+    Found r;
+    auto c = start_skyforge({"run", write(name, manifest(2, "COLL_MODE = \"loop\", COLL_SECONDS = \"60\"",
+                                                         "[provider]\nisolation = \"netns\"\n", extra_job)).string()});
     const pid_t victim = wait_worker_of(1);
     EXPECT_GT(victim, 0);
     if (victim <= 0) return r;
     std::this_thread::sleep_for(std::chrono::seconds(1));  // well inside the allreduce loop
-    r.at = std::chrono::steady_clock::now();
+    const auto at = std::chrono::steady_clock::now();
     const std::string cmd = "nsenter -t " + std::to_string(victim) + " -n sh -c '" + in_ns + "'";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    if (::testing::Test::HasFailure()) return r;
+    EXPECT_TRUE(c->wait_for_output(said, within));
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - at).count();
+    r.run = c->wait(60);
+    EXPECT_EQ(r.run.exit_code, 1) << r.run.out << r.run.err;
     return r;
-  }
-  static double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 };
 
@@ -231,17 +231,13 @@ TEST_F(Watchdog, ANodeWhoseLinkIsCutIsNamed) {
   if (geteuid() != 0) GTEST_SKIP() << "isolation = \"netns\" needs root (CAP_NET_ADMIN)";
   if (system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "ip netns is not available";
   // (ip, not /sys/class/net: sysfs shows the mount namespace's view, which nsenter -n keeps)
-  auto [c, t0] = inject_into_node_1("cut.toml", "",
-                                    "for i in $(ip -o link show | cut -d: -f2 | cut -d@ -f1); do "
-                                    "[ $i = lo ] || ip link set dev $i down || exit 1; done");
-  ASSERT_FALSE(HasFailure());
-  EXPECT_TRUE(c->wait_for_output("node 1 lost", 30));
-  const double named = seconds_since(t0);
-  Output o = c->wait(60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
-  EXPECT_TRUE(contains(o.err, "node 1 lost"));
-  std::printf("[ figure ] a node whose link is cut: named %.1f s after the cut\n", named);
-  EXPECT_LT(named, 10);
+  const Found f = inject_into_node_1("cut.toml", "",
+                                     "for i in $(ip -o link show | cut -d: -f2 | cut -d@ -f1); do "
+                                     "[ $i = lo ] || ip link set dev $i down || exit 1; done",
+                                     "node 1 lost", 30);
+  EXPECT_TRUE(contains(f.run.err, "node 1 lost"));
+  std::printf("[ figure ] a node whose link is cut: named %.1f s after the cut\n", f.seconds);
+  EXPECT_LT(f.seconds, 10);
 }
 
 // A node whose link `tc netem` delays by 3 s: its heartbeats still come (late, but within the
@@ -253,15 +249,11 @@ TEST_F(Watchdog, ANodeSlowedByNetemIsNamed) {
   if (system("ip netns add sf-netem-probe 2>/dev/null && ip netns exec sf-netem-probe tc qdisc add dev lo root netem "
              "delay 1ms >/dev/null 2>&1; r=$?; ip netns del sf-netem-probe 2>/dev/null; exit $r") != 0)
     GTEST_SKIP() << "tc netem is not available in this kernel (no sch_netem)";
-  auto [c, t0] = inject_into_node_1("netem.toml", "collective_timeout = 2\n",
-                                    "for i in $(ip -o link show | cut -d: -f2 | cut -d@ -f1); do "
-                                    "[ $i = lo ] || tc qdisc add dev $i root netem delay 3000ms || exit 1; done");
-  ASSERT_FALSE(HasFailure());
-  EXPECT_TRUE(c->wait_for_output("node 1 never entered allreduce", 60));
-  const double named = seconds_since(t0);
-  Output o = c->wait(60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
-  std::printf("[ figure ] a node slowed by netem (3 s): named %.1f s after the delay began\n", named);
+  const Found f = inject_into_node_1("netem.toml", "collective_timeout = 2\n",
+                                     "for i in $(ip -o link show | cut -d: -f2 | cut -d@ -f1); do "
+                                     "[ $i = lo ] || tc qdisc add dev $i root netem delay 3000ms || exit 1; done",
+                                     "node 1 never entered allreduce", 60);
+  std::printf("[ figure ] a node slowed by netem (3 s): named %.1f s after the delay began\n", f.seconds);
 }
 
 // A node whose link to its peers is throttled to 8 kbit/s (HTB + a u32 filter in its network
@@ -277,34 +269,30 @@ TEST_F(Watchdog, ANodeWhoseLinkIsThrottledIsFound) {
     GTEST_SKIP() << "tc htb or the u32 classifier is not available in this kernel";
   // To the host (the default gateway, the bridge's .1): full speed; to the rest of the subnet
   // (the other nodes): 8 kbit/s.
-  auto [c, t0] = inject_into_node_1("htb.toml", "collective_timeout = 2\n",
-                                    "gw=$(ip -4 route show default | cut -d\" \" -f3) && [ -n \"$gw\" ] && "
-                                    "tc qdisc add dev eth0 root handle 1: htb default 1 r2q 1000 && "
-                                    "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit quantum 60000 && "
-                                    "tc class add dev eth0 parent 1: classid 1:2 htb rate 8kbit ceil 8kbit quantum 1514 && "
-                                    "tc filter add dev eth0 protocol ip parent 1: prio 1 u32 match ip dst $gw/32 flowid 1:1 && "
-                                    "tc filter add dev eth0 protocol ip parent 1: prio 2 u32 match ip dst ${gw%.*}.0/24 flowid 1:2");
-  ASSERT_FALSE(HasFailure());
-  EXPECT_TRUE(c->wait_for_output("collective watchdog: ", 60));
-  const double found = seconds_since(t0);
-  Output o = c->wait(60);
-  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  const Found f = inject_into_node_1("htb.toml", "collective_timeout = 2\n",
+                                     "gw=$(ip -4 route show default | cut -d\" \" -f3) && [ -n \"$gw\" ] && "
+                                     "tc qdisc add dev eth0 root handle 1: htb default 1 r2q 1000 && "
+                                     "tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit quantum 60000 && "
+                                     "tc class add dev eth0 parent 1: classid 1:2 htb rate 8kbit ceil 8kbit quantum 1514 && "
+                                     "tc filter add dev eth0 protocol ip parent 1: prio 1 u32 match ip dst $gw/32 flowid 1:1 && "
+                                     "tc filter add dev eth0 protocol ip parent 1: prio 2 u32 match ip dst ${gw%.*}.0/24 flowid 1:2",
+                                     "collective watchdog: ", 60);
+  const Output& o = f.run;
   EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(every node has been in allreduce #\d+ for [234] s and none has finished it \(\[job\] collective_timeout = 2 s\): a link between nodes may be down)")))
       << o.err;
   EXPECT_EQ(o.err.find("lost"), std::string::npos) << o.err;  // the heartbeats kept coming: no node was lost
   std::smatch said;
   std::regex_search(o.err, said, std::regex("collective watchdog: [^\n]*"));
   std::printf("[ figure ] a node whose link to its peers is throttled to 8 kbit/s: found %.1f s after the throttle began\n%s\n",
-              found, said.str().c_str());
-  EXPECT_LT(found, 15);
+              f.seconds, said.str().c_str());
+  EXPECT_LT(f.seconds, 15);
 }
 
 // mode = "single" runs the app on the head only: no group to join, so communicator() fails at
 // once instead of waiting out the timeout for nodes that never run the app.
 TEST_F(Collectives, SingleModeHasNoCommunicator) {
-  Output o = run_failing("single.toml", 2, "", "", "mode = \"single\"\n");
-  EXPECT_TRUE(contains(o.err, "node 0 failed"));
-  EXPECT_TRUE(contains(o.err, "with mode = \"single\" only the head runs it"));
+  run_failing("single.toml", 2, "", {"node 0 failed", "with mode = \"single\" only the head runs it"}, "",
+              "mode = \"single\"\n");
 }
 
 // Compute backends listed in [[plugins]] are created on every node with their options, found
