@@ -1,7 +1,8 @@
 // The control plane's channel security (docs/architecture.md, "The control plane"): the key
 // schedule of the handshake and the record layer every frame after it travels in.
 //
-// Handshake (protocol.cpp runs it; this file holds its cryptography):
+// Handshake (server.cpp and connect.cpp run it, handshake.hpp lays out its frames; this file holds
+// its cryptography):
 //   server -> Challenge : server nonce (32) | server X25519 public key (32)
 //   client -> AuthReply : node u32 LE | client nonce (32) | client X25519 public key (32)
 //                         | HMAC-SHA256(secret, "skyforge/5 client" | transcript)
