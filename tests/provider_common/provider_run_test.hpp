@@ -65,6 +65,27 @@ class ProviderRunTest : public SkyforgeRunTest {
     EXPECT_EQ(results(o.out), results(local.out));
   }
 
+  // A real PyTorch DDP command app (`scripts`/torch_ddp.py, the torch plugin's env:// rendezvous)
+  // on 2 nodes of `pool`: every node's allreduce gives 3, each node holds the weights it holds on
+  // 2 local nodes, and both hold the same. Skipped where /usr/bin/python3 cannot import torch.
+  void expect_torch_ddp_as_local(const std::string& pool, const std::string& scripts) {
+    const std::string python = "/usr/bin/python3";
+    if (Child({python, "-c", "import torch"}, env()).wait(120).exit_code != 0)
+      GTEST_SKIP() << python << " cannot import torch (Debian: apt-get install python3-torch)";
+    const std::string job = "[[plugins]]\nname = \"torch\"\n\n[job]\ncommand = [\"" + python + "\", \"" + scripts +
+                            "/torch_ddp.py\"]\n";
+    Output local = run("ddp-local.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n\n" + job, 170);
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    Output o = run("ddp.toml", pool + job, 170);
+    ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
+    for (int n = 0; n < 2; ++n) {
+      EXPECT_EQ(node_value(o.out, n, "allreduce"), "3") << o.out;
+      EXPECT_EQ(node_value(o.out, n, "weights"), node_value(local.out, n, "weights")) << "same DDP weights as on local";
+    }
+    EXPECT_FALSE(node_value(local.out, 0, "weights").empty()) << local.out;
+    EXPECT_EQ(node_value(o.out, 0, "weights"), node_value(o.out, 1, "weights"));
+  }
+
   // What the host says of node 1's worker killed (SIGKILL) and started again on its machine,
   // the job resuming from the last checkpoint.
   static void expect_worker_restarted(const Output& o) {

@@ -83,20 +83,7 @@ TEST_F(SlurmE2E, MapJobGivesTheResultsItGivesOnLocal) {
 TEST_F(SlurmE2E, FashionMnistOnTwoNodesTrainsTheWeightsLocalTrains) { expect_fashion_mnist_as_local(slurm_pool(2)); }
 
 TEST_F(SlurmE2E, TorchDdpAcrossTwoNodesTrainsTheWeightsLocalTrains) {
-  const std::string python = "/usr/bin/python3";
-  if (Child({python, "-c", "import torch"}, env()).wait(120).exit_code != 0)
-    GTEST_SKIP() << python << " cannot import torch (Debian: apt-get install python3-torch)";
-  const std::string job = "[[plugins]]\nname = \"torch\"\n\n[job]\ncommand = [\"" + python + "\", \"" +
-                          std::string(FW_TEST_SCRIPTS) + "/torch_ddp.py\"]\n";
-  Output local = run("ddp-local.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n\n" + job, 170);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  Output slurm = run("ddp-slurm.toml", slurm_pool(2) + job, 170);
-  ASSERT_EQ(slurm.exit_code, 0) << slurm.err << slurm.out;
-  for (int n = 0; n < 2; ++n) {
-    EXPECT_EQ(node_value(slurm.out, n, "allreduce"), "3") << slurm.out;
-    EXPECT_EQ(node_value(slurm.out, n, "weights"), node_value(local.out, n, "weights"));
-  }
-  EXPECT_FALSE(node_value(local.out, 0, "weights").empty()) << local.out;
+  expect_torch_ddp_as_local(slurm_pool(2), FW_TEST_SCRIPTS);
 }
 
 TEST_F(SlurmE2E, AJobWaitingPastQueueTimeoutIsCancelledSayingWhy) {

@@ -111,22 +111,7 @@ TEST_F(SshE2E, FashionMnistOnTwoHostsTrainsTheWeightsLocalTrains) { expect_fashi
 
 // A real PyTorch DDP command app (the torch plugin's env:// rendezvous across the two hosts).
 TEST_F(SshE2E, TorchDdpAcrossTwoHostsTrainsTheWeightsLocalTrains) {
-  const std::string python = "/usr/bin/python3";
-  if (Child({python, "-c", "import torch"}, env()).wait(120).exit_code != 0)
-    GTEST_SKIP() << python << " cannot import torch (Debian: apt-get install python3-torch)";
-  const std::string job = "[[plugins]]\nname = \"torch\"\n\n[job]\ncommand = [\"" + python + "\", \"" +
-                          std::string(FW_TEST_SCRIPTS) + "/torch_ddp.py\"]\n";
-  Output local = run("ddp-local.toml", "[pool]\nprovider = \"local\"\nnodes = 2\n\n" + job, 170);
-  ASSERT_EQ(local.exit_code, 0) << local.err;
-  Output ssh = run("ddp-ssh.toml", ssh_pool(2) + job, 170);
-  ASSERT_EQ(ssh.exit_code, 0) << ssh.err << ssh.out;
-  const auto field = node_value;
-  for (int n = 0; n < 2; ++n) {
-    EXPECT_EQ(field(ssh.out, n, "allreduce"), "3") << ssh.out;
-    EXPECT_EQ(field(ssh.out, n, "weights"), field(local.out, n, "weights")) << "same DDP weights on ssh and local";
-  }
-  EXPECT_FALSE(field(local.out, 0, "weights").empty()) << local.out;
-  EXPECT_EQ(field(ssh.out, 0, "weights"), field(ssh.out, 1, "weights"));
+  expect_torch_ddp_as_local(ssh_pool(2), FW_TEST_SCRIPTS);
 }
 
 // ---- what the host must refuse ----------------------------------------------------------------
