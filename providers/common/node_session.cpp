@@ -23,11 +23,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
 // A log for a child's output that leaves nothing behind, whatever way this process ends: made in
 // TMPDIR, opened for appending (the child's) and for reading (ours), then unlinked at once.
 void anonymous_log(Fd& write, Fd& read) {
@@ -336,11 +331,22 @@ void NodeSession::stop(std::chrono::milliseconds grace) {
 
 // ---- shared helpers ------------------------------------------------------------------------------
 
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
   std::istringstream in(text);
   for (std::string l; std::getline(in, l);) out.push_back(trim(l));
   return out;
+}
+
+std::string first_line(const std::string& text) {
+  for (const auto& l : lines_of(text))
+    if (!l.empty()) return l;
+  return "";
 }
 
 std::string last_line(const std::string& text) {

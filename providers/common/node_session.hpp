@@ -105,6 +105,8 @@ class NodeSession {
 };
 
 // Shared by the providers that shell out.
+std::string trim(const std::string& s);             // without its leading and trailing white space
+std::string first_line(const std::string& text);    // the first non-empty line, trimmed
 std::string last_line(const std::string& text);     // the last non-empty line, trimmed
 std::vector<std::string> lines_of(const std::string& text);  // trimmed lines
 std::string route_source(const std::string& peer);  // this machine's address towards `peer`; "" if none

@@ -11,24 +11,12 @@
 
 namespace skyforge::slurm {
 
-namespace fs = std::filesystem;
-using providers::CommandOptions;
-using providers::CommandResult;
-using providers::last_line;
-using providers::lines_of;
-using providers::shell_quote;
+using namespace providers;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
 Error invalid(const std::string& what) { return Error("slurm provider: " + what, SF_ERR_INVALID); }
-
-// What a Slurm tool said first (sbatch: "sbatch: error: ..." before its usage hints).
-std::string first_line(const std::string& text) {
-  for (const auto& l : lines_of(text))
-    if (!l.empty()) return l;
-  return "";
-}
 
 // The batch script that holds the allocation. It runs on the job's first node: while the pool's
 // node steps (named skyforge-node-*) live it waits; once they have all ended (teardown, or the
@@ -157,6 +145,7 @@ Provisioned SlurmProvider::provision(const PoolSpec& spec) {
   stage_files_ = spec.stage_files;
   CommandResult r = slurm("sbatch", sbatch_args(config_, spec.nodes, pool_id_, batch_script(shell_quote(pool_dir()), 600)));
   const std::string job = r.status == 0 ? providers::last_line(r.out) : "";
+  // No job id: what sbatch said first ("sbatch: error: ..." before its usage hints).
   if (job.empty() || job.find_first_not_of("0123456789;") != std::string::npos)
     throw Error("slurm provider: sbatch refused the job: " + first_line(r.err.empty() ? r.out : r.err),
                 r.status == 0 ? SF_ERR : SF_ERR_INVALID);
@@ -227,7 +216,7 @@ Provisioned SlurmProvider::provision(const PoolSpec& spec) {
 void SlurmProvider::stage() {
   // The directories first (one step on every node), then each file with sbcast.
   std::set<std::string> dirs;
-  for (const auto& f : stage_files_) dirs.insert(pool_dir() + "/stage" + fs::path(f).parent_path().string());
+  for (const auto& f : stage_files_) dirs.insert(pool_dir() + "/stage" + std::filesystem::path(f).parent_path().string());
   std::vector<std::string> args = {"--jobid=" + job_, "--overlap", "--ntasks-per-node=1", "-J", "skyforge-stage",
                                    "sh", "-c", stage_dirs_program(), "sh", pool_dir()};
   args.insert(args.end(), dirs.begin(), dirs.end());

@@ -30,23 +30,12 @@
 namespace skyforge::ssh {
 
 namespace fs = std::filesystem;
-using providers::CommandOptions;
-using providers::CommandResult;
-using providers::Fd;
-using providers::last_line;
-using providers::lines_of;
-using providers::reap_within;
-using providers::shell_quote;
+using namespace providers;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
 Error invalid(const std::string& what) { return Error("ssh provider: " + what, SF_ERR_INVALID); }
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
 
 // A log for the master's output, unlinked at once (nothing is left whatever way this process ends).
 struct Log {
