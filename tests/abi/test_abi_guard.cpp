@@ -11,14 +11,11 @@
 #include <regex>
 #include <sstream>
 
-namespace {
+#include "../support/read_text.hpp"
 
-std::string read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using skyforge::test::read_text;
+
+namespace {
 
 std::string sha256_hex(const std::string& data) {
   unsigned char md[EVP_MAX_MD_SIZE];
@@ -81,12 +78,12 @@ std::string header_version(const std::string& text) {
 }
 
 TEST(AbiGuard, HeaderHashMatchesItsVersion) {
-  const std::string header = read(ABI_HEADER);
+  const std::string header = read_text(ABI_HEADER);
   ASSERT_FALSE(header.empty());
   const std::string version = header_version(header), hash = sha256_hex(code_of(header));
   ASSERT_FALSE(version.empty()) << "abi.h does not define SKYFORGE_ABI_MAJOR/MINOR";
   std::map<std::string, std::string> released;
-  std::istringstream lines(read(ABI_VERSIONS));
+  std::istringstream lines(read_text(ABI_VERSIONS));
   for (std::string v, h; lines >> v >> h;) released[v] = h;
   auto it = released.find(version);
   ASSERT_NE(it, released.end()) << "abi.h says " << version << " (sha256 " << hash
@@ -99,9 +96,9 @@ TEST(AbiGuard, HeaderHashMatchesItsVersion) {
 }
 
 TEST(AbiGuard, FrozenV1_0CopyIsTheReleasedOne) {
-  const std::string frozen = read(FROZEN_V1_0);
+  const std::string frozen = read_text(FROZEN_V1_0);
   EXPECT_EQ(header_version(frozen), "1.0");
-  std::istringstream lines(read(ABI_VERSIONS));
+  std::istringstream lines(read_text(ABI_VERSIONS));
   std::map<std::string, std::string> released;
   for (std::string v, h; lines >> v >> h;) released[v] = h;
   EXPECT_EQ(released["1.0"], sha256_hex(code_of(frozen))) << "the frozen v1.0 header's code must never change";

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "ec2_pool.hpp"
+#include "../support/read_text.hpp"
 
 namespace fs = std::filesystem;
 using skyforge::aws::make_private_dir;
@@ -27,13 +28,6 @@ mode_t mode_of(const fs::path& p) {
   struct stat st{};
   EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
   return st.st_mode & 07777;
-}
-
-std::string read(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 std::string refusal(const fs::path& dir) {
@@ -89,7 +83,7 @@ TEST_F(AwsStateDir, APlantedSymlinkIsRefusedAndItsTargetUntouched) {
   EXPECT_NE(why.find("expected a real directory owned by this user"), std::string::npos) << why;
   EXPECT_NE(why.find("mode 0700"), std::string::npos) << why;
   EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir)));
-  EXPECT_EQ(read(victim / "id_ed25519"), "the user's own key\n");
+  EXPECT_EQ(skyforge::test::read_text(victim / "id_ed25519"), "the user's own key\n");
   EXPECT_EQ(mode_of(victim), 0755u) << "the symlink's target was chmod-ed";
   EXPECT_EQ(std::distance(fs::directory_iterator(victim), fs::directory_iterator()), 1);
 

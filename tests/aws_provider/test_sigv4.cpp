@@ -11,18 +11,13 @@
 #include <sstream>
 
 #include "sigv4.hpp"
+#include "../support/read_text.hpp"
 
 namespace fs = std::filesystem;
 using namespace skyforge::aws;
+using skyforge::test::read_text;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> case_names() {
   std::vector<std::string> names;
@@ -74,9 +69,9 @@ struct Case {
 Case load(const std::string& name) {
   Case c;
   c.dir = fs::path(SIGV4_CASES) / name;
-  c.original_text = slurp(c.dir / "request.txt");
+  c.original_text = read_text(c.dir / "request.txt");
   c.request = parse_request(c.original_text);
-  auto ctx = nlohmann::json::parse(slurp(c.dir / "context.json"));
+  auto ctx = nlohmann::json::parse(read_text(c.dir / "context.json"));
   c.credentials.access_key_id = ctx["credentials"]["access_key_id"];
   c.credentials.secret_access_key = ctx["credentials"]["secret_access_key"];
   c.credentials.session_token = ctx["credentials"].value("token", "");
@@ -110,9 +105,9 @@ std::string original_header_block(const std::string& text) {
 
 // The three files of a signing (`kind`: "header" or "query") against what was signed.
 void expect_signature(const Case& c, const Signature& s, const std::string& kind) {
-  EXPECT_EQ(s.canonical_request, slurp(c.dir / (kind + "-canonical-request.txt")));
-  EXPECT_EQ(s.string_to_sign, slurp(c.dir / (kind + "-string-to-sign.txt")));
-  EXPECT_EQ(s.signature, slurp(c.dir / (kind + "-signature.txt")));
+  EXPECT_EQ(s.canonical_request, read_text(c.dir / (kind + "-canonical-request.txt")));
+  EXPECT_EQ(s.string_to_sign, read_text(c.dir / (kind + "-string-to-sign.txt")));
+  EXPECT_EQ(s.signature, read_text(c.dir / (kind + "-signature.txt")));
 }
 
 class SigV4Suite : public ::testing::TestWithParam<std::string> {};
@@ -125,14 +120,14 @@ TEST_P(SigV4Suite, HeaderSigning) {
   std::string signed_text = c.original_text.substr(0, c.original_text.find('\n')) + "\n" +
                             original_header_block(c.original_text) + "\n";
   for (const auto& [k, v] : s.added_headers) signed_text += k + ":" + v + "\n";
-  EXPECT_EQ(lines_of(signed_text), lines_of(slurp(c.dir / "header-signed-request.txt")));
+  EXPECT_EQ(lines_of(signed_text), lines_of(read_text(c.dir / "header-signed-request.txt")));
 }
 
 TEST_P(SigV4Suite, QuerySigning) {
   Case c = load(GetParam());
   Signature s = sign_query(c.request, c.credentials, c.params);
   expect_signature(c, s, "query");
-  std::string expected = slurp(c.dir / "query-signed-request.txt");
+  std::string expected = read_text(c.dir / "query-signed-request.txt");
   std::string line = expected.substr(0, expected.find('\n'));
   EXPECT_EQ(c.request.method + " " + c.request.path + "?" + s.query + " HTTP/1.1", line);
 }

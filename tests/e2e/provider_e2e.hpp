@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "../support/read_text.hpp"
+
 namespace skyforge::test {
 
 // Processes (but this one) whose command line mentions `text`: the ssh clients name their
@@ -25,13 +27,6 @@ inline std::vector<pid_t> processes_mentioning(const std::string& text) {
     if (cmd.find(text) != std::string::npos) found.push_back(std::stoi(name));
   }
   return found;
-}
-
-inline std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // The "key": value of node `node`'s JSON result line ("weights_fnv1a64", "test_accuracy").

@@ -19,8 +19,10 @@
 #include "catalog.hpp"
 #include "manifest.hpp"
 #include "run.hpp"
+#include "../support/read_text.hpp"
 
 namespace fs = std::filesystem;
+using skyforge::test::read_text;
 
 namespace {
 
@@ -60,11 +62,6 @@ TEST(LongLivedHost, ManyRunsInOneProcessLeaveNoDescriptorThreadOrChild) {
   EXPECT_EQ(entries(tmpl), 0u) << "files left in TMPDIR";
   std::error_code ec;
   fs::remove_all(tmpl, ec);
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // A process's argv (NUL-separated), or what could be read of it: the process may end while it
@@ -153,13 +150,13 @@ TEST(LongLivedHost, ThePoolSecretIsInNoArgvNoOutputNoErrorAndNoLog) {
   }
   ASSERT_EQ(secrets.size(), 4u) << "2 runs x 2 workers";
   EXPECT_EQ(secrets[0].size(), 64u) << "32 random bytes, hex";
-  const std::string text = slurp(printed);
+  const std::string text = read_text(printed);
   EXPECT_NE(text.find("up"), std::string::npos) << text;
   EXPECT_NE(text.find("failing"), std::string::npos) << text;
   std::string logs;  // every file the nodes kept: worker.log, bootstrap.log, bootstrap.sh
   size_t files = 0;
   for (const auto& e : fs::recursive_directory_iterator(work))
-    if (e.is_regular_file()) logs += slurp(e.path()), ++files;
+    if (e.is_regular_file()) logs += read_text(e.path()), ++files;
   EXPECT_EQ(files, 12u) << "2 runs x 2 nodes x (worker.log, bootstrap.log, bootstrap.sh)";
   for (const auto& s : secrets) {
     EXPECT_EQ(argv_seen.find(s), std::string::npos) << "the secret in a process's argv";

@@ -15,15 +15,11 @@
 #include "cgroup.hpp"
 #include "process.hpp"
 #include "run_fixture.hpp"
+#include "../support/read_text.hpp"
 
 using namespace skyforge::test;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // Live processes whose environment holds SF_REAP_MARK=<mark> (a zombie's reads empty).
 std::vector<pid_t> marked(const std::string& mark) {
@@ -33,7 +29,7 @@ std::vector<pid_t> marked(const std::string& mark) {
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    if (slurp(e.path() / "environ").find(needle) != std::string::npos) out.push_back(std::stoi(name));
+    if (read_text(e.path() / "environ").find(needle) != std::string::npos) out.push_back(std::stoi(name));
   }
   return out;
 }

@@ -34,10 +34,12 @@
 #include "netns.hpp"
 #include "provider_options.hpp"
 #include "spawn.hpp"
+#include "../support/read_text.hpp"
 
 namespace fs = std::filesystem;
 using skyforge::local::LocalProvider;
 using namespace std::chrono_literals;
+using skyforge::test::read_text;
 
 namespace {
 
@@ -52,13 +54,6 @@ const auto* const kSubreaper = ::testing::AddGlobalTestEnvironment(new Subreaper
 std::string unique_pool_id() {
   static std::atomic<int> n{0};
   return "t" + std::to_string(::getpid()) + "x" + std::to_string(n++);
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string trim(std::string s) {
@@ -83,7 +78,7 @@ std::vector<pid_t> group_members(pid_t pg) {
   for (const auto& e : fs::directory_iterator("/proc")) {
     std::string name = e.path().filename();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::string stat = slurp(e.path() / "stat");
+    std::string stat = read_text(e.path() / "stat");
     auto rp = stat.rfind(')');
     if (rp == std::string::npos) continue;
     std::istringstream in(stat.substr(rp + 2));
@@ -204,21 +199,21 @@ TEST_F(LocalProviderTest, WorkerGetsEnvironmentWorkDirSessionAndNoLeakedFds) {
                   {{"SECRET_VAR", secret}});
   ::close(leaky);
   fs::path dir = p->node_dir("node-1");
-  ASSERT_TRUE(wait_for([&] { return trim(slurp(dir / "cwd")) == dir.string(); })) << slurp(dir / "cwd");
-  EXPECT_EQ(trim(slurp(dir / "out")), secret);
-  EXPECT_TRUE(wait_for([&] { return slurp(dir / "worker.log").find("to-log") != std::string::npos; }));
+  ASSERT_TRUE(wait_for([&] { return trim(read_text(dir / "cwd")) == dir.string(); })) << read_text(dir / "cwd");
+  EXPECT_EQ(trim(read_text(dir / "out")), secret);
+  EXPECT_TRUE(wait_for([&] { return read_text(dir / "worker.log").find("to-log") != std::string::npos; }));
   pid_t pid = p->worker_pid("node-1");
   ASSERT_GT(pid, 0);
   EXPECT_EQ(::getsid(pid), pid) << "the worker must lead its own session";
   EXPECT_EQ(::getpgid(pid), pid);
   // The host's PATH etc. are inherited too.
-  ASSERT_TRUE(wait_for([&] { return slurp("/proc/" + std::to_string(pid) + "/cmdline").rfind("sleep", 0) == 0; }));
-  std::string environ = slurp("/proc/" + std::to_string(pid) + "/environ");
+  ASSERT_TRUE(wait_for([&] { return read_text("/proc/" + std::to_string(pid) + "/cmdline").rfind("sleep", 0) == 0; }));
+  std::string environ = read_text("/proc/" + std::to_string(pid) + "/environ");
   EXPECT_NE(environ.find("SECRET_VAR=" + secret), std::string::npos);
   if (const char* path = std::getenv("PATH")) {
     EXPECT_NE(environ.find(std::string("PATH=") + path), std::string::npos);
   }
-  EXPECT_EQ(slurp("/proc/" + std::to_string(pid) + "/cmdline").find(secret), std::string::npos);
+  EXPECT_EQ(read_text("/proc/" + std::to_string(pid) + "/cmdline").find(secret), std::string::npos);
   // Right after exec the dynamic loader and sleep's own startup hold an fd of their own for a
   // moment (a shared library, the locale archive); a leaked fd stays for the process's life.
   std::set<std::string> fds;
@@ -285,9 +280,9 @@ TEST_F(LocalProviderTest, TerminateKillsAGroupThatIgnoresSigterm) {
   p->start_worker("node-0", {"/bin/sh", "-c", "trap '' TERM; sleep 1000 & echo $! > grandchild; wait; sleep 1000"},
                   {});
   fs::path dir = p->node_dir("node-0");
-  ASSERT_TRUE(wait_for([&] { return !trim(slurp(dir / "grandchild")).empty(); }));
+  ASSERT_TRUE(wait_for([&] { return !trim(read_text(dir / "grandchild")).empty(); }));
   pid_t worker = p->worker_pid("node-0");
-  pid_t grandchild = std::stoi(slurp(dir / "grandchild"));
+  pid_t grandchild = std::stoi(read_text(dir / "grandchild"));
   EXPECT_EQ(::getpgid(grandchild), worker);
   auto t0 = std::chrono::steady_clock::now();
   p->terminate({"node-0"});
@@ -330,8 +325,8 @@ TEST_F(LocalProviderTest, KeepWorkdirsKeepsThem) {
   }
   EXPECT_NE(failure.find("(full log: " + (dir / "bootstrap.log").string() + ")"), std::string::npos) << failure;
   p->terminate({});
-  EXPECT_EQ(trim(slurp(dir / "kept.txt")), "kept");
-  EXPECT_NE(slurp(dir / "bootstrap.log").find("broken"), std::string::npos);
+  EXPECT_EQ(trim(read_text(dir / "kept.txt")), "kept");
+  EXPECT_NE(read_text(dir / "bootstrap.log").find("broken"), std::string::npos);
 }
 
 TEST_F(LocalProviderTest, StartWorkerErrorsAreClear) {
@@ -367,7 +362,7 @@ TEST_F(LocalProviderTest, BootstrapStreamsEveryLineInOrder) {
   EXPECT_EQ(out.lines[2], p->node_dir("node-1").string());
   EXPECT_EQ(out.lines[3], "no newline at the end");
   EXPECT_TRUE(fs::exists(p->node_dir("node-1") / "bootstrap.sh"));
-  EXPECT_NE(slurp(p->node_dir("node-1") / "bootstrap.log").find("two"), std::string::npos);
+  EXPECT_NE(read_text(p->node_dir("node-1") / "bootstrap.log").find("two"), std::string::npos);
   p->terminate({});
 }
 
@@ -411,7 +406,7 @@ TEST_F(LocalProviderTest, BootstrapDaemonDoesNotBlockAndDiesAtTerminate) {
   p->bootstrap("node-0", "sleep 1000 &\necho $! > daemon.pid\necho started", out.sink());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   EXPECT_EQ(out.lines, (std::vector<std::string>{"started"}));
-  pid_t daemon = std::stoi(slurp(p->node_dir("node-0") / "daemon.pid"));
+  pid_t daemon = std::stoi(read_text(p->node_dir("node-0") / "daemon.pid"));
   EXPECT_TRUE(process_exists(daemon));
   p->terminate({});
   EXPECT_FALSE(process_exists(daemon));
@@ -437,7 +432,7 @@ std::vector<pid_t> marked(const std::string& mark) {
   for (const auto& e : fs::directory_iterator("/proc")) {
     std::string name = e.path().filename();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    if (slurp(e.path() / "environ").find(needle) != std::string::npos) out.push_back(std::stoi(name));
+    if (read_text(e.path() / "environ").find(needle) != std::string::npos) out.push_back(std::stoi(name));
   }
   return out;
 }
@@ -465,7 +460,7 @@ TEST_F(LocalProviderTest, CgroupKillsWhatLeftTheGroupAfterTheWorkerWasKilled) {
   // The worker (sleep, once exec'd) and the two escapees.
   ASSERT_TRUE(wait_for([&] { return marked(mark).size() == 3 && fs::exists(p->node_dir("node-1") / "daemon.pid"); }))
       << marked(mark).size();
-  EXPECT_TRUE(wait_for([&] { return slurp(node_cg / "worker" / "cgroup.procs").find(std::to_string(worker)) != std::string::npos; }));
+  EXPECT_TRUE(wait_for([&] { return read_text(node_cg / "worker" / "cgroup.procs").find(std::to_string(worker)) != std::string::npos; }));
   ::kill(worker, SIGKILL);
   ASSERT_TRUE(wait_for([&] { return p->worker_alive("node-1") == 0; }));
   auto escapees = marked(mark);
@@ -694,7 +689,7 @@ TEST_F(LocalProviderTest, NetnsNodesGetTheirOwnAddressesAndReachEachOtherAndTheH
   acceptor.join();
   ::close(hfd);
   EXPECT_EQ(got, "worker two");
-  EXPECT_NE(slurp(p->node_dir("node-2") / "addr").find(pool.nodes[2].address + "/24"), std::string::npos);
+  EXPECT_NE(read_text(p->node_dir("node-2") / "addr").find(pool.nodes[2].address + "/24"), std::string::npos);
 
   std::string bridge = p->bridge_name();
   EXPECT_TRUE(link_names().count(bridge));
