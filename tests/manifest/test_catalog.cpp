@@ -13,8 +13,11 @@
 
 #include <unistd.h>
 
+#include "problems.hpp"
+
 namespace fs = std::filesystem;
 using namespace skyforge;
+using namespace skyforge::test;
 
 namespace {
 
@@ -37,13 +40,7 @@ std::vector<std::string> names(const Catalog& c) {
 // Problems validate_against reports for `text` (fails the test when it passes).
 std::vector<std::string> validation_problems(const std::string& text, const Catalog& c) {
   Manifest m = parse_manifest(text, "job.toml");
-  try {
-    validate_against(m, c);
-  } catch (const ManifestError& e) {
-    return e.problems();
-  }
-  ADD_FAILURE() << "manifest passed validation:\n" << text;
-  return {};
+  return problems_refusing([&] { validate_against(m, c); }, "manifest passed validation:\n" + text);
 }
 
 std::string validation_problem(const std::string& text, const Catalog& c) {

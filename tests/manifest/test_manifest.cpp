@@ -12,23 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "problems.hpp"
+
 namespace fs = std::filesystem;
 using namespace skyforge;
+using namespace skyforge::test;
 
 namespace {
 
 const std::string kData = SKYFORGE_TEST_DATA;
-
-// The problems a manifest text is refused with (fails the test when it is accepted).
-std::vector<std::string> problems_of(const std::string& text, const std::string& name = "job.toml") {
-  try {
-    parse_manifest(text, name);
-  } catch (const ManifestError& e) {
-    return e.problems();
-  }
-  ADD_FAILURE() << "manifest was accepted:\n" << text;
-  return {};
-}
 
 // The single problem of a manifest text.
 std::string problem_of(const std::string& text) {

@@ -11,20 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "problems.hpp"
+
 namespace fs = std::filesystem;
 using namespace skyforge;
+using namespace skyforge::test;
 
 namespace {
-
-std::vector<std::string> problems_of(const std::string& text) {
-  try {
-    parse_manifest(text, "job.toml");
-  } catch (const ManifestError& e) {
-    return e.problems();
-  }
-  ADD_FAILURE() << "manifest was accepted:\n" << text;
-  return {};
-}
 
 std::map<std::string, std::string> config_of(const Manifest& m) {
   return {m.train.config.begin(), m.train.config.end()};
