@@ -10,21 +10,16 @@
 #include <sstream>
 
 #include "process.hpp"
+#include "fashion_run_test.hpp"
 #include "run_fixture.hpp"
 
 using namespace skyforge::test;
 
 namespace {
 
-const char* kData = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
-
-class TrainE2E : public SkyforgeRunTest {
+class TrainE2E : public FashionRunTest {
  protected:
-  TrainE2E() : SkyforgeRunTest("skyforge-train") {}
-  void SetUp() override {
-    if (::access(kData, R_OK) != 0) GTEST_SKIP() << kData << " is missing: apt-get install dataset-fashion-mnist";
-    SkyforgeRunTest::SetUp();
-  }
+  TrainE2E() : FashionRunTest("skyforge-train") {}
   Output skyforge(const std::vector<std::string>& args, double timeout_s = 240) {
     return SkyforgeRunTest::skyforge(args, timeout_s);
   }

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "fashion_run_test.hpp"
 #include "run_fixture.hpp"
 #include "train_faults.hpp"
 
@@ -25,7 +26,6 @@ using namespace skyforge::test;
 
 namespace {
 
-const char* kData = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
 constexpr int kEpochs = 6;
 
 // The main job's MLP on 2 local nodes, a checkpoint every epoch; outputs under `out`.
@@ -50,13 +50,9 @@ int latest_epoch(const fs::path& out) {
   return std::sscanf(read_text(out / "ckpt" / "latest").c_str(), "ckpt-%d", &e) == 1 ? e : -1;
 }
 
-class TrainFaults : public SkyforgeRunTest {
+class TrainFaults : public FashionRunTest {
  protected:
-  TrainFaults() : SkyforgeRunTest("skyforge-faults") {}
-  void SetUp() override {
-    if (::access(kData, R_OK) != 0) GTEST_SKIP() << kData << " is missing: apt-get install dataset-fashion-mnist";
-    SkyforgeRunTest::SetUp();
-  }
+  TrainFaults() : FashionRunTest("skyforge-faults") {}
 
   // The uninterrupted run's weights hash and history, once per test binary.
   struct Reference {
