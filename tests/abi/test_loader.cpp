@@ -133,6 +133,17 @@ TEST_F(LoaderTest, PluginTomlAbiMustBeTheOneTheLibraryDeclares) {
   EXPECT_TRUE(contains(e, "plugin.toml says abi \"1.1\" but the library declares ABI 1.0"));
 }
 
+// A plugin.toml of another major (a library built before skyforge_add_plugin() refused it) is
+// not the library's mistake: rebuilding cannot fix it, and the message says what can.
+TEST_F(LoaderTest, PluginTomlOfAnotherMajorSaysItWasWrittenForAnotherSdk) {
+  const int major = SKYFORGE_ABI_MAJOR + 1;
+  std::string e = load_error(fixture("init_fails"), "init_fails", std::nullopt, std::make_pair(major, 0));
+  EXPECT_TRUE(contains(e, fixture("init_fails")));
+  EXPECT_TRUE(contains(e, "plugin.toml says abi \"" + std::to_string(major) +
+                              ".0\": the plugin was written for another skyforge SDK major"));
+  EXPECT_FALSE(contains(e, "rebuild"));
+}
+
 TEST_F(LoaderTest, ComputeBackendMissingItsHooksIsRefusedAtLoad) {
   std::string e = load_error(fixture("compute_without_hooks"));
   EXPECT_TRUE(contains(e, fixture("compute_without_hooks")));

@@ -171,7 +171,8 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
   if (d->abi_major != SKYFORGE_ABI_MAJOR)
     throw LoadError(path + ": plugin ABI " + version_str(d->abi_major, d->abi_minor) +
                     " is incompatible with host ABI " + version_str(SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR) +
-                    " (major versions differ); rebuild the plugin against this SDK");
+                    " (major versions differ): it was built for another skyforge SDK major; use a skyforge of its "
+                    "major, or port it to this SDK");
   if (d->abi_minor > SKYFORGE_ABI_MINOR)
     throw LoadError(path + ": plugin ABI " + version_str(d->abi_major, d->abi_minor) + " is newer than host ABI " +
                     version_str(SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR) + "; upgrade skyforge");
@@ -195,6 +196,12 @@ const LoadedPlugin& Loader::load(const std::string& library_path, const std::str
   if (!expected_name.empty() && p->name != expected_name)
     throw LoadError(path + ": plugin.toml says name '" + expected_name + "' but the library calls itself '" +
                     p->name + "'");
+  if (expected_abi && expected_abi->first != SKYFORGE_ABI_MAJOR)  // rebuilding cannot fix this one
+    throw LoadError(path + ": plugin.toml says abi \"" + version_str(expected_abi->first, expected_abi->second) +
+                    "\": the plugin was written for another skyforge SDK major than this host's ABI " +
+                    version_str(SKYFORGE_ABI_MAJOR, SKYFORGE_ABI_MINOR) + "; use a skyforge of major " +
+                    std::to_string(expected_abi->first) + ", or port it to this SDK (abi = \"" +
+                    std::to_string(SKYFORGE_ABI_MAJOR) + ".N\")");
   if (expected_abi && (expected_abi->first != p->abi_major || expected_abi->second != p->abi_minor))
     throw LoadError(path + ": plugin.toml says abi \"" + version_str(expected_abi->first, expected_abi->second) +
                     "\" but the library declares ABI " + version_str(p->abi_major, p->abi_minor) +
