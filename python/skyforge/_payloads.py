@@ -22,7 +22,7 @@ LARGE_BYTES = 1 << 20
 @dataclass
 class ErrorReport:
     """A task's exception, as the node saw it."""
-    exception: Optional[bytes]  # the pickled exception, when it pickles
+    exception: Any  # a skyforge._errors.PackedException: the exception, rebuilt part by part in the caller
     type_name: str
     message: str
     traceback: str

@@ -35,7 +35,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._handshake import accept_connection
-from ._payloads import ErrorReport
+from ._errors import PoolError, RemoteTraceback, WorkerLostError, raised  # noqa: F401 - skyforge.RemoteTraceback
 from ._tls import _readable, server_context
 from ._wire import FROM_NODE, FrameError, control_frame, parse_control, parse_done, task_frame
 
@@ -51,25 +51,6 @@ _BACKLOG = 1024
 REFUSED_KEPT = 1000
 # The longest line of `skyforge run`'s output read at once (a longer one comes in pieces).
 _LINE_MAX = 1 << 16
-
-
-class PoolError(RuntimeError):
-    """The pool could not start, lost a node, or could not read what a task sent back."""
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised on a node (the __cause__ of the re-raised one)."""
-
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
-
-
-class WorkerLostError(RuntimeError):
-    """A task's worker process died (a segfault, os._exit): raised for that task."""
 
 
 def _skyforge_binary(explicit: Optional[str]) -> str:
@@ -665,7 +646,7 @@ class Pool:
                 elif ok:
                     fut.set_result(payload)
                 else:
-                    fut.set_exception(_reraisable(payload))
+                    fut.set_exception(raised(payload))
             except BaseException as e:  # noqa: BLE001 - this thread must live: the error goes to the task
                 try:
                     fut.set_exception(PoolError(f"the task's outcome could not be read here: {type(e).__name__}: {e}"))
@@ -807,39 +788,3 @@ class Pool:
         else:
             self.close()
 
-
-def _reraisable(payload: bytes) -> BaseException:
-    """The exception a task's ErrorReport stands for, to raise in the caller: the task's own when
-    it unpickles here as an exception, else a RuntimeError with its type name and message."""
-    import pickle
-    try:
-        report = pickle.loads(payload)
-        if not isinstance(report, ErrorReport):
-            raise TypeError(f"a {type(report).__name__}, not an ErrorReport")
-    except Exception as e:  # noqa: BLE001 - a report that does not unpickle is still an error
-        return PoolError(f"a task failed, and what its node said about it could not be read here: "
-                         f"{type(e).__name__}: {e}")
-    where = f"(raised on skyforge node {report.node} slot {report.slot})"
-    exc: Optional[BaseException] = None
-    why_not = ""
-    if report.exception is not None:
-        try:
-            exc = pickle.loads(report.exception)
-        except Exception as e:  # noqa: BLE001 - its class does not exist here
-            exc, why_not = None, f"its exception did not unpickle here ({type(e).__name__}: {e})"
-        if exc is not None and not isinstance(exc, BaseException):
-            # A __reduce__ that makes something else of it: the type name and message are what is left.
-            exc, why_not = None, f"its exception unpickled as a {type(exc).__name__}, not an exception"
-    if exc is None:
-        cls = WorkerLostError if report.type_name == "WorkerLostError" else RuntimeError
-        exc = cls(f"{report.type_name}: {report.message}" if cls is RuntimeError else report.message)
-    if report.traceback:
-        exc.__cause__ = RemoteTraceback("\n" + report.traceback.rstrip() + "\n" + where)
-    if hasattr(exc, "add_note"):
-        try:
-            exc.add_note(where)
-            if why_not:
-                exc.add_note(why_not)
-        except Exception:  # noqa: BLE001 - an exception with odd __notes__
-            pass
-    return exc

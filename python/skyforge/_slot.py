@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import pickle
-import traceback
 
-from ._payloads import ErrorReport, dumps, loads_task
+from ._errors import pack
+from ._payloads import dumps, loads_task
 from ._wire import FROM_DRIVER, done_frame, kind_of, parse_control, parse_task
 
 
@@ -25,34 +25,6 @@ def _sequential_nested():
         ctx = joblib.parallel_backend("sequential")
     ctx.__enter__()
     return ctx
-
-
-def _text(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except BaseException as e:  # noqa: BLE001 - its __str__ raised: the task's error must still travel
-        return f"<its __str__ raised {type(e).__name__}>"
-
-
-def _report(exc: BaseException, node: int, slot: int) -> bytes:
-    """A task's exception as a pickled ErrorReport. Nothing the exception does (a __reduce__ that
-    raises or makes a non-exception, a __str__ that raises) stops it from being reported: what
-    does not travel is left out, and the type name, message and traceback remain."""
-    try:
-        blob = dumps(exc)
-        if not isinstance(pickle.loads(blob), BaseException):
-            blob = None  # a __reduce__ that makes something else of it
-    except BaseException:  # noqa: BLE001 - an exception that does not travel
-        blob = None
-    try:
-        text = traceback.format_exc()
-    except BaseException:  # noqa: BLE001
-        text = ""
-    name = getattr(type(exc), "__qualname__", "Exception")
-    try:
-        return dumps(ErrorReport(blob, name, _text(exc), text, node, slot))
-    except BaseException:  # noqa: BLE001 - the last resort: nothing of the exception's own
-        return dumps(ErrorReport(None, str(name), "", text, node, slot))
 
 
 def serve(conn, node: int, slot: int) -> None:
@@ -71,7 +43,7 @@ def serve(conn, node: int, slot: int) -> None:
                 result = loads_task(payload, store)()
                 answer = done_frame(task_id, slot, True, dumps(result))
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
-                answer = done_frame(task_id, slot, False, _report(exc, node, slot))
+                answer = done_frame(task_id, slot, False, pack(exc, node, slot))
             try:
                 conn.send_bytes(answer)
             except (BrokenPipeError, OSError):
