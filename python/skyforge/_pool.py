@@ -64,6 +64,26 @@ def _toml_string(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
 
 
+def _without_job_table(text: str, data: dict, manifest: str) -> str:
+    """The manifest's text with its [job] table's lines left blank, so that the pool's own [job]
+    can go at the end and every other line keeps its number in skyforge's errors."""
+    import tomllib
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.split("#")[0].replace(" ", "").strip() == "[job]"), None)
+    if start is not None:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+        lines[start:end] = ["\n"] * (end - start)
+    out = "".join(lines)
+    try:
+        same = tomllib.loads(out) == {k: v for k, v in data.items() if k != "job"}
+    except tomllib.TOMLDecodeError:
+        same = False
+    if not same:
+        raise PoolError(f"{manifest}: write plugin_path in a [job] table of its own (`[job]` on a line, then "
+                        "`plugin_path = [\"dir\", ...]`)")
+    return out
+
+
 def _route_source(host: str) -> Optional[str]:
     """This machine's address on the route to `host` (as the providers choose the address their
     nodes connect back to: a UDP connect sends nothing); None when it cannot be told."""
@@ -360,12 +380,26 @@ class Pool:
         data = self._manifest()
         with open(self.manifest, encoding="utf-8") as f:
             text = f.read()
-        for table in ("job", "train", "search", "tasks"):
+        for table in ("train", "search", "tasks"):
             if table in data:
                 raise PoolError(f"{self.manifest}: a pool manifest describes the pool only; it has a [{table}] table "
                                 "(the job is the Python code inside the `with` block)")
+        given = data.get("job", {})
+        if not isinstance(given, dict) or set(given) - {"plugin_path"}:
+            sets = ", ".join(sorted(set(given) - {"plugin_path"})) if isinstance(given, dict) else "an array of tables"
+            raise PoolError(f"{self.manifest}: a pool manifest describes the pool only; it has a [job] table that sets "
+                            f"{sets} (a pool's [job] sets plugin_path only: the job is the Python code inside the "
+                            "`with` block)")
         if self.nodes_wanted or self.concurrency or self.provider:
             raise TypeError("joblib_pool: give either a manifest or nodes/concurrency/provider, not both")
+        if "job" in data:
+            dirs = given.get("plugin_path", [])
+            if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+                raise PoolError(f"{self.manifest}: [job] plugin_path: expected an array of strings (plugin directories, "
+                                "relative to the manifest's directory)")
+            text = _without_job_table(text, data, self.manifest)
+            # The job's manifest sits beside this one: its relative entries mean the same there.
+            job += "plugin_path = [" + ", ".join(_toml_string(d) for d in dirs) + "]\n"
         return text + ("\n" if not text.endswith("\n") else "") + job
 
     def _bind_address(self) -> str:
