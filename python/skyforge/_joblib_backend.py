@@ -3,7 +3,9 @@
 One class serves joblib 1.2 (Debian 12's: apply_async, job.get) and 1.3-1.6 (submit, with
 retrieve_result_callback): submit() returns a Future that also has get(timeout), and joblib's
 callback runs when the batch ends either way. Batches (joblib's BatchedCalls) travel with
-cloudpickle; NumPy arrays of 1 MiB or more travel once per node per Parallel call, by reference.
+cloudpickle; NumPy arrays of 1 MiB or more travel once per node per Parallel call, by reference:
+through memory to the nodes on the caller's machine when larger than Parallel's max_nbytes
+("1M"; None: never), read-only in the tasks as loky's mmap_mode="r" gives them (skyforge._shm).
 Nested Parallel calls inside a task run sequentially (joblib's rule for its own workers), and so
 does a call that asks for one job.
 """
@@ -20,6 +22,7 @@ from typing import Any, Dict, Optional
 
 import joblib
 from joblib._parallel_backends import AutoBatchingMixin, ParallelBackendBase, SequentialBackend
+from joblib.disk import memstr_to_bytes
 
 try:
     from joblib._parallel_backends import FallbackToBackend
@@ -53,7 +56,8 @@ class SkyforgeBackend(AutoBatchingMixin, ParallelBackendBase):
     def __init__(self, nesting_level=None, inner_max_num_threads=None, **kwargs):
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
         self._pool = kwargs.get("pool")
-        self._shared: Dict[int, tuple] = {}   # id -> (array, blob): alive until the call ends
+        self._shared: Dict[int, Any] = {}   # id -> array: alive until the call ends
+        self._max_nbytes: Optional[int] = 1 << 20  # through memory above this (Parallel's max_nbytes)
         self._outstanding: Dict[int, Future] = {}
         self._lock = threading.Lock()
 
@@ -77,6 +81,8 @@ class SkyforgeBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def configure(self, n_jobs=1, parallel=None, prefer=None, require=None, **kwargs):
         self.parallel = parallel
+        max_nbytes = kwargs.get("max_nbytes", "1M")  # joblib 1.2 passes the string, >= 1.3 bytes
+        self._max_nbytes = memstr_to_bytes(max_nbytes) if isinstance(max_nbytes, str) else max_nbytes
         n = self.effective_n_jobs(n_jobs)
         if n == 1 or (self.nesting_level or 0) > 0:
             # One job, or a call from inside a task: run it here, as joblib's own workers do.
@@ -91,10 +97,8 @@ class SkyforgeBackend(AutoBatchingMixin, ParallelBackendBase):
         before = set(self._shared)
         payload = dumps_task(func, self._shared)
         for key in set(self._shared) - before:  # new large arrays: to every node, once
-            obj, _ = self._shared[key]
-            blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-            self._shared[key] = (obj, None)
-            pool.share(key, blob)
+            obj = self._shared[key]
+            pool.share(key, obj, memory=self._max_nbytes is not None and obj.nbytes > self._max_nbytes)
         job = BatchFuture()
         if callback is not None:
             job.add_done_callback(callback)

@@ -1,7 +1,8 @@
 """What travels inside the Python pool's frames (docs/python-plane.md): a task is a cloudpickled
 callable, as loky sends them; a result is its pickle; a failure is a pickled ErrorReport.
 NumPy arrays of LARGE_BYTES or more in a joblib batch's arguments are left out of the task by
-reference (persistent ids) and travel once per node in a "put" control message instead.
+reference (persistent ids) and travel once per node in a "put" control message instead: their
+pickle, or for a node on the caller's machine the path of a file it maps (skyforge._shm).
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import io
 import pickle
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
+
+from ._shm import MappedFile
 
 try:  # the PyPI package, as loky uses it; joblib vendors the same module
     import cloudpickle
@@ -33,7 +36,7 @@ class ErrorReport:
 class _SharingPickler(cloudpickle.CloudPickler):
     """cloudpickle that leaves large NumPy arrays out, by reference, for the node to hold."""
 
-    def __init__(self, file, shared: Dict[int, tuple]):
+    def __init__(self, file, shared: Dict[int, Any]):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._shared = shared
 
@@ -42,8 +45,7 @@ class _SharingPickler(cloudpickle.CloudPickler):
             return None
         if obj.nbytes >= LARGE_BYTES:
             key = id(obj)
-            if key not in self._shared:
-                self._shared[key] = (obj, None)
+            self._shared.setdefault(key, obj)
             return ("skyforge-shared", key)
         return None
 
@@ -76,8 +78,8 @@ def _has_large_array(fn: Any) -> bool:
     return False
 
 
-def dumps_task(fn: Any, shared: Dict[int, tuple]) -> bytes:
-    """The callable, its large arrays replaced by keys recorded in `shared` (id -> (array, blob))."""
+def dumps_task(fn: Any, shared: Dict[int, Any]) -> bytes:
+    """The callable, its large arrays replaced by keys recorded in `shared` (id -> array)."""
     if not _has_large_array(fn):
         return cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
     buf = io.BytesIO()
@@ -94,7 +96,16 @@ class _SharedUnpickler(pickle.Unpickler):
         kind, key = pid
         if kind != "skyforge-shared" or key not in self._store:
             raise pickle.UnpicklingError(f"a shared argument ({pid!r}) never reached this node")
-        return self._store[key]
+        value = self._store[key]
+        return value.array() if isinstance(value, MappedFile) else value
+
+
+def held(value: Any) -> Any:
+    """A shared argument as a slot keeps it for the tasks of a call: read-only, as loky's workers
+    get a large array (joblib's mmap_mode="r"), so that no task changes what the next one sees."""
+    if type(value).__name__ == "ndarray" and type(value).__module__ == "numpy":
+        value.flags.writeable = False
+    return value
 
 
 def loads_task(payload: bytes, store: Dict[int, Any]) -> Callable[[], Any]:

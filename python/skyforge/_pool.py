@@ -16,8 +16,11 @@ temporary files go whatever happens.
 """
 from __future__ import annotations
 
+import functools
+import hmac
 import json
 import os
+import pickle
 import queue
 import secrets
 import select
@@ -32,10 +35,13 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import wait as futures_wait
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from . import _shm
 from ._handshake import accept_connection
 from ._errors import PoolError, RemoteTraceback, WorkerLostError, raised  # noqa: F401 - skyforge.RemoteTraceback
+from ._payloads import dumps
 from ._tls import _readable, server_context
 from ._wire import FROM_NODE, FrameError, control_frame, parse_control, parse_done, task_frame
 
@@ -49,6 +55,8 @@ CROWDED_AGE = 0.5
 _BACKLOG = 1024
 # Refused peers kept by name (all are counted).
 REFUSED_KEPT = 1000
+# How long the first large array of a pool waits for its nodes' answers to the probe.
+PROBE_WAIT = 10.0
 # The longest line of `skyforge run`'s output read at once (a longer one comes in pieces).
 _LINE_MAX = 1 << 16
 
@@ -352,6 +360,8 @@ class Pool:
         self._interrupted = False
         self._output: List[str] = []
         self._done: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._shm = _shm.SharedDir()  # large arrays for the nodes on this machine
+        self._probes: Dict[int, Future] = {}  # node -> its answer to the shared directory's probe
 
     # ---- start ---------------------------------------------------------------------------
     def _manifest(self) -> dict:
@@ -589,14 +599,16 @@ class Pool:
     def slots(self) -> int:
         return sum(n.slots for n in self.nodes if not n.lost)
 
-    def submit(self, payload: bytes, callback: Optional[Callable[[Future], None]] = None) -> Future:
+    def submit(self, payload: bytes, callback: Optional[Callable[[Future], None]] = None,
+               to: Optional[Node] = None) -> Future:
         fut: Future = Future()
         if callback is not None:
             fut.add_done_callback(callback)
         with self._lock:
-            live = [n for n in self.nodes if not n.lost]
+            live = [n for n in self.nodes if not n.lost and to in (None, n)]
             if self._closed or not live:
-                fut.set_exception(PoolError("the pool is closed" if self._closed else "every node of the pool is lost"))
+                fut.set_exception(PoolError("the pool is closed" if self._closed else "every node of the pool is lost"
+                                            if to is None else f"node {to.index} is lost"))
                 return fut
             # The node with the most free slots (fewest tasks per slot) takes it.
             node = min(live, key=lambda n: len(n.in_flight) / n.slots)
@@ -609,11 +621,42 @@ class Pool:
             self._lose(node, f"sending to it failed: {e}")
         return fut
 
-    def share(self, key: int, blob: bytes) -> None:
+    # ---- large arguments (docs/python.md, "Large arrays") ----------------------------------
+    def share(self, key: int, value: Any, memory: bool = True) -> None:
+        """`value`, a large argument of a call, to every node once, as `key`: to the nodes on this
+        machine through memory when it is an array that can be (skyforge._shm; never when
+        `memory` is False), to the others (and whenever the file cannot be written) as its pickle."""
+        wanting = [n for n in self.nodes if not n.lost and key not in n.shared]
+        mapping = self._mapping_nodes() if wanting and memory and _shm.mappable(value) else set()
+        mapped_file = self._shm.write(key, value) if any(n.index in mapping for n in wanting) else None
+        blobs: Dict[bool, bytes] = {}
+        for n in wanting:
+            mapped = mapped_file is not None and n.index in mapping
+            if mapped not in blobs:
+                blobs[mapped] = pickle.dumps(mapped_file if mapped else value, protocol=pickle.HIGHEST_PROTOCOL)
+            n.send(("put", key, blobs[mapped]))
+            n.shared.add(key)
+
+    def _mapping_nodes(self) -> set:
+        """The nodes that proved they map this pool's shared files: each is asked once, by a task
+        that reads the shared directory's probe file; one that has not answered within
+        PROBE_WAIT seconds gets pickles until it has."""
+        if self._shm.open() is None:
+            return set()
+        probe = dumps(functools.partial(_shm.probe, self._shm.probe_path()))
         for n in self.nodes:
-            if not n.lost and key not in n.shared:
-                n.send(("put", key, blob))
-                n.shared.add(key)
+            if not n.lost and n.index not in self._probes:
+                self._probes[n.index] = self.submit(probe, to=n)
+        # The completion thread cannot wait for a completion (joblib dispatches from its callbacks).
+        on_completions = threading.current_thread().name == "skyforge-completions"
+        futures_wait(list(self._probes.values()), timeout=0 if on_completions else PROBE_WAIT)
+        return {i for i, f in self._probes.items() if f.done() and self._proved(f)}
+
+    def _proved(self, probe: Future) -> bool:
+        try:
+            return probe.exception() is None and hmac.compare_digest(pickle.loads(probe.result()), self._shm.token)
+        except Exception:  # noqa: BLE001 - an answer that is not the probe's bytes
+            return False
 
     def cancel(self, futures) -> None:
         """Drop these tasks: the nodes skip them if they have not started (joblib's abort)."""
@@ -640,6 +683,8 @@ class Pool:
                 except (OSError, ValueError):
                     pass
             n.shared.difference_update(held)
+        for k in keys:
+            self._shm.remove(k)
 
     def _reader(self, node: Node) -> None:
         try:
@@ -795,6 +840,7 @@ class Pool:
             self._relay.join(2)
 
     def _remove_files(self) -> None:
+        self._shm.close()
         if self._job_file:
             try:
                 os.unlink(self._job_file)

@@ -10,7 +10,7 @@ import os
 import pickle
 
 from ._errors import pack
-from ._payloads import dumps, loads_task
+from ._payloads import dumps, held, loads_task
 from ._wire import FROM_DRIVER, done_frame, kind_of, parse_control, parse_task
 
 
@@ -51,7 +51,7 @@ def serve(conn, node: int, slot: int) -> None:
             continue
         msg = parse_control(frame, FROM_DRIVER)
         if msg[0] == "put":
-            store[msg[1]] = pickle.loads(msg[2])
+            store[msg[1]] = held(pickle.loads(msg[2]))
         elif msg[0] == "drop":
             for key in msg[1]:
                 store.pop(key, None)

@@ -1,7 +1,7 @@
 """joblib and scikit-learn code, unchanged, on a real local skyforge pool (the `skyforge` binary
 from $SKYFORGE_BIN, real worker processes): results, order, generators, errors with their type
-and remote traceback, a worker that dies, large arguments sent once per node, nested
-parallelism, GridSearchCV identical to n_jobs=1, and nothing left behind."""
+and remote traceback, a worker that dies, nested parallelism, GridSearchCV identical to
+n_jobs=1, and nothing left behind (large arguments: test_shared_arrays.py)."""
 import os
 import subprocess
 import time
@@ -99,18 +99,6 @@ def test_a_task_that_kills_its_worker_fails_the_call_and_the_pool_goes_on(pool_e
 def _segv():
     import ctypes
     ctypes.string_at(0)
-
-
-def test_a_large_argument_travels_once_per_node_per_call(pool_env):
-    big = np.arange(4_000_000, dtype=np.float64)  # 32 MB
-    with skyforge.joblib_pool(nodes=2, concurrency=1) as pool:
-        sent = []
-        share = pool.share
-        pool.share = lambda key, blob: (sent.append(len(blob)), share(key, blob))[1]
-        sums = Parallel(n_jobs=-1, batch_size=1)(delayed(np.sum)(big) for _ in range(20))
-        assert sums == [big.sum()] * 20
-        assert len(sent) == 1 and sent[0] >= big.nbytes  # one blob, put to each node once
-        assert all(not n.shared for n in pool.nodes)  # forgotten when the call ended
 
 
 def test_parallel_config_names_the_backend(pool_env):

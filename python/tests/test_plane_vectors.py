@@ -138,7 +138,7 @@ def test_what_the_driver_sends_is_the_vectors_bytes(pool):
     task, put = FRAMES["task"], message(FRAMES["put"])
     pool._next_id = task["task_id"]
     fut = pool.submit(bytes.fromhex(task["payload_hex"]))
-    pool.share(put[1], put[2])
+    pool.share(put[1], pickle.loads(put[2]))  # a value, its pickle the blob
     pool.cancel([fut])
     pool.unshare([put[1]])
     node.send(("bye",))
