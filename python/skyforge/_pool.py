@@ -38,6 +38,11 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as futures_wait
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: the same parser from PyPI (the package's dependency there)
+    import tomli as tomllib
+
 from . import _shm
 from ._handshake import accept_connection
 from ._errors import PoolError, RemoteTraceback, WorkerLostError, raised  # noqa: F401 - skyforge.RemoteTraceback
@@ -75,7 +80,6 @@ def _toml_string(s: str) -> str:
 def _without_job_table(text: str, data: dict, manifest: str) -> str:
     """The manifest's text with its [job] table's lines left blank, so that the pool's own [job]
     can go at the end and every other line keeps its number in skyforge's errors."""
-    import tomllib
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if line.split("#")[0].replace(" ", "").strip() == "[job]"), None)
     if start is not None:
@@ -369,7 +373,6 @@ class Pool:
             if self.manifest is None:
                 self._data = {"pool": {"provider": self.provider or "local", "nodes": int(self.nodes_wanted)}}
             else:
-                import tomllib
                 try:
                     with open(self.manifest, "rb") as f:
                         self._data = tomllib.load(f)
