@@ -4,6 +4,7 @@
 // everything differently — the host keeps no policy of its own.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <regex>
 #include <string>
 
@@ -105,6 +106,32 @@ TEST_F(TasksE2E, AThirdPartysBackendDecidesOrderFailuresAndTheReport) {
   EXPECT_NE(o.out.find("reverse: skipped failures 1"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("reverse: 3 -> d"), std::string::npos) << o.out;
   EXPECT_TRUE(task_lines(o.out).empty()) << "its report replaces the line per task: " << o.out;
+}
+
+TEST_F(TasksE2E, AGreedyBackendGetsNoMoreThanSlotsTimesPipelineBatchesPerNode) {
+  // The template backend with chunk = 1 hands a task to every next_batch while any is left: only
+  // the host keeps a node to 2 slots x --pipeline 3 = 6 batches, so the node ready first cannot
+  // take them all. Its report counts what it handed out and what came back, per node.
+  constexpr int kTasks = 30, kHeld = 6;
+  std::string list;
+  for (int i = 0; i < kTasks; ++i) list += std::string(i ? ", " : "") + "\"sleep:150\"";
+  auto m = write("greedy.toml", "[pool]\nnodes = 2\nconcurrency = 2\n[job]\nplugin_path = [\"" + std::string(E2E_FIXTURES) +
+                                    "\"]\napp = \"crashy\"\nmode = \"map\"\ninputs = [" + list +
+                                    "]\n[tasks]\nbackend = \"my_tasks\"\nchunk = 1\nreport_results = false\n");
+  Output o = run({"run", "--pipeline", "3", m.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  std::regex line(R"(my_tasks: node (\d) ran (\d+) tasks in (\d+) batches, at most (\d+) out at once)");
+  int nodes = 0, tasks = 0, most = 0;
+  for (std::sregex_iterator it(o.out.begin(), o.out.end(), line), end; it != end; ++it, ++nodes) {
+    const int ran = std::stoi((*it)[2]), held = std::stoi((*it)[4]);
+    EXPECT_GT(ran, 0) << "node " << (*it)[1] << " ran nothing:\n" << o.out;
+    EXPECT_LE(held, kHeld) << "node " << (*it)[1] << " held more than slots x pipeline:\n" << o.out;
+    tasks += ran;
+    most = std::max(most, held);
+  }
+  EXPECT_EQ(nodes, 2) << o.out;
+  EXPECT_EQ(tasks, kTasks) << o.out;
+  EXPECT_EQ(most, kHeld) << "the host asks again until a node is full:\n" << o.out;
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ TaskDriver::TaskDriver(const PluginInstance& backend, const JobSpec& job, uint32
       hooks_(*backend.hooks<sf_task_hooks>()),
       job_(job),
       timings_(timings),
+      held_max_(uint64_t(std::max<uint32_t>(1, concurrency)) * std::max<uint32_t>(1, pipeline)),
       sent_(nodes),
       lost_(nodes) {
   n_tasks_ = job.inputs.empty() ? job.tasks : job.inputs.size();
@@ -86,7 +87,7 @@ std::optional<std::string> TaskDriver::refresh_state() {
 }
 
 std::optional<msg::TaskBatch> TaskDriver::next_batch(uint32_t node) {
-  if (state_ != SF_TASKS_RUNNING || lost_[node]) return std::nullopt;
+  if (state_ != SF_TASKS_RUNNING || lost_[node] || sent_[node].size() >= held_max_) return std::nullopt;
   buffer_.resize(std::min<uint64_t>(kMaxBatch, std::max<uint64_t>(1, n_tasks_)));
   size_t n = 0;
   backend_.call(&sf_task_hooks::next_batch, "next_batch", node, buffer_.data(), buffer_.size(), &n);

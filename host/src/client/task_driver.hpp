@@ -1,8 +1,9 @@
 // A map job's run of its task backend (abi.h, sf_task_hooks; docs/plugins.md): the plugin
 // decides which tasks go to which node in which batches, and what a failure or a lost node
 // means; the driver turns its decisions into TaskBatch messages, feeds the nodes' answers back,
-// keeps each task's last answer, and holds the plugin to its contract (a task it hands out
-// exists and is not already out). The pool run calls it under its lock, one call at a time.
+// keeps each task's last answer, holds the plugin to its contract (a task it hands out exists
+// and is not already out), and bounds what a node holds: slots × pipeline batches not yet
+// answered. The pool run calls it under its lock, one call at a time.
 #pragma once
 
 #include <chrono>
@@ -26,7 +27,8 @@ class TaskDriver {
              uint32_t pipeline, bool timings);
 
   uint64_t n_tasks() const { return n_tasks_; }
-  // The next batch for `node`, counted as out there; nothing when the backend has none for it.
+  // The next batch for `node`, counted as out there; nothing when the backend has none for it,
+  // and nothing, without asking the backend, while `node` holds slots × pipeline batches.
   // Throws PluginError when the backend breaks its contract or fails.
   std::optional<msg::TaskBatch> next_batch(uint32_t node);
   // `node`'s answer to one of its batches. Returns the job's failure once it has failed.
@@ -57,6 +59,7 @@ class TaskDriver {
   const sf_task_hooks& hooks_;
   const JobSpec& job_;
   bool timings_;
+  uint64_t held_max_;  // batches a node may hold: slots × pipeline
   std::vector<std::string> planned_;  // the backend's inputs, when it made them
   uint64_t n_tasks_ = 0;
   int32_t state_ = SF_TASKS_RUNNING;
