@@ -136,7 +136,7 @@ int cmd_run(int argc, char** argv) {
   desc.add_options()("manifest", po::value(&manifest), "the job manifest")(
       "verbose,v", po::bool_switch(&opt.verbose), "show bootstrap output and plugins' debug-level logs (info and above always show)")(
       "quiet-results", po::bool_switch(&opt.quiet_results), "do not print per-task results of a map job")(
-      "pipeline", po::value(&opt.pipeline)->default_value(2), "map: batches in flight per slot (>= 1)")(
+      "pipeline", po::value(&opt.pipeline)->default_value(2), "map: a node holds at most [pool] concurrency x this many batches (>= 1)")(
       "timings", po::bool_switch(&opt.timings), "print phase timings (ms) and map batch round trips on stderr")(
       "resume", po::bool_switch(&opt.resume),
       "go on from the job's last checkpoint (a [train] job with a checkpoint directory: after a host crash)")(

@@ -449,8 +449,12 @@ typedef struct sf_task_job {
   uint32_t struct_size;
   uint32_t nodes;          /* nodes in the pool, numbered 0..nodes-1 */
   uint32_t slots_per_node; /* [pool] concurrency (>= 1): tasks a node runs at once */
-  uint32_t pipeline;       /* batches per slot the host lets a node hold: an upper bound the
-                              backend may stay under (more queued = less idle, worse tail) */
+  uint32_t pipeline;       /* batches per slot a node may hold: the host never has more than
+                              slots_per_node * pipeline of a node's batches unanswered (running
+                              or queued: the node's free slots take them from one queue, in
+                              order), and does not call next_batch for a node that holds that
+                              many. A backend may stay under it (more queued = less idle, worse
+                              tail) */
   uint64_t n_tasks;        /* the job's tasks, indexed 0..n_tasks-1 (plan's count when it made them) */
   const char* app;         /* the app that runs the tasks */
 } sf_task_job;

@@ -529,7 +529,7 @@ class ComputeBackend : public PluginBase {
 struct TaskJob {
   uint32_t nodes = 0;
   uint32_t slots_per_node = 1;  // [pool] concurrency
-  uint32_t pipeline = 1;        // batches per slot a node may hold, at most
+  uint32_t pipeline = 1;        // a node holds at most slots_per_node * pipeline batches (the host's bound)
   uint64_t n_tasks = 0;
   std::string app;
 };
