@@ -18,6 +18,7 @@ import secrets
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from typing import Any, Optional
 
@@ -73,11 +74,17 @@ class SharedDir:
         self.path: Optional[str] = None
         self.token = b""  # what the probe file holds
         self._lock_fd: Optional[int] = None
+        self._opening = threading.Lock()  # calls on two threads make one directory
+        self._closed = False
 
     def open(self) -> Optional[str]:
-        """The directory's path; None when no private directory can be made here."""
-        if self.path is not None:
+        """The directory's path; None when no private directory can be made here, or once closed."""
+        with self._opening:
+            if self.path is None and not self._closed:
+                self._make()
             return self.path
+
+    def _make(self) -> None:
         for base in _bases():
             if not os.path.isdir(base):
                 continue
@@ -90,9 +97,14 @@ class SharedDir:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             self.path, self.token = path, secrets.token_bytes(32)
             if self._write(PROBE, lambda f: f.write(self.token)):
-                return path
-            self.close()
-        return None
+                return
+            self._remove()
+
+    def close(self) -> None:
+        """Removes the directory and everything in it, for good; safe to call again."""
+        with self._opening:
+            self._closed = True
+            self._remove()
 
     def probe_path(self) -> str:
         return os.path.join(self.path, PROBE)
@@ -108,16 +120,19 @@ class SharedDir:
         dense = array.transpose(axes)
         if not dense.flags.c_contiguous:
             axes, dense = list(range(array.ndim)), array
-        try:
-            st = os.statvfs(self.path)
-            if st.f_bavail * st.f_frsize < array.nbytes + (64 << 20):
-                return None  # leave tmpfs room for others
-        except OSError:
-            return None
         name = f"{int(key)}.npy"
-        if not self._write(name, lambda f: np.lib.format.write_array(f, dense, allow_pickle=False)):
-            return None
-        return MappedFile(os.path.join(self.path, name), [axes.index(i) for i in range(array.ndim)])
+        with self._opening:  # never a file in a directory close() is removing
+            if self.path is None:
+                return None
+            try:
+                st = os.statvfs(self.path)
+                if st.f_bavail * st.f_frsize < array.nbytes + (64 << 20):
+                    return None  # leave tmpfs room for others
+            except OSError:
+                return None
+            if not self._write(name, lambda f: np.lib.format.write_array(f, dense, allow_pickle=False)):
+                return None
+            return MappedFile(os.path.join(self.path, name), [axes.index(i) for i in range(array.ndim)])
 
     def _write(self, name: str, fill) -> bool:
         path = os.path.join(self.path, name)
@@ -130,22 +145,18 @@ class SharedDir:
                 fill(f)
             return True
         except (OSError, ValueError):
-            self.remove_file(name)
+            os.unlink(path)
             return False
 
     def remove(self, key: int) -> None:
-        self.remove_file(f"{int(key)}.npy")
+        path = self.path
+        if path is not None:
+            try:
+                os.unlink(os.path.join(path, f"{int(key)}.npy"))
+            except FileNotFoundError:
+                pass
 
-    def remove_file(self, name: str) -> None:
-        if self.path is None:
-            return
-        try:
-            os.unlink(os.path.join(self.path, name))
-        except FileNotFoundError:
-            pass
-
-    def close(self) -> None:
-        """Removes the directory and everything in it; safe to call again."""
+    def _remove(self) -> None:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None
