@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs skyforge into a temporary prefix, builds every template (framework plugin, app,
-# compute backend, task backend) out of tree against it exactly as their READMEs say, and runs
-# their jobs with the installed host. Also checks that the installed host finds its own plugins (local, torch) and plugins
-# named by $SKYFORGE_PLUGIN_PATH, and that no run leaves anything in its TMPDIR.
+# compute backend, task backend, provider) out of tree against it exactly as their READMEs say,
+# and runs their jobs with the installed host. Also checks that the installed host finds its own
+# plugins (local, torch), plugins named by $SKYFORGE_PLUGIN_PATH and a plugin installed with no
+# --prefix; that no run leaves anything in its TMPDIR, nor a provider a worker; and that an
+# `abi` of another major stops the configure and takes the configured plugin.toml with it.
 #
 # usage: test_install.sh --build-dir DIR --source-dir DIR [--cmake PATH] [--generator NAME] [--cxx PATH]
 set -euo pipefail
@@ -111,6 +113,7 @@ build_template framework-plugin my_framework
 build_template app my_app
 build_template compute-backend my_backend
 build_template task-backend my_tasks
+build_template provider my_provider
 
 # ---- 3. run their jobs with the installed host -----------------------------------------------
 step "skyforge run templates/framework-plugin/job.toml"
@@ -145,13 +148,20 @@ expect_line run-map "[task 1] => egrofyks"
 expect_line run-map "[task 2] => x"
 expect_line run-map "[task 3] => 54321"
 
-# Installed into skyforge's prefix, a plugin needs no plugin_path at all.
-step "cmake --install templates/app into the prefix; skyforge run (map over my_app, no plugin path)"
-capture install-app "$cmake_bin" --install "$work/app/build" --prefix "$prefix"
+# Configured with no install prefix, a plugin project installs into the prefix of the skyforge it
+# was built against, where that skyforge needs no plugin_path at all. (Checked before installing:
+# the default would write to /usr/local.)
+step "cmake --install templates/app with no --prefix; skyforge plugins, run (map over my_app, no plugin path)"
+grep -qxF "CMAKE_INSTALL_PREFIX:PATH=$prefix" "$work/app/build/CMakeCache.txt" ||
+  fail "templates/app configured with no prefix installs to $(grep '^CMAKE_INSTALL_PREFIX:' "$work/app/build/CMakeCache.txt"), not skyforge's prefix $prefix"
+capture install-app "$cmake_bin" --install "$work/app/build"
 expect_ok install-app
 installed=$(find "$prefix" -path '*/skyforge/plugins/my_app/libmy_app.so' -print -quit)
 [[ -n $installed && -f $(dirname "$installed")/plugin.toml ]] ||
   { show install-app; fail "cmake --install of templates/app put no my_app/{libmy_app.so,plugin.toml} in the plugin directory"; }
+skyforge plugins-installed plugins
+expect_ok plugins-installed
+expect_match plugins-installed "^\s*app\s+my_app\s.*$prefix/"
 skyforge run-map-installed run "$work/map.toml"
 expect_ok run-map-installed
 expect_line run-map-installed "[task 1] => egrofyks"
@@ -184,6 +194,23 @@ expect_line run-tasks "my_tasks: node 1 ran tasks 5 to 9"
 expect_line run-tasks "[task 0] => 0^2=0"
 expect_line run-tasks "[task 9] => 9^2=81"
 
+# The template provider makes the nodes of a command job and of a map job; teardown leaves no
+# worker (their pids, printed by the command, are gone) and no directory (the TMPDIR check).
+step "skyforge run templates/provider/job.toml"
+skyforge run-provider run "$work/provider/job.toml"
+expect_ok run-provider
+expect_match run-provider '^\[node 0\] node 0 of 2 in node-0, worker pid [0-9]+$'
+expect_match run-provider '^\[node 1\] node 1 of 2 in node-1, worker pid [0-9]+$'
+for pid in $(sed -nE 's/^\[node [01]\] .*, worker pid ([0-9]+)$/\1/p' "$work/run-provider.out"); do
+  ! kill -0 "$pid" 2>/dev/null || { show run-provider; fail "my_provider left worker $pid running"; }
+done
+
+step "skyforge run templates/provider/map.toml"
+skyforge run-provider-map run "$work/provider/map.toml"
+expect_ok run-provider-map
+expect_line run-provider-map "[task 0] => 0^2=0"
+expect_line run-provider-map "[task 7] => 7^2=49"
+
 step "skyforge plugins"
 SKYFORGE_PLUGIN_PATH=$plugin_path skyforge plugins plugins
 expect_ok plugins
@@ -201,4 +228,18 @@ expect_match run-torch '^\[node 1\] rank=1 world=2 master=[^:]+:[0-9]+$'
 masters=$(sed -nE 's/^\[node [01]\] rank=[01] world=2 master=(.*)$/\1/p' "$work/run-torch.out" | sort -u | wc -l)
 [[ $masters -eq 1 ]] || { show run-torch; fail "the ranks disagree on MASTER_ADDR:MASTER_PORT"; }
 
-echo "PASS: installed SDK builds the four templates and the installed host runs them"
+# abi = "2.0" builds against no 1.x SDK: the configure fails at the line, and the plugin.toml an
+# earlier configure put beside the library goes (a reconfigure of the app's build: seconds).
+step "templates/app with abi = \"2.0\": cmake refuses it"
+sed -i 's/^abi = .*/abi = "2.0"/' "$work/app/plugin.toml"
+abi_line=$(grep -n '^abi = ' "$work/app/plugin.toml" | cut -d: -f1)
+capture configure-abi2 "$cmake_bin" -S "$work/app" -B "$work/app/build"
+[[ $rc -ne 0 ]] || { show configure-abi2; fail "a plugin.toml with abi = \"2.0\" configured"; }
+message=$(tr -s ' \n' ' ' <"$work/configure-abi2.err")
+for part in "$work/app/plugin.toml:$abi_line: plugin 'my_app': abi = \"2.0\": plugin ABI major 2" \
+            "expected abi = \"1.N\""; do
+  [[ $message == *"$part"* ]] || { show configure-abi2; fail "configure with abi = \"2.0\" does not say: $part"; }
+done
+[[ ! -e $work/app/build/plugins/my_app/plugin.toml ]] || fail "a failed configure left build/plugins/my_app/plugin.toml"
+
+echo "PASS: installed SDK builds the five templates and the installed host runs them"
