@@ -11,9 +11,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 jax.distributed.initialize()
 mesh = Mesh(np.array(jax.devices()), ("d",))
 sharding = NamedSharding(mesh, P("d"))
-local = [jax.device_put(jnp.full((1,), float(d.id)), d) for d in jax.local_devices()]
+index = {d: i for i, d in enumerate(jax.devices())}  # the global mesh order, 0 .. devices-1
+local = [jax.device_put(jnp.full((1,), float(index[d])), d) for d in jax.local_devices()]
 x = jax.make_array_from_single_device_arrays((len(jax.devices()),), sharding, local)
 total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(x)
 print(f"process {jax.process_index()}/{jax.process_count()} devices {len(jax.devices())} "
-      f"sum_of_device_ids {float(total):.0f}", flush=True)
+      f"sum_of_device_indices {float(total):.0f}", flush=True)
 jax.distributed.shutdown()

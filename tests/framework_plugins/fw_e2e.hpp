@@ -1,11 +1,13 @@
 // Shared by the end-to-end tests of the framework plugins (test_framework_e2e.cpp,
-// test_real_frameworks.cpp): the fixture that gives each test its own TMPDIR and checks that the
-// run left no process and no file behind, and the helpers that read the nodes' output.
+// test_real_frameworks.cpp, test_examples.cpp): the fixture that gives each test its own TMPDIR and
+// checks that the run left no process and no file behind, the Pythons that have the frameworks,
+// and the helpers that read the nodes' output.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <map>
 #include <memory>
@@ -22,6 +24,12 @@ namespace skyforge::test::fw_e2e {
 
 using NodeEnv = std::map<std::string, std::string>;
 
+// Debian's python3-torch imports under this Python only.
+inline const std::string kSystemPython = "/usr/bin/python3";
+// .ci/setup-venv's: jax, keras; and beside it tensorflow-cpu (with its own keras).
+inline const std::string kVenvPython = std::string(SKYFORGE_VENV) + "/bin/python";
+inline const std::string kTfVenvPython = std::string(SKYFORGE_VENV) + "-tf/bin/python";
+
 class FrameworkE2E : public SkyforgeRunTest {
  protected:
   FrameworkE2E() : SkyforgeRunTest("skyforge-fw-e2e") {}
@@ -33,6 +41,17 @@ class FrameworkE2E : public SkyforgeRunTest {
   }
   // Any program, under this test's TMPDIR (python probes and JSON checks).
   Output exec(const std::vector<std::string>& argv, double timeout_s = 60) { return Child(argv, env()).wait(timeout_s); }
+  // Empty when `python` imports `module`; else why not (for GTEST_SKIP).
+  std::string cannot_import(const std::string& python, const std::string& module,
+                            const std::map<std::string, std::string>& env_extra = {}) {
+    if (::access(python.c_str(), X_OK) != 0) return "no " + python;
+    auto e = env();
+    e.insert(env_extra.begin(), env_extra.end());
+    Output o = Child({python, "-c", "import " + module}, e).wait(120);
+    if (o.exit_code == 0) return "";
+    std::string why = o.err.size() > 400 ? "..." + o.err.substr(o.err.size() - 400) : o.err;
+    return python + " cannot import " + module + ": " + why;
+  }
 };
 
 // "[node N] KEY=VALUE" lines -> per-node maps (only lines that look like KEY=VALUE).

@@ -113,12 +113,9 @@ TEST_F(FrameworkE2E, JaxGivesEveryProcessTheCoordinatorAndItsId) {
 // jax.distributed.initialize(), asserts jax.process_count() == 2 and sums index + 1 across the
 // processes with a collective (process_allgather): 1 + 2 = 3 on both.
 TEST_F(FrameworkE2E, JaxBareInitializeFormsTheWorld) {
-  const std::string python = std::string(SKYFORGE_VENV) + "/bin/python";
-  if (::access(python.c_str(), X_OK) != 0) GTEST_SKIP() << "no " << python << " (run .ci/setup-venv for jax)";
-  Output probe = exec({python, "-c", "import jax"});
-  if (probe.exit_code != 0) GTEST_SKIP() << python << " cannot import jax (run .ci/setup-venv): " << probe.err;
+  if (auto why = cannot_import(kVenvPython, "jax"); !why.empty()) GTEST_SKIP() << why << " (run .ci/setup-venv)";
   Output o = run(write("jaxinit.toml", manifest(2, "[[plugins]]\nname = \"jax\"\n",
-                                                toml_array({python, std::string(FW_TEST_SCRIPTS) + "/jax_allsum.py"}))),
+                                                toml_array({kVenvPython, std::string(FW_TEST_SCRIPTS) + "/jax_allsum.py"}))),
                  150);
   ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
   for (int n = 0; n < 2; ++n) {
