@@ -30,6 +30,11 @@ inline const std::string kSystemPython = "/usr/bin/python3";
 inline const std::string kVenvPython = std::string(SKYFORGE_VENV) + "/bin/python";
 inline const std::string kTfVenvPython = std::string(SKYFORGE_VENV) + "-tf/bin/python";
 
+// The last `n` characters of `s`, "..." before them where it was longer (a skip message's error).
+inline std::string tail_of(const std::string& s, size_t n) {
+  return s.size() > n ? "..." + s.substr(s.size() - n) : s;
+}
+
 class FrameworkE2E : public SkyforgeRunTest {
  protected:
   FrameworkE2E() : SkyforgeRunTest("skyforge-fw-e2e") {}
@@ -49,8 +54,7 @@ class FrameworkE2E : public SkyforgeRunTest {
     e.insert(env_extra.begin(), env_extra.end());
     Output o = Child({python, "-c", "import " + module}, e).wait(120);
     if (o.exit_code == 0) return "";
-    std::string why = o.err.size() > 400 ? "..." + o.err.substr(o.err.size() - 400) : o.err;
-    return python + " cannot import " + module + ": " + why;
+    return python + " cannot import " + module + ": " + tail_of(o.err, 400);
   }
 };
 

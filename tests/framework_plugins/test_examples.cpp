@@ -118,12 +118,10 @@ TEST_F(ExampleE2E, TorchrunRunsFourDdpRanks) {
   Output alone = Child({"/usr/bin/torchrun", "--standalone", "--nproc_per_node", "1", "--no_python", "true"},
                        {{"TMPDIR", (root_ / "probe").string()}})
                      .wait(60);
-  if (alone.exit_code != 0) {
-    auto tail = alone.err.size() > 300 ? "..." + alone.err.substr(alone.err.size() - 300) : alone.err;
+  if (alone.exit_code != 0)
     GTEST_SKIP() << "/usr/bin/torchrun fails on its own, without skyforge (Debian 12's torch 1.13.1 predates "
                     "Python 3.11, supported from torch 2.0): "
-                 << tail;
-  }
+                 << tail_of(alone.err, 300);
   Output o = run_example("torchrun");
   ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
   expect_four_ddp_ranks(o);
