@@ -29,6 +29,9 @@ class InstanceInfo:
     concurrency: int
     pool_id: str
     work_dir: str
+    # $SKYFORGE_OUTPUT_DIR: what is in it when the job ends comes back to the client
+    # (docs/manifest.md, "Getting files back"); "" outside a job that has one.
+    output_dir: str = ""
 
 
 def _int(env: Mapping[str, str], key: str, default: Optional[int] = None) -> int:
@@ -71,4 +74,5 @@ def instance_info(environ: Optional[Mapping[str, str]] = None) -> InstanceInfo:
         concurrency=_int(env, "SKYFORGE_CONCURRENCY", 1),
         pool_id=env.get("SKYFORGE_POOL_ID", ""),
         work_dir=env.get("SKYFORGE_WORK_DIR", ""),
+        output_dir=env.get("SKYFORGE_OUTPUT_DIR", ""),
     )

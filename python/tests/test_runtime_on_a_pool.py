@@ -9,8 +9,10 @@ import textwrap
 
 SCRIPT = textwrap.dedent(
     """
-    import json, numpy as np, skyforge
+    import json, os, numpy as np, skyforge
     info = skyforge.instance_info()
+    with open(os.path.join(info.output_dir, "info.json"), "w") as f:
+        json.dump(info.__dict__, f)
     x = np.arange(1000)
     mine = skyforge.shard(x, shuffle=True, seed=42)
     sampler = skyforge.DistributedSampler(1000, shuffle=True, seed=3)
@@ -34,7 +36,7 @@ def test_every_node_gets_the_sdks_answer(tmp_path, skyforge_bin, oracle):
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
         pass_env = ["--env", "PYTHONPATH"]
-    run = subprocess.run([skyforge_bin, "run", *pass_env, str(manifest)], capture_output=True, text=True, env=env,
+    run = subprocess.run([skyforge_bin, "run", "--outputs", str(tmp_path / "out"), *pass_env, str(manifest)], capture_output=True, text=True, env=env,
                          timeout=120)
     assert run.returncode == 0, run.stderr
     results = {}
@@ -52,5 +54,8 @@ def test_every_node_gets_the_sdks_answer(tmp_path, skyforge_bin, oracle):
         assert info["local_rank"] == node and info["local_world_size"] == 3  # one machine
         assert info["head_addr"] and info["private_ip"]
         assert os.path.basename(info["work_dir"]) and info["accelerators"] == 0
+        # What the node wrote into its output directory came back here.
+        assert info["output_dir"] == info["work_dir"] + "/.skyforge/outputs"
+        assert json.loads((tmp_path / "out" / f"node-{node}" / "info.json").read_text()) == info
         assert r["shard"] == oracle("shard", 1000, node, 3, 1, 42)
         assert r["sampler"] == oracle("sampler", 1000, node, 3, 1, 3, 0, 2)

@@ -285,7 +285,8 @@ TEST(Manifest, UnknownKeyPointsAtKeyAndListsKnown) {
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0],
             "job.toml:3:1: unknown key 'stdot' in [job] (known: app, command, mode, tasks, inputs, batch, stdout, "
-            "stderr, timeout, plugin_path, options, max_restarts, collective_timeout) (did you mean 'stdout'?)");
+            "stderr, timeout, plugin_path, options, max_restarts, collective_timeout, outputs, outputs_dir, outputs_max_bytes) "
+            "(did you mean 'stdout'?)");
   EXPECT_EQ(problem_of("[pool]\n  nods = 2\n" + kJob),
             "job.toml:2:3: unknown key 'nods' in [pool] (known: provider, nodes, concurrency, accelerator) (did you "
             "mean 'nodes'?)");

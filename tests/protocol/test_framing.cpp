@@ -94,15 +94,15 @@ TEST(Framing, RejectsBadMagic) {
 
 TEST(Framing, RejectsUnsupportedVersionQuotingBoth) {
   FrameDecoder d;
-  const std::string h = header(kMagic, 7, 10, 0);
+  const std::string h = header(kMagic, 8, 10, 0);
   d.feed(h.data(), h.size());
   const std::string e = error_of(d);
-  EXPECT_NE(e.find("unsupported protocol version 7"), std::string::npos) << e;
+  EXPECT_NE(e.find("unsupported protocol version 8"), std::string::npos) << e;
   EXPECT_NE(e.find("version " + std::to_string(kProtocolVersion)), std::string::npos) << e;
 }
 
 TEST(Framing, RejectsUnknownType) {
-  for (uint16_t t : {0, 4, 9, 21, 29, 34, 999, 65535}) {
+  for (uint16_t t : {0, 4, 9, 25, 29, 34, 999, 65535}) {
     FrameDecoder d;
     const std::string h = header(kMagic, kProtocolVersion, t, 0);
     d.feed(h.data(), h.size());
@@ -184,8 +184,8 @@ TEST(Framing, TruncatedFrameAtEof) {
 }
 
 TEST(Framing, KnownTypes) {
-  for (uint16_t t : {1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 30, 31, 32, 33}) EXPECT_TRUE(msg::known_type(t)) << t;
+  for (uint16_t t : {1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 30, 31, 32, 33}) EXPECT_TRUE(msg::known_type(t)) << t;
   int known = 0;
   for (uint32_t t = 0; t <= 0xFFFF; ++t) known += msg::known_type(static_cast<uint16_t>(t)) ? 1 : 0;
-  EXPECT_EQ(known, 18);
+  EXPECT_EQ(known, 22);
 }

@@ -140,6 +140,9 @@ int cmd_run(int argc, char** argv) {
       "timings", po::bool_switch(&opt.timings), "print phase timings (ms) and map batch round trips on stderr")(
       "resume", po::bool_switch(&opt.resume),
       "go on from the job's last checkpoint (a [train] job with a checkpoint directory: after a host crash)")(
+      "outputs", po::value(&opt.outputs_dir),
+      "DIR: where the job's files go (node-<N>/ each; over [job] outputs_dir; default: a fresh "
+      "skyforge-outputs/<date>-<time>-<pool> here)")(
       "env", po::value(&env_names)->composing(),
       "NAME: pass this environment variable of skyforge's to every node's job (repeatable; the value never "
       "appears on a command line or in a file)")(
@@ -235,6 +238,7 @@ int cmd_env(int argc, char** argv) {
     return kExitUsage;
   }
   m.job.app.clear();
+  m.job.outputs.clear();  // `env` sends no files back
   m.job.mode = JobMode::broadcast;
   // NUL-separated (values may hold newlines). With nproc_per_node > 1 a launcher starts one
   // copy per process: only the node's first process (SKYFORGE_LOCAL_PROC 0) prints.

@@ -4,6 +4,7 @@
 // ManifestError.
 #include "manifest.hpp"
 
+#include "outputs_keys.hpp"
 #include "toml_reader.hpp"
 #include "train_table.hpp"
 
@@ -152,7 +153,7 @@ const std::vector<std::string> kImageKeys = {"apt", "pip", "env", "files"};
 const std::vector<std::string> kFileKeys = {"source", "target"};
 const std::vector<std::string> kJobKeys = {"app",     "command",     "mode",    "tasks",       "inputs", "batch", "stdout",
                                            "stderr",  "timeout",     "plugin_path", "options", "max_restarts",
-                                           "collective_timeout"};
+                                           "collective_timeout", "outputs", "outputs_dir", "outputs_max_bytes"};
 
 void read_pool(Reader& r, const Value& t, PoolSpecM& pool) {
   r.check_keys(t, kPoolKeys, "[pool]");
@@ -475,6 +476,7 @@ void read_job(Reader& r, const Value& t, const std::string& dir, JobSpec& job, b
       })) {
     for (const auto& p : *paths) job.plugin_path.push_back(detail::normalise_path(p, dir));
   }
+  read_outputs(r, t, dir, job);
 }
 
 }  // namespace

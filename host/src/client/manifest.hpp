@@ -13,8 +13,11 @@
 
 #include "job_mode.hpp"
 
+#include <skyforge/config_keys.hpp>
+
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -121,6 +124,13 @@ struct JobSpec {
   double collective_timeout_s = 60;
   bool collective_timeout_given = false;
   std::vector<std::string> plugin_path;  // absolute, normalised
+  // The job's files (docs/manifest.md, "Getting files back"): globs of the working directory's
+  // files sent back besides SKYFORGE_OUTPUT_DIR's, where they go (absolute; empty: a fresh
+  // directory per run), and what one node sends at most.
+  std::vector<std::string> outputs;
+  std::string outputs_dir;
+  uint64_t outputs_max_bytes = config::keys::job_outputs_max_bytes.get(
+      [](const std::string&) -> std::optional<std::string> { return std::nullopt; });
   // [job.options]: the app's options, checked against its plugin.toml (defaults added).
   OptionList app_options;
   std::vector<SourcePos> app_option_pos;

@@ -21,6 +21,7 @@
 #include "client_hooks.hpp"
 #include "loader.hpp"
 #include "manifest.hpp"
+#include "outputs_receive.hpp"
 #include "protocol.hpp"
 #include "recovery.hpp"
 #include "run.hpp"
@@ -100,6 +101,10 @@ class PoolRun final : private Recovery::Pool {
   std::atomic<bool> provisioning_{false};  // provision() is running: a first signal cancels it
   int signal_exit_ = 0;
   Recovery recovery_{st_, m_, opt_.lease_ms, printer_, *this};
+
+  // The job's files, as the nodes send them at the run's end (docs/manifest.md, "Getting files back").
+  OutputsReceiver outputs_{outputs_dir(m_, opt_, pool_id_), m_.job.outputs_max_bytes, m_.pool.nodes,
+                           [this](const std::string& line) { printer_.err(line); }};
 
   std::unique_ptr<PluginInstance> task_backend_;  // a map job's ([tasks] backend)
   std::optional<TaskDriver> tasks_;

@@ -217,6 +217,8 @@ void PoolRun::send_jobs() {
     put(keys::job_collective_timeout, std::to_string(s));
   }
   if (opt_.resume) put(keys::job_resume, "true");
+  if (!m_.job.outputs.empty()) put(keys::job_outputs, config::join_lines(m_.job.outputs));
+  put(keys::job_outputs_max_bytes, std::to_string(m_.job.outputs_max_bytes));
   const NodePlugins plugins = node_plugins(m_, catalog_, frameworks_, app_, config);
   for (uint32_t i = 0; i < nodes.size(); ++i) {
     msg::Job j;
@@ -291,14 +293,19 @@ void PoolRun::teardown() {
     for (uint32_t i : st_.nodes.open()) {
       Node& n = st_.nodes[i];
       n.cancelled = !n.result.has_value();
-      n.conn->send_msg(msg::Type::Shutdown, msg::Shutdown{st_.failure.empty() ? "done" : st_.failure});
+      // The run's end: each node sends its job's files before it leaves (even after a failure).
+      n.conn->send_msg(msg::Type::Shutdown, msg::Shutdown{st_.failure.empty() ? "done" : st_.failure, true});
     }
     // Give workers a moment to run their exit hooks, flush output and leave on their own.
     auto deadline = Clock::now() + std::chrono::seconds(5);
     // ... for longer while their output is still being written: a slow or stalled reader of
-    // ours holds it, and a worker leaves once it is delivered (docs/architecture.md, "Output").
-    while (!st_.cv.wait_until(lock, deadline, [&] { return st_.nodes.all_closed(); }) && st_.signals == 0 &&
-           printer_.output_idle() < std::chrono::seconds(1))
+    // ours holds it, and a worker leaves once it is delivered (docs/architecture.md, "Output");
+    // and while their files are coming (after a first Ctrl-C too: a second one gives them up).
+    auto flowing = [&] {
+      return (st_.signals == 0 && printer_.output_idle() < std::chrono::seconds(1)) ||
+             outputs_.busy(std::chrono::seconds(10));
+    };
+    while (!st_.cv.wait_until(lock, deadline, [&] { return st_.nodes.all_closed(); }) && flowing())
       deadline = Clock::now() + std::chrono::seconds(1);
     provisioned = provisioned_;
   }
@@ -410,6 +417,7 @@ int PoolRun::run() {
   step([&] { execute(); });
   mark("ran");
   teardown();
+  outputs_.finish();
   mark("torn_down");
   if (opt_.timings) printer_.err(timings_line(phases_, tasks_ ? tasks_->batch_rtt_us() : std::vector<double>{}));
   bool ok;

@@ -22,6 +22,7 @@ struct RunOptions {
   int pipeline = 2;              // map: batches in flight per slot
   bool timings = false;         // print phase timings and map batch round trips on stderr
   bool resume = false;          // --resume: the job is told to go on from its last checkpoint (job.resume)
+  std::string outputs_dir;      // --outputs DIR: where the job's files go, over [job] outputs_dir
   // --env NAME: variables of this process's environment added to every node's job environment
   // (as [image] env, never written anywhere: a secret passes by name, not on a command line).
   std::map<std::string, std::string> env;

@@ -84,6 +84,16 @@ void PoolRun::on_frame(uint32_t node, uint64_t gen, msg::Type t, std::string&& p
       case msg::Type::Log:
         on_log(node, net::deserialize<msg::Log>(payload), lock);
         return;
+      case msg::Type::OutputsBegin:
+      case msg::Type::OutputChunk:
+      case msg::Type::OutputsEnd: {  // written without the run's mutex: files take their time
+        auto conn = n.conn;
+        lock.unlock();
+        outputs_.on_frame(node, t, payload, [conn](uint64_t total) {
+          conn->send_msg(msg::Type::OutputsAck, msg::OutputsAck{total});
+        });
+        return;
+      }
       case msg::Type::TaskResults:
         on_results(node, net::deserialize<msg::TaskResults>(payload));
         break;
@@ -126,6 +136,7 @@ void PoolRun::on_closed(uint32_t node, uint64_t gen, const std::string& reason) 
   std::unique_lock<std::mutex> lock(st_.mu);
   if (gen != recovery_.generation()) return;  // a worker a restart replaced
   st_.nodes[node].closed = true;
+  outputs_.on_closed(node);
   const bool expected = st_.nodes[node].result.has_value() || st_.signals > 0 || recovery_.stopping();
   if (!expected) {
     st_.nodes[node].lost = reason;

@@ -11,12 +11,15 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include <skyforge/config_keys.hpp>
 
 #include "last_words.hpp"
+#include "outputs_send.hpp"
 #include "processes.hpp"
 #include "worker_impl.hpp"
 
@@ -57,11 +60,17 @@ void Worker::on_frame(msg::Type type, std::string&& payload) {
     case msg::Type::OutputAck:  // the host wrote this much of the job's output: the pump may go on
       out_window_.ack(net::deserialize<msg::OutputAck>(payload).bytes);
       return;
-    case msg::Type::Shutdown:
+    case msg::Type::OutputsAck:  // ... and this much of the job's files
+      files_window_.ack(net::deserialize<msg::OutputsAck>(payload).bytes);
+      return;
+    case msg::Type::Shutdown: {
+      auto s = net::deserialize<msg::Shutdown>(payload);
       shutdown_ = true;
+      send_outputs_ = s.outputs;
       if (g_child_pid.load() > 0) signal_group(SIGTERM);  // cancel a running command
-      arm_stop_deadline(net::deserialize<msg::Shutdown>(payload).reason);
+      arm_stop_deadline(s.reason);
       break;
+    }
     default:
       diag("ignoring unexpected frame type " + std::to_string(static_cast<int>(type)));
       return;
@@ -71,6 +80,7 @@ void Worker::on_frame(msg::Type type, std::string&& payload) {
 
 void Worker::on_close(const std::string& reason) {
   out_window_.release();  // no acknowledgement will come: the pump must not wait for one
+  files_window_.release();
   if (finishing_) return;  // our own orderly close
   dead_man("lost the host (" + reason + ")");
 }
@@ -219,6 +229,7 @@ int Worker::run() {
     have_job = wait_job();
     if (have_job) {
       services_.set_instance(job_->id, args_.work_dir);
+      make_output_dir();
       services_.set_config(job_->config);
       if (auto it = job_->config.find(std::string(skyforge::config::keys::log_verbose.name));
           it != job_->config.end() && it->second == "true")
@@ -273,6 +284,7 @@ int Worker::run() {
     for (;;) ::pause();
   finishing_ = true;
   kill_children();
+  if (have_job && send_outputs_) send_job_outputs();  // the run's end: the job's files go back
   frameworks_.clear();
   app_.reset();
   // Compute backends outlive the app (its engines came from them), in reverse creation order;
@@ -292,6 +304,37 @@ int Worker::run() {
   services_.set_store(nullptr);
   stop_io();
   return result.ok ? 0 : 1;
+}
+
+// SKYFORGE_OUTPUT_DIR, private to the job's user. A restart's worker finds what its predecessor
+// left there (the node's directory stays for it), so that the run's end sends it all.
+void Worker::make_output_dir() {
+  const std::filesystem::path dir = skyforge::config::output_dir_of(args_.work_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir.parent_path(), ec);
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw std::runtime_error("cannot make the output directory " + dir.string() + ": " + std::strerror(errno));
+}
+
+// What the job left in SKYFORGE_OUTPUT_DIR, and the files [job] outputs names, to the host;
+// what does not go is said there. Its command and everything it started are gone by now.
+void Worker::send_job_outputs() {
+  phase_ = "sending the job's files";
+  namespace keys = skyforge::config::keys;
+  auto lookup = [this](const std::string& k) -> std::optional<std::string> {
+    auto it = job_->config.find(k);
+    return it == job_->config.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  try {
+    OutputsPlan plan = plan_outputs(skyforge::config::output_dir_of(args_.work_dir), args_.work_dir,
+                                    keys::job_outputs.find(lookup).value_or(std::vector<std::string>{}),
+                                    keys::job_outputs_max_bytes.get(lookup));
+    auto c = conn_;
+    send_outputs(std::move(plan), [&c](msg::Type t, std::string p) { c->send(t, std::move(p)); }, files_window_,
+                 [&c] { return c->is_closed(); });
+  } catch (const std::exception& e) {
+    send_log(3, std::string("error: the job's files were not sent: ") + e.what() + "\n");
+  }
 }
 
 int worker_main(const WorkerArgs& args) {

@@ -52,6 +52,8 @@ class Worker {
   std::chrono::milliseconds stop_grace() const;
   void leave_async();
   [[noreturn]] void leave();
+  void make_output_dir();   // SKYFORGE_OUTPUT_DIR
+  void send_job_outputs();  // after the run's final Shutdown
   // worker_job.cpp
   EnvMap job_env() const;  // the environment the job's app or command sees
   void setup_plugins(EnvMap& env);
@@ -112,6 +114,8 @@ class Worker {
   std::atomic<bool> ending_{false};  // claimed by whichever ends the worker: its normal end, or leave()
   std::atomic<const char*> phase_{"the job's setup"};  // what the main thread is doing, for leave()'s message
   OutputWindow out_window_{msg::kOutputWindow};  // the host's flow control of the job's output (msg::OutputAck)
+  OutputWindow files_window_{msg::kOutputsWindow};  // ... and of the job's files (msg::OutputsAck)
+  bool send_outputs_ = false;  // under mu_: the last Shutdown was the run's end, not a restart
 };
 
 }  // namespace skyforge

@@ -43,6 +43,7 @@ EnvMap Worker::job_env() const {
   env.set("SKYFORGE_HEAD_ADDR", job.id.head_addr);
   env.set("SKYFORGE_POOL_ID", job.id.pool_id);
   env.set("SKYFORGE_WORK_DIR", args_.work_dir);
+  env.set(skyforge::config::kOutputDirEnv, skyforge::config::output_dir_of(args_.work_dir));
   // The rest of instance_info(), for a command's runtime API (python/skyforge, docs/runtime-api.md).
   env.set("SKYFORGE_PRIVATE_IP", job.id.private_ip);
   env.set("SKYFORGE_LOCAL_RANK", std::to_string(job.id.local_rank));

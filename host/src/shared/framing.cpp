@@ -22,6 +22,10 @@ bool known_type(uint16_t t) {
     case Type::Ready:
     case Type::Progress:
     case Type::OutputAck:
+    case Type::OutputsBegin:
+    case Type::OutputChunk:
+    case Type::OutputsEnd:
+    case Type::OutputsAck:
     case Type::KvSet:
     case Type::KvGet:
     case Type::KvAdd:

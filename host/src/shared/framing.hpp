@@ -19,7 +19,7 @@
 namespace skyforge::net {
 
 constexpr uint32_t kMagic = 0x46594B53;  // bytes 'S' 'K' 'Y' 'F' read as a little-endian u32
-constexpr uint16_t kProtocolVersion = 6;  // 2: Job holds a NodeIdentity; its mode is a byte (JobMode); 3: TaskBatch.tasks; 4: Progress.status; 5: OutputAck (a worker stops forwarding output without it; an older host never sends it); 6: key shares in the handshake, sealed records after it
+constexpr uint16_t kProtocolVersion = 7;  // 2: Job holds a NodeIdentity; its mode is a byte (JobMode); 3: TaskBatch.tasks; 4: Progress.status; 5: OutputAck (a worker stops forwarding output without it; an older host never sends it); 6: key shares in the handshake, sealed records after it; 7: Shutdown.outputs and the Outputs* frames (the job's files)
 constexpr size_t kHeaderSize = 12;
 constexpr uint32_t kDefaultMaxFrame = 16u << 20;  // bound on one frame's payload, in bytes
 constexpr size_t kNonceSize = 32;

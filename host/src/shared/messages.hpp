@@ -10,10 +10,12 @@
 
 #include "job_mode.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace skyforge::msg {
@@ -36,6 +38,11 @@ enum class Type : uint16_t {
   Ready = 18,       // worker -> host: plugins loaded, around_app entered
   Progress = 19,    // worker -> host: its collectives so far and its app's status (the host's watchdog)
   OutputAck = 20,   // host -> worker: how much of its job's output the host has written (flow control)
+  // the job's files, after the run's final Shutdown (docs/manifest.md, "Getting files back")
+  OutputsBegin = 21,  // worker -> host: how many files and bytes follow
+  OutputChunk = 22,   // worker -> host: a piece of one file (the first names it, the last ends it)
+  OutputsEnd = 23,    // worker -> host: every file sent; what was left behind and why
+  OutputsAck = 24,    // host -> worker: how many of those bytes the host has written (flow control)
   // rendezvous store
   KvSet = 30,
   KvGet = 31,
@@ -193,9 +200,87 @@ struct Progress {
 
 struct Shutdown {
   std::string reason;
+  bool outputs = false;  // the run's end (not a restart): send the job's files before leaving
   template <class A>
   void serialize(A& a, unsigned) {
-    a & reason;
+    a & reason & outputs;
+  }
+};
+
+// The job's files (docs/manifest.md, "Getting files back"): after a Shutdown with `outputs`, a
+// worker sends OutputsBegin, then each file as OutputChunks in order (one file at a time), then
+// OutputsEnd. It sends at most kOutputsWindow bytes of chunk data ahead of the host's
+// OutputsAck, so that neither side holds more than that in memory; a chunk holds at most
+// kOutputChunk bytes. The host checks every name before it becomes a path and the per-node cap
+// itself: a node is never trusted to have done so.
+constexpr uint64_t kOutputChunk = uint64_t{1} << 20;
+constexpr uint64_t kOutputsWindow = uint64_t{8} << 20;
+struct OutputsBegin {
+  uint64_t files = 0;  // to be sent
+  uint64_t bytes = 0;  // their sizes, as the node saw them
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & files & bytes;
+  }
+};
+// Why `name` cannot be an OutputChunk's path (nullptr: it can): a path relative to node-<N>/,
+// '/'-separated, of at most 4096 bytes; each part non-empty, at most 255 bytes, neither "." nor
+// ".."; no NUL or other control character. The host checks every name a node sends with it
+// before the name becomes a path; the manifest checks [job] outputs' globs with it.
+inline const char* output_name_problem(std::string_view name) {
+  if (name.empty()) return "is empty";
+  if (name.size() > 4096) return "is longer than 4096 bytes";
+  if (name.front() == '/') return "is absolute (it must be relative)";
+  for (unsigned char c : name)
+    if (c < 0x20 || c == 0x7f) return "holds a control character";
+  for (size_t b = 0; b <= name.size();) {
+    const size_t e = std::min(name.find('/', b), name.size());
+    const std::string_view part = name.substr(b, e - b);
+    if (part.empty()) return "has an empty part ('//' or a trailing '/')";
+    if (part == "..") return "has a '..' part (it must stay inside its directory)";
+    if (part == ".") return "has a '.' part";
+    if (part.size() > 255) return "has a part longer than 255 bytes";
+    b = e + 1;
+  }
+  return nullptr;
+}
+
+struct OutputChunk {
+  std::string path;   // a file's first chunk: its path under node-<N>/ ('/'-separated, relative); else empty
+  std::string data;   // at most kOutputChunk bytes
+  bool last = false;  // the file ends with this chunk
+  std::string error;  // with `last`: the node could not read the file to its end (it is dropped)
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & path & data & last & error;
+  }
+};
+// A file the node did not send, and why.
+struct OutputLeft {
+  enum Why : uint8_t { over_cap = 1, not_regular = 2, unreadable = 3, too_many = 4, bad_name = 5 };
+  std::string path;
+  uint64_t size = 0;
+  uint8_t why = over_cap;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & path & size & why;
+  }
+};
+constexpr size_t kOutputsLeftListed = 20;  // OutputsEnd names at most this many; the rest are counted
+struct OutputsEnd {
+  std::vector<OutputLeft> left;  // the first kOutputsLeftListed
+  uint64_t left_files = 0;       // all of them (listed or not)
+  uint64_t left_bytes = 0;
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & left & left_files & left_bytes;
+  }
+};
+struct OutputsAck {
+  uint64_t bytes = 0;  // chunk data bytes written (or dropped) in all
+  template <class A>
+  void serialize(A& a, unsigned) {
+    a & bytes;
   }
 };
 

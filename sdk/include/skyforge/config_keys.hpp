@@ -122,6 +122,11 @@ inline constexpr Key<double> job_collective_timeout{"job.collective_timeout", {}
 inline constexpr Key<bool> job_resume{"job.resume", "false", "skyforge run --resume"};
 inline constexpr Key<uint64_t> job_restart{"job.restart", {}, "restarts after a lost node so far, when any"};
 inline constexpr Key<bool> log_verbose{"log.verbose", {}, "skyforge run -v"};
+// The job's files (the worker reads them; docs/manifest.md, "Getting files back").
+inline constexpr Key<std::vector<std::string>> job_outputs{"job.outputs", {},
+                                                           "[job] outputs: globs of the working directory's files to send back"};
+inline constexpr Key<uint64_t> job_outputs_max_bytes{"job.outputs_max_bytes", "1073741824",
+                                                     "[job] outputs_max_bytes: what one node sends back at most"};
 
 // The pool ([pool]).
 inline constexpr Key<std::string> pool_provider{"pool.provider", {}, "[pool] provider"};
@@ -213,6 +218,13 @@ inline SearchTask parse_search_task(std::string_view input) {
   if (!fold) throw bad("names its fold");
   return t;
 }
+
+// ---- the node's output directory ---------------------------------------------------------------------
+// Every node's job finds an empty directory of its own here (the worker makes it; its path is in
+// the job's environment and in the SDK's InstanceInfo::output_dir): what it holds when the job
+// ends comes back to the client, under <outputs>/node-<N>/ (docs/manifest.md, "Getting files back").
+inline constexpr const char* kOutputDirEnv = "SKYFORGE_OUTPUT_DIR";
+inline std::string output_dir_of(std::string_view work_dir) { return std::string(work_dir) + "/.skyforge/outputs"; }
 
 // ---- the collective timeout ------------------------------------------------------------------------------
 inline constexpr const char* kCollectiveTimeoutEnv = "SKYFORGE_COLLECTIVE_TIMEOUT";

@@ -116,6 +116,7 @@ struct InstanceInfo {
   std::string pool_id;
   std::string store_addr;
   std::string work_dir;
+  std::string output_dir;  // SKYFORGE_OUTPUT_DIR: what is in it when the job ends comes back to the client
 
   static InstanceInfo from_c(const sf_instance_info& c) {
     InstanceInfo i;
@@ -133,6 +134,7 @@ struct InstanceInfo {
     i.pool_id = detail::or_empty(c.pool_id);
     i.store_addr = detail::or_empty(c.store_addr);
     i.work_dir = detail::or_empty(c.work_dir);
+    if (!i.work_dir.empty()) i.output_dir = config::output_dir_of(i.work_dir);
     return i;
   }
 };
