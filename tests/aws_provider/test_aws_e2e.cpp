@@ -112,7 +112,9 @@ TEST_F(AwsE2E, HelloOnTwoInstancesAndNothingIsLeft) {
   aws::testing::ApiProxy proxy(moto_->port());
   extra_env_["AWS_ENDPOINT_URL_EC2"] = proxy.endpoint();
   Output o = skyforge({"run", "--timings",
-                       write("hello.toml", aws_pool(2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n").string()},
+                       write("hello.toml",
+                             aws_pool(2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n" + outputs_round_trip())
+                           .string()},
                       180);
   ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
   std::string calls;
@@ -141,6 +143,7 @@ TEST_F(AwsE2E, HelloOnTwoInstancesAndNothingIsLeft) {
                            "instance(s) terminated", "security group", "key pair"})
     EXPECT_NE(o.err.find(step), std::string::npos) << step << "\n" << o.err;
   EXPECT_EQ(o.err.find(moto_->credentials().secret_access_key), std::string::npos) << "a secret was printed";
+  expect_outputs_back(o, 2);
 }
 
 // [pool] accelerator without an instance type: the cheapest type that fits, from the offers the

@@ -34,6 +34,22 @@ class ProviderRunTest : public SkyforgeRunTest {
     return example_manifest(file, pool, root_ / "runs");
   }
 
+  // What a job's [job] table and manifest take, appended after its last [job] key, to bring a
+  // file back from every node: staged there by [image] files, matched by [job] outputs, sent over
+  // the node's control connection to <root>/outputs (docs/manifest.md, "Getting files back").
+  std::string outputs_round_trip() {
+    write("staged.txt", "staged on every node\n");
+    return "outputs = [\"back/*.txt\"]\noutputs_dir = \"outputs\"\n\n[image]\nfiles = [{ source = \"staged.txt\", "
+           "target = \"back/staged.txt\" }]\n";
+  }
+  // ... and every node's file is back, said.
+  void expect_outputs_back(const Output& o, int nodes) {
+    for (int n = 0; n < nodes; ++n)
+      EXPECT_EQ(read_text(root_ / "outputs" / ("node-" + std::to_string(n)) / "back/staged.txt"), "staged on every node\n")
+          << o.err;
+    EXPECT_NE(o.err.find("the job's files: " + std::to_string(nodes) + " files"), std::string::npos) << o.err;
+  }
+
   // The main job (examples/fashion-mnist.toml) on 2 nodes of `pool` trains the weights, and
   // reaches the test accuracy, it does on 2 local nodes, to the bit.
   void expect_fashion_mnist_as_local(const std::string& pool) {

@@ -63,7 +63,7 @@ class SlurmE2E : public ProviderRunTest {
 };
 
 TEST_F(SlurmE2E, HelloRunsOnEveryNodeOfOneJob) {
-  Output o = run("hello.toml", slurm_pool(2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n");
+  Output o = run("hello.toml", slurm_pool(2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n" + outputs_round_trip());
   ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
   std::smatch job;
   ASSERT_TRUE(std::regex_search(o.err, job, std::regex(R"(slurm: job (\d+) submitted \(2 nodes\))"))) << o.err;
@@ -74,6 +74,7 @@ TEST_F(SlurmE2E, HelloRunsOnEveryNodeOfOneJob) {
   const auto addresses = cluster_->addresses();
   EXPECT_EQ(ips, std::set<std::string>(addresses.begin(), addresses.end()))
       << "each node reports its own address\n" << o.out;
+  expect_outputs_back(o, 2);
 }
 
 TEST_F(SlurmE2E, MapJobGivesTheResultsItGivesOnLocal) {

@@ -73,7 +73,7 @@ class SshE2E : public ProviderRunTest {
 };
 
 TEST_F(SshE2E, HelloRunsOnEveryHostAndLeavesNothing) {
-  Output o = run("hello.toml", ssh_pool(4, 2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n");
+  Output o = run("hello.toml", ssh_pool(4, 2) + "[job]\napp = \"hello\"\nmode = \"broadcast\"\n" + outputs_round_trip());
   ASSERT_EQ(o.exit_code, 0) << o.err << o.out;
   for (int n = 0; n < 4; ++n)
     EXPECT_NE(o.out.find("hello from node " + std::to_string(n) + " of 4"), std::string::npos) << o.out;
@@ -90,6 +90,7 @@ TEST_F(SshE2E, HelloRunsOnEveryHostAndLeavesNothing) {
   EXPECT_EQ(ips[2], hosts_->addresses()[1]);
   EXPECT_EQ(ips[3], hosts_->addresses()[1]);
   EXPECT_FALSE(store().empty()) << "the worker and the plugins were copied to the hosts' store";
+  expect_outputs_back(o, 4);
 }
 
 TEST_F(SshE2E, SecondRunCopiesNothingAlreadyThere) {
