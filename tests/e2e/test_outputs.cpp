@@ -67,8 +67,9 @@ struct Transfer {
   std::vector<std::string> said;
   OutputWindow window{msg::kOutputsWindow};
   OutputsReceiver receiver;
-  explicit Transfer(uint64_t cap = uint64_t{1} << 30, uint32_t nodes = 1)
-      : receiver(out.path().string(), cap, nodes, [this](const std::string& l) { said.push_back(l); }) {}
+  explicit Transfer(uint64_t cap = uint64_t{1} << 30, uint32_t nodes = 1,
+                    OutputsReceiver::Clock::duration progress_every = OutputsReceiver::kProgressEvery)
+      : receiver(out.path().string(), cap, nodes, [this](const std::string& l) { said.push_back(l); }, progress_every) {}
   void frame(uint32_t node, msg::Type t, const std::string& payload) {
     receiver.on_frame(node, t, payload, [this](uint64_t total) { window.ack(total); });
   }
@@ -191,6 +192,21 @@ TEST(OutputTransfer, ANodesFilesArriveUnderTheirNamesWithPrivateModes) {
   EXPECT_EQ(st.st_mode & 0002, 0u);
   EXPECT_TRUE(contains(t.all_said(), "the job's files: 3 files (3.0 MiB) from 1 node in " + t.out.path().string()))
       << t.all_said();
+}
+
+TEST(OutputTransfer, ALongCopySaysHowFarItIsPerNode) {
+  TempDir work;
+  work.file("o/a.bin", std::string(3 << 20, 'a'));
+  work.file("o/b.bin", std::string(1 << 20, 'b'));
+  Transfer t(uint64_t{1} << 30, 2, std::chrono::milliseconds(0));  // every chunk counts as "a while"
+  t.send_plan(plan_outputs((work.path() / "o").string(), work.path().string(), {}, uint64_t{1} << 30), 1);
+  const std::string said = t.all_said();
+  EXPECT_TRUE(contains(said, "node 1: receiving its files: 1.0 MiB of 4.0 MiB (0 of 2 files)")) << said;
+  EXPECT_TRUE(contains(said, "node 1: receiving its files: 3.0 MiB of 4.0 MiB (1 of 2 files)")) << said;
+  EXPECT_TRUE(contains(said, "node 1: receiving its files: 4.0 MiB of 4.0 MiB (2 of 2 files)")) << said;
+  Transfer quiet;  // the default: a copy shorter than 5 s says nothing until the end
+  quiet.send_plan(plan_outputs((work.path() / "o").string(), work.path().string(), {}, uint64_t{1} << 30));
+  EXPECT_FALSE(contains(quiet.all_said(), "receiving")) << quiet.all_said();
 }
 
 TEST(OutputTransfer, HostileNamesAndAPlantedSymlinkNeverBecomeAPathOutside) {

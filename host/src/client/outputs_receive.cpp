@@ -79,8 +79,8 @@ struct OutputsReceiver::Node {
   uint64_t written = 0;
 };
 
-OutputsReceiver::OutputsReceiver(std::string dir, uint64_t cap, uint32_t nodes, Say say)
-    : dir_(std::move(dir)), cap_(cap), say_(std::move(say)) {
+OutputsReceiver::OutputsReceiver(std::string dir, uint64_t cap, uint32_t nodes, Say say, Clock::duration progress_every)
+    : dir_(std::move(dir)), cap_(cap), say_(std::move(say)), progress_every_(progress_every) {
   for (uint32_t i = 0; i < nodes; ++i) {
     nodes_.push_back(std::make_unique<Node>());
     nodes_.back()->rank = i;
@@ -171,8 +171,9 @@ void OutputsReceiver::on_chunk(Node& n, msg::OutputChunk&& c) {
       }
     }
     n.in_file = n.skipping = false;
+    n.written = 0;  // counted in bytes_in, or dropped
   }
-  if (n.heard - n.started >= kProgressEvery && n.heard - n.progress_said >= kProgressEvery) {
+  if (n.heard - n.started >= progress_every_ && n.heard - n.progress_said >= progress_every_) {
     n.progress_said = n.heard;
     say_("node " + std::to_string(n.rank) + ": receiving its files: " + byte_text(n.bytes_in + n.written) + " of " +
          byte_text(n.bytes) + " (" + std::to_string(n.files_in) + " of " + std::to_string(n.files) + " files)");

@@ -37,8 +37,9 @@ class OutputsReceiver {
   // A progress line per node this often, once its copy has taken that long.
   static constexpr std::chrono::seconds kProgressEvery{5};
 
-  // `dir`: where node-<N>/ go (made when the first file comes); `cap`: a node's bytes at most.
-  OutputsReceiver(std::string dir, uint64_t cap, uint32_t nodes, Say say);
+  // `dir`: where node-<N>/ go (made when the first file comes); `cap`: a node's bytes at most;
+  // `progress_every`: how often a long copy says how far it is.
+  OutputsReceiver(std::string dir, uint64_t cap, uint32_t nodes, Say say, Clock::duration progress_every = kProgressEvery);
   ~OutputsReceiver();
   OutputsReceiver(const OutputsReceiver&) = delete;
   OutputsReceiver& operator=(const OutputsReceiver&) = delete;
@@ -66,6 +67,7 @@ class OutputsReceiver {
   const std::string dir_;
   const uint64_t cap_;
   const Say say_;
+  const Clock::duration progress_every_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Node>> nodes_;
   bool finished_ = false;
