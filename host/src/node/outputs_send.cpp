@@ -19,28 +19,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string_view> parts_of(std::string_view path) {
-  std::vector<std::string_view> parts;
-  for (size_t b = 0; b <= path.size() && !path.empty();) {
-    const size_t e = std::min(path.find('/', b), path.size());
-    parts.push_back(path.substr(b, e - b));
-    b = e + 1;
-  }
+// A relative path's parts ("a/b/c": a, b, c).
+std::vector<std::string> parts_of(std::string_view path) {
+  std::vector<std::string> parts;
+  for (const fs::path& part : fs::path(path)) parts.push_back(part.string());
   return parts;
 }
 
-bool match_parts(const std::vector<std::string_view>& g, size_t gi, const std::vector<std::string_view>& p, size_t pi,
-                 bool prefix) {
+bool match_parts(const std::vector<std::string>& g, size_t gi, const std::vector<std::string>& p, size_t pi, bool prefix) {
   if (gi == g.size()) return pi == p.size();
   if (g[gi] == "**") {
     for (size_t k = pi;; ++k) {
       if (match_parts(g, gi + 1, p, k, prefix)) return true;
       if (k == p.size()) return prefix;  // the path ends inside "**": anything below may match
-      if (p[k].front() == '.') return false;  // "**" skips no hidden part
+      if (!p[k].empty() && p[k].front() == '.') return false;  // "**" skips no hidden part
     }
   }
   if (pi == p.size()) return prefix;  // the glob goes on below this directory
-  const std::string pattern(g[gi]), name(p[pi]);
+  const std::string &pattern = g[gi], &name = p[pi];
   return ::fnmatch(pattern.c_str(), name.c_str(), FNM_PERIOD) == 0 && match_parts(g, gi + 1, p, pi + 1, prefix);
 }
 
@@ -120,10 +116,10 @@ class Planner {
 
 // `rel` under `base`, opened for reading without following a symlink at any of its parts.
 int open_beneath(const std::string& base, const std::string& rel) {
-  const std::vector<std::string_view> parts = parts_of(rel);
+  const std::vector<std::string> parts = parts_of(rel);
   int dir = parts.empty() ? -1 : ::open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   for (size_t i = 0; dir >= 0 && i < parts.size(); ++i) {
-    const std::string part(parts[i]);
+    const std::string& part = parts[i];
     const bool last = i + 1 == parts.size();
     const int next = ::openat(dir, part.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (last ? O_NONBLOCK : O_DIRECTORY));
     const int saved = errno;
