@@ -4,8 +4,12 @@
 // example. The pieces (names, globs, hostile senders) are in test_outputs.cpp.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "../support/read_text.hpp"
 #include "process.hpp"
@@ -71,6 +75,30 @@ TEST_F(OutputsE2E, WhatGoesPastTheCapStaysOnTheNodeAndIsSaid) {
     EXPECT_TRUE(contains(o.err, "node " + n + ": left on the node: \"big.bin\" (4.9 KiB): over [job] outputs_max_bytes = 1000 B"))
         << o.err;
   }
+}
+
+// The host killed mid-copy: the node's worker ends and removes its directory, as on any lost host
+// (the fixture finds no process and no file left); no file got its name half-written.
+TEST_F(OutputsE2E, AHostKilledMidCopyLeavesNoWorkerAndNoHalfFile) {
+  auto c = start_skyforge({"run", write("job.toml", "[pool]\nnodes = 1\n[job]\ncommand = [\"sh\", \"-c\", \"head -c "
+                                                    "400000000 /dev/zero > $SKYFORGE_OUTPUT_DIR/big.bin\"]\n"
+                                                    "outputs_dir = \"out\"\n")
+                                          .string()});
+  auto copying = [&] {
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(root_ / "out/node-0", ec))
+      if (e.path().filename().string().rfind(".skyforge-part-", 0) == 0) return true;
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!copying() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(copying()) << c->err_so_far();
+  c->signal(SIGKILL);
+  c->wait(10);
+  EXPECT_FALSE(exists("node-0/big.bin")) << "a half-copied file never has its name";
+  // The worker leaves its directory (and the fixture's sight) before it has removed 400 MB.
+  for (int i = 0; i < 500 && !entries_of(tmp_).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
 TEST_F(OutputsE2E, EachRunGetsAFreshDirectoryByDefault) {

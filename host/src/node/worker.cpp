@@ -335,6 +335,7 @@ void Worker::send_job_outputs() {
   } catch (const std::exception& e) {
     send_log(3, std::string("error: the job's files were not sent: ") + e.what() + "\n");
   }
+  if (conn_->is_closed()) dead_man("lost the host while sending the job's files");  // nobody else tears this node down
 }
 
 int worker_main(const WorkerArgs& args) {

@@ -115,7 +115,7 @@ class Worker {
   std::atomic<const char*> phase_{"the job's setup"};  // what the main thread is doing, for leave()'s message
   OutputWindow out_window_{msg::kOutputWindow};  // the host's flow control of the job's output (msg::OutputAck)
   OutputWindow files_window_{msg::kOutputsWindow};  // ... and of the job's files (msg::OutputsAck)
-  bool send_outputs_ = false;  // under mu_: the last Shutdown was the run's end, not a restart
+  std::atomic<bool> send_outputs_{false};  // the last Shutdown was the run's end, not a restart
 };
 
 }  // namespace skyforge
