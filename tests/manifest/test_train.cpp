@@ -137,6 +137,30 @@ TEST(Train, OptimizerOptionsFollowTheOptimizerSchema) {
   EXPECT_EQ(p[1], "job.toml:4:17: [train] learning_rate: expected a number > 0, got an integer (0)");
 }
 
+// adamw's weight_decay, sgd's nesterov and rmsprop's rho and centered are [train] keys too; a
+// boolean option takes a TOML boolean, and each is checked against its optimizer's schema.
+TEST(Train, AdamWSgdNesterovAndRmspropOptions) {
+  const std::string layers = "[[train.layers]]\ntype = \"flatten\"\n";
+  auto w = config_of(parse_manifest("[train]\noptimizer = \"adamw\"\nweight_decay = 0.01\n" + layers, "job.toml"));
+  EXPECT_EQ(w["train.optimizer"], "adamw");
+  EXPECT_EQ(w["train.weight_decay"], "0.01");
+  EXPECT_EQ(w["train.learning_rate"], "0.001");
+  EXPECT_EQ(config_of(parse_manifest("[train]\noptimizer = \"adamw\"\n" + layers, "job.toml"))["train.weight_decay"],
+            "0.004");  // Keras' default
+  auto s = config_of(parse_manifest("[train]\noptimizer = \"sgd\"\nmomentum = 0.9\nnesterov = true\n" + layers, "job.toml"));
+  EXPECT_EQ(s["train.nesterov"], "true");
+  auto r = config_of(parse_manifest("[train]\noptimizer = \"rmsprop\"\nrho = 0.8\ncentered = true\n" + layers, "job.toml"));
+  EXPECT_EQ(r["train.rho"], "0.8");
+  EXPECT_EQ(r["train.centered"], "true");
+  EXPECT_EQ(r["train.momentum"], "0");
+  EXPECT_EQ(r["train.learning_rate"], "0.001");
+  auto p = problems_of("[train]\noptimizer = \"rmsprop\"\nrho = 2\ncentered = \"yes\"\nweight_decay = -1\n" + layers);
+  ASSERT_EQ(p.size(), 3u) << ::testing::PrintToString(p);
+  EXPECT_EQ(p[0], "job.toml:3:7: [train] rho: expected a number in [0, 1], got an integer (2)");
+  EXPECT_EQ(p[1], "job.toml:4:12: [train] centered: expected true or false, got a string (\"yes\")");
+  EXPECT_EQ(p[2], "job.toml:5:16: [train] weight_decay: expected a number >= 0, got an integer (-1)");
+}
+
 TEST(Train, ExamplesParse) {
   for (const char* name : {"fashion-mnist.toml", "fashion-mnist-convnet.toml"}) {
     const fs::path p = fs::path(SKYFORGE_SOURCE_DIR) / "examples" / name;
@@ -418,6 +442,17 @@ TEST(Search, AGridOfOptimizersNeedsTheLearningRateSet) {
   EXPECT_NO_THROW(parse_manifest(mlp + "\n[search]\nparam_grid = { optimizer = [\"adam\", \"sgd\"], learning_rate = [0.01] }\n",
                                  "job.toml"));
   EXPECT_NO_THROW(parse_manifest(kMlp + "\n[search]\nparam_grid = { optimizer = [\"adam\", \"sgd\"] }\n", "job.toml"));
+}
+
+// A [search] job's tasks are fits in the search's task format: only `sklearn` reads it, so another
+// [tasks] backend is refused at its line rather than silently replacing it.
+TEST(Search, ATasksBackendOtherThanSklearnIsRefused) {
+  const std::string search = kMlp + "\n[search]\nparam_grid = { epochs = [1, 2] }\n[tasks]\n";
+  auto p = problems_of(search + "backend = \"joblib\"\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_EQ(p[0], "job.toml:29:11: [tasks] backend: a [search] job's fits are spread by the \"sklearn\" task backend (its "
+                  "task format is the search's); got \"joblib\": remove the key or set it to \"sklearn\"");
+  EXPECT_EQ(parse_manifest(search + "backend = \"sklearn\"\n", "job.toml").job.task_backend, "sklearn");
 }
 
 // A layer index beyond size_t is "no layer N", not an uncaught std::out_of_range (found by

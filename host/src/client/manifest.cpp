@@ -315,7 +315,7 @@ void read_plugins(Reader& r, const Value& v, std::vector<PluginUse>& plugins) {
 }
 
 // [tasks]: the map job's task backend and, in the rest of the table, its options.
-void read_tasks(Reader& r, const Value& t, JobSpec& job) {
+void read_tasks(Reader& r, const Value& t, JobSpec& job, bool searching) {
   if (job.mode != JobMode::map) {
     r.error(r.pos(t), std::string("[tasks]: only a map job has a task backend ([job] mode = \"map\"; mode is \"") +
                           mode_name(job.mode) + "\")");
@@ -325,7 +325,10 @@ void read_tasks(Reader& r, const Value& t, JobSpec& job) {
   if (const Value* b = Reader::find(t, "backend")) {
     job.task_backend_pos = r.pos(*b);
     if (auto s = r.string_value(*b, "[tasks] backend", true)) {
-      if (detail::valid_plugin_name(*s))
+      if (searching && *s != "sklearn")
+        r.error(r.pos(*b), "[tasks] backend: a [search] job's fits are spread by the \"sklearn\" task backend (its "
+                           "task format is the search's); got " + quote(*s) + ": remove the key or set it to \"sklearn\"");
+      else if (detail::valid_plugin_name(*s))
         job.task_backend = *s;
       else
         r.error(r.pos(*b), "[tasks] backend: " + quote(*s) + " is not a valid plugin name (letters, digits, '_', '-', '.')");
@@ -542,7 +545,7 @@ Manifest parse_manifest(const std::string& text, const std::string& display_name
   } else if (search) {
     r.error(r.pos(*search), "[search]: a grid search needs a [train] table (it searches the built-in train job)");
   }
-  if (const Value* tasks = table("tasks")) read_tasks(r, *tasks, m.job);
+  if (const Value* tasks = table("tasks")) read_tasks(r, *tasks, m.job, train && search);
 
   r.throw_if_failed();
   return m;
