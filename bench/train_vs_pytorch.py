@@ -5,7 +5,7 @@ Run with Debian's interpreter (the one PyTorch imports under):
 
     /usr/bin/python3 bench/train_vs_pytorch.py [--models mlp,convnet] [--epochs-mlp 5]
         [--epochs-convnet 1] [--rounds 1] [--skyforge build/bin/skyforge] [--json FILE]
-        [--backend cpu|cuda]
+        [--backend cpu|cuda] [--seeds 1,2,3,7,42]
 
 (--backend cuda: the GPU table, bench/train_vs_pytorch_cuda.py.)
 
@@ -40,6 +40,12 @@ Figures per configuration:
 reports each figure as the median (min-max) over the rounds; every ratio is taken within a round,
 between runs made minutes apart, then summarised the same way. On a shared VM whose speed drifts
 by tens of percent over minutes, 3 rounds say more than one.
+
+--seeds S1,S2,... gives round i the seed Si on both sides (skyforge's keras plugin `seed`, PyTorch's
+manual_seed and data permutation; default 42 in every round) and implies --rounds len(seeds): the
+test accuracy column is then the median over seeds and the note lists each seed's with their mean.
+One seed's test accuracy after 1 epoch says little: with BatchNorm's momentum 0.99 it moves by
+several points from seed to seed on both sides (docs/performance.md, "BatchNorm after one epoch").
 
 Nothing is hard-coded: every figure comes from the runs made by this invocation.
 Stdlib + numpy + torch only.
@@ -213,7 +219,7 @@ def torch_rank(spec):
                                 rank=rank, world_size=world)
     xtr, ytr, xte, yte = (torch.from_numpy(a) for a in load_fashion_mnist())
 
-    torch.manual_seed(SEED)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    torch.manual_seed(spec["seed"])  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     net = build_torch_model(spec["model"])
     model = net
     if world > 1:
@@ -224,7 +230,7 @@ def torch_rank(spec):
 
     n = ytr.shape[0]
     steps = -(-n // GLOBAL_BATCH)
-    gen = torch.Generator().manual_seed(SEED)  # the same permutation on every rank
+    gen = torch.Generator().manual_seed(spec["seed"])  # the same permutation on every rank
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = torch.zeros((), dtype=torch.int64)
     seen = 0
@@ -288,9 +294,9 @@ def check_example(model, doc):
         raise SystemExit(f"train_vs_pytorch: {EXAMPLES[model]}: unexpected loss {t['loss']!r}")
 
 
-def derive_manifest(model, nodes, epochs, independent=False):
-    """The example's text with nodes, epochs and threads set and every file output removed;
-    independent: keras' data_parallel = false (every node trains its own replica)."""
+def derive_manifest(model, nodes, epochs, independent=False, seed=SEED):
+    """The example's text with nodes, epochs, threads and the keras plugin's seed set and every
+    file output removed; independent: keras' data_parallel = false (every node trains its own replica)."""
     text = EXAMPLES[model].read_text()
     check_example(model, tomllib.loads(text))
 
@@ -305,12 +311,15 @@ def derive_manifest(model, nodes, epochs, independent=False):
     text = setkey(text, "epochs", epochs, "train")
     text = setkey(text, "threads", 1, "train")
     text = setkey(text, "batch_size", GLOBAL_BATCH, "train")
+    text, n = re.subn(r"^seed\s*=.*$", f"seed = {seed}", text, count=1, flags=re.M)
+    assert n == 1, "the example's keras plugin table has no seed"
     if independent:
         text, n = re.subn(r'^name\s*=\s*"keras"\s*$', 'name = "keras"\ndata_parallel = false', text, count=1, flags=re.M)
         assert n == 1, "the example has no keras plugin table"
     doc = tomllib.loads(text)
     t = doc["train"]
     assert doc["pool"]["nodes"] == nodes and t["epochs"] == epochs and t["threads"] == 1, doc
+    assert doc["plugins"][0]["seed"] == seed, doc
     assert not any(k in t for k in ("history", "tensorboard", "checkpoint")), t
     return text
 
@@ -359,7 +368,7 @@ def run_skyforge(spec):
     with tempfile.TemporaryDirectory(prefix="train_vs_pytorch.") as tmp:
         manifest = Path(tmp) / f"{spec['model']}-{spec['procs']}.toml"
         independent = spec["key"] == "sky2ind"
-        manifest.write_text(derive_manifest(spec["model"], spec["procs"], spec["epochs"], independent))
+        manifest.write_text(derive_manifest(spec["model"], spec["procs"], spec["epochs"], independent, spec["seed"]))
         p = subprocess.run([spec["skyforge"], "run", str(manifest)], cwd=tmp,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     nodes = [json.loads(m.group(2)) for m in re.finditer(r"^\[node (\d+)\] => (\{.*\})\s*$", p.stdout, re.M)]
@@ -461,6 +470,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every configuration this many times, interleaved (round 1 of each, then round 2 "
                          "...); report medians and ranges, ratios taken within each round")
+    ap.add_argument("--seeds", help="comma-separated seeds, one per round (implies --rounds their count); "
+                                    "default: 42 in every round")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu",
                     help="cpu (this table) or cuda: skyforge's cuda backend vs PyTorch eager and torch.compile on "
@@ -489,6 +500,13 @@ def main():
         ap.error("epochs must be >= 1")
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
+    try:
+        seeds = [int(v) for v in a.seeds.split(",")] if a.seeds else [SEED] * a.rounds
+    except ValueError:
+        ap.error(f"--seeds {a.seeds!r}: expected comma-separated integers")
+    if a.seeds and a.backend == "cuda":
+        ap.error("--seeds is --backend cpu's")
+    a.rounds = len(seeds)
     skyforge = str(Path(a.skyforge).resolve())
     if not os.access(skyforge, os.X_OK):
         raise SystemExit(f"train_vs_pytorch: {skyforge} is not an executable (build it, or pass --skyforge)")
@@ -530,12 +548,12 @@ def main():
         for m in models:
             for key, label, kind, procs in CONFIGS:
                 spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs,
-                        "epochs": epochs[m], "skyforge": skyforge}
+                        "epochs": epochs[m], "skyforge": skyforge, "seed": seeds[rnd - 1]}
                 print(f"  round {rnd}/{a.rounds}: running {m:8s} {label} "
                       f"({epochs[m]} epoch{'s' if epochs[m] != 1 else ''}) ...", file=sys.stderr, flush=True)
                 la0 = loadavg()
                 r = run_cell(spec)
-                r.update(model=m, config=key, label=label, processes=procs, epochs=epochs[m], round=rnd,
+                r.update(model=m, config=key, label=label, processes=procs, epochs=epochs[m], round=rnd, seed=seeds[rnd - 1],
                          samples_per_second=r["samples"] / r["train_seconds"], loadavg_before=la0,
                          loadavg_after=loadavg())
                 cells.append(r)
@@ -563,7 +581,10 @@ def main():
                 note.append("per-process train s " + "/".join(f"{t:.2f}" for t in rs[0]["per_process_train_seconds"]))
             acc = f"{statistics.median(r['test_accuracy'] for r in rs):.4f}"
             accs = sorted({round(r["test_accuracy"], 4) for r in rs})
-            if len(accs) > 1:
+            if a.seeds:
+                note.append("test acc by seed " + ", ".join(f"{r['seed']}: {r['test_accuracy']:.4f}" for r in rs) +
+                            f"; mean {statistics.mean(r['test_accuracy'] for r in rs):.4f}")
+            elif len(accs) > 1:
                 note.append("test acc " + "/".join(f"{v:.4f}" for v in accs))
             print(f"{m:8s} {label:32s} {rs[0]['epochs']:6d} "
                   f"{fmt_range([r['samples_per_second'] for r in rs], '.0f'):>{sw}s} {acc:>8s} "
