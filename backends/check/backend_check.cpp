@@ -100,6 +100,11 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   run_check(out, t, "state", [&] { return state(b); });
   run_check(out, t, "bad input", [&] { return bad_input(b); });
   run_check(out, t, "bound data", [&] { return bound_data(b); });
+  for (const schema::OptimizerDef& def : schema::optimizers()) {
+    const std::string name(def.name);
+    run_check(out, t, "optimizer " + name,
+              [&] { return optimizer(b, name, reference ? &reference->backend : nullptr, o.against); });
+  }
   if (reference) {
     run_check(out, t, "agrees with " + o.against, [&] { return agreement(b, reference->backend, o.against); });
     run_check(out, t, "checkpoint with " + o.against, [&] { return checkpoint(b, reference->backend, o.against); });

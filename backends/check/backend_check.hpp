@@ -12,6 +12,8 @@
 //   - bad input: an empty batch, a label out of range and a bad model are refused with a message,
 //     and the engine still works afterwards;
 //   - bound data (ABI 1.8), where the backend keeps data: indexed steps are the plain steps;
+//   - optimizers: each of the schema (skyforge/optimizer_schema.hpp) with every slot in use: its
+//     state resumes bit for bit, agrees with the reference and its checkpoints move both ways;
 //   - agreement: the same models, seed and batches on the reference backend (`cpu`) give the
 //     same losses and weights within the documented tolerance, and checkpoints move both ways.
 #pragma once

@@ -274,8 +274,56 @@ std::string bad_input(keras::Backend b) {
   return "refused an empty batch, a label out of range (\"" + why_label + "\") and conv2d on a rank-1 input";
 }
 
-// The same models, seed and batches as the reference backend: losses within 1e-4 relative and
+// The same model, seed and batches as the reference backend: losses within 1e-4 relative and
 // weights within 1e-4 after 10 steps (float sums in another order; docs/compute-backends.md).
+std::string agrees_on(keras::Backend b, keras::Backend ref, const std::string& ref_name, const std::string& name,
+                      const Model& m) {
+  Engine e(b, m, 51), r(ref, m, 51);
+  if (e.param_count() != r.param_count())
+    throw Failure(name + ": " + std::to_string(e.param_count()) + " parameters, " + ref_name + " has " +
+                  std::to_string(r.param_count()));
+  if (e.params() != r.params())
+    throw Failure(name + ": the initial weights differ from " + ref_name + "'s (skyforge/initial_weights.hpp)");
+  double dl = 0;
+  for (int s = 0; s < 10; ++s) {
+    const Batch d = batch_of(m, 16, 300 + s);
+    const double le = e.step(true, d.x, d.y, d.n).loss, lr = r.step(true, d.x, d.y, d.n).loss;
+    dl = std::max(dl, std::fabs(le - lr) / std::max(1e-6, std::fabs(lr)));
+  }
+  const double dp = max_abs_diff(e.params(), r.params());
+  if (dl > 1e-4 || dp > 1e-4)
+    throw Failure(name + ": loss " + num(dl) + " relative, weights " + num(dp) + " from " + ref_name +
+                  " after 10 steps (allowed 1e-4)");
+  return "same initial weights, loss " + num(dl) + ", weights " + num(dp);
+}
+
+// A checkpoint of `m` moves between this backend and the reference, both ways (skyforge/
+// engine_state.hpp, the backend-neutral layout): loaded into an engine made with another seed it
+// gives the same weights, and the next step's loss agrees to 1e-4 relative.
+std::string checkpoint_on(keras::Backend b, keras::Backend ref, const std::string& ref_name, const std::string& name,
+                          const Model& m) {
+  std::string out;
+  for (const auto& [from, to, way] :
+       {std::tuple{b, ref, std::string("to ") + ref_name}, std::tuple{ref, b, std::string("from ") + ref_name}}) {
+    Engine a(from, m, 61), c(to, m, 62);
+    for (int s = 0; s < 2; ++s) {
+      const Batch d = batch_of(m, 8, 400 + s);
+      a.step(true, d.x, d.y, d.n);
+    }
+    std::string why;
+    if (c.try_load(a.state(), &why) != SF_OK)
+      throw Failure(name + ": a state " + way + " was refused: " + why +
+                    " (write and read skyforge/engine_state.hpp's layout)");
+    if (c.params() != a.params()) throw Failure(name + ": the weights differ after a load " + way);
+    const Batch d = batch_of(m, 8, 402);
+    const double la = a.step(true, d.x, d.y, d.n).loss, lc = c.step(true, d.x, d.y, d.n).loss;
+    const double dl = std::fabs(la - lc) / std::max(1e-6, std::fabs(la));
+    if (dl > 1e-4) throw Failure(name + ": resumed " + way + ", the next loss differs by " + num(dl));
+    out += (out.empty() ? "" : ", ") + way + " " + num(dl);
+  }
+  return "resumes " + out;
+}
+
 std::string agreement(keras::Backend b, keras::Backend ref, const std::string& ref_name) {
   return "after 10 steps, " + on_both_models([&](const char* name, const Model& given) {
            // The convnet with SGD + momentum: Adam's normalised step magnifies float-order
@@ -285,53 +333,25 @@ std::string agreement(keras::Backend b, keras::Backend ref, const std::string& r
              m = with_sgd(given, "0.05");
              m.optimizer_options.back().second = "0.9";
            }
-           Engine e(b, m, 51), r(ref, m, 51);
-           if (e.param_count() != r.param_count())
-             throw Failure(std::string(name) + ": " + std::to_string(e.param_count()) + " parameters, " + ref_name +
-                           " has " + std::to_string(r.param_count()));
-           if (e.params() != r.params())
-             throw Failure(std::string(name) + ": the initial weights differ from " + ref_name +
-                           "'s (skyforge/initial_weights.hpp)");
-           double dl = 0;
-           for (int s = 0; s < 10; ++s) {
-             const Batch d = batch_of(m, 16, 300 + s);
-             const double le = e.step(true, d.x, d.y, d.n).loss, lr = r.step(true, d.x, d.y, d.n).loss;
-             dl = std::max(dl, std::fabs(le - lr) / std::max(1e-6, std::fabs(lr)));
-           }
-           const double dp = max_abs_diff(e.params(), r.params());
-           if (dl > 1e-4 || dp > 1e-4)
-             throw Failure(std::string(name) + ": loss " + num(dl) + " relative, weights " + num(dp) + " from " +
-                           ref_name + " after 10 steps (allowed 1e-4)");
-           return "same initial weights, loss " + num(dl) + ", weights " + num(dp);
+           return agrees_on(b, ref, ref_name, name, m);
          });
 }
 
-// A checkpoint moves between this backend and the reference, both ways (skyforge/
-// engine_state.hpp, the backend-neutral layout): loaded into an engine made with another seed it
-// gives the same weights, and the next step's loss agrees to 1e-4 relative.
 std::string checkpoint(keras::Backend b, keras::Backend ref, const std::string& ref_name) {
-  return on_both_models([&](const char* name, const Model& m) {
-    std::string out;
-    for (const auto& [from, to, way] :
-         {std::tuple{b, ref, std::string("to ") + ref_name}, std::tuple{ref, b, std::string("from ") + ref_name}}) {
-      Engine a(from, m, 61), c(to, m, 62);
-      for (int s = 0; s < 2; ++s) {
-        const Batch d = batch_of(m, 8, 400 + s);
-        a.step(true, d.x, d.y, d.n);
-      }
-      std::string why;
-      if (c.try_load(a.state(), &why) != SF_OK)
-        throw Failure(std::string(name) + ": a state " + way + " was refused: " + why +
-                      " (write and read skyforge/engine_state.hpp's layout)");
-      if (c.params() != a.params()) throw Failure(std::string(name) + ": the weights differ after a load " + way);
-      const Batch d = batch_of(m, 8, 402);
-      const double la = a.step(true, d.x, d.y, d.n).loss, lc = c.step(true, d.x, d.y, d.n).loss;
-      const double dl = std::fabs(la - lc) / std::max(1e-6, std::fabs(la));
-      if (dl > 1e-4) throw Failure(std::string(name) + ": resumed " + way + ", the next loss differs by " + num(dl));
-      out += (out.empty() ? "" : ", ") + way + " " + num(dl);
-    }
-    return "resumes " + out;
-  });
+  return on_both_models([&](const char* name, const Model& m) { return checkpoint_on(b, ref, ref_name, name, m); });
+}
+
+// One optimizer of the schema on the MLP, with options that use every slot it has
+// (optimizer_model()): its state resumes bit for bit, and with a reference backend it agrees
+// with the reference's and its checkpoints move both ways. Refused as unsupported: skipped.
+std::string optimizer(keras::Backend b, const std::string& name, const keras::Backend* ref, const std::string& ref_name) {
+  const Model m = optimizer_model(name);
+  std::string out = state_of(b, m, convnet());
+  if (ref) {
+    out += "; " + agrees_on(b, *ref, ref_name, name, m);
+    out += "; " + checkpoint_on(b, *ref, ref_name, name, m);
+  }
+  return out;
 }
 
 }  // namespace skyforge::backend_check

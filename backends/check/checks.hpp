@@ -22,5 +22,7 @@ std::string bad_input(keras::Backend b);
 // Against the reference backend `ref`, named `ref_name` in the messages.
 std::string agreement(keras::Backend b, keras::Backend ref, const std::string& ref_name);
 std::string checkpoint(keras::Backend b, keras::Backend ref, const std::string& ref_name);
+// One optimizer of the schema: state round trip; with `ref`, agreement and checkpoints both ways.
+std::string optimizer(keras::Backend b, const std::string& name, const keras::Backend* ref, const std::string& ref_name);
 
 }  // namespace skyforge::backend_check

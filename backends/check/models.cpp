@@ -14,6 +14,16 @@ Model with_sgd(Model m, const char* learning_rate) {
   return m;
 }
 
+Model optimizer_model(const std::string& name) {
+  Model m = mlp();
+  m.optimizer = name;
+  m.optimizer_options = {{"learning_rate", "0.01"}};
+  if (name == "sgd") m.optimizer_options.insert(m.optimizer_options.end(), {{"momentum", "0.9"}, {"nesterov", "true"}});
+  if (name == "rmsprop") m.optimizer_options.insert(m.optimizer_options.end(), {{"momentum", "0.5"}, {"centered", "true"}});
+  if (name == "adamw") m.optimizer_options.push_back({"weight_decay", "0.1"});
+  return m;
+}
+
 Batch batch_of(const Model& m, uint32_t n, uint64_t seed) {
   size_t per = 1;
   for (uint32_t d : m.input) per *= d;

@@ -28,6 +28,9 @@ struct Model {
 
 // The model with plain SGD (no momentum) at this learning rate.
 Model with_sgd(Model m, const char* learning_rate);
+// The MLP with optimizer `name` and options that use every slot it keeps (sgd: Nesterov
+// momentum; rmsprop: momentum and centered; adamw: a weight decay).
+Model optimizer_model(const std::string& name);
 
 // Deterministic samples: x uniform in [-1, 1), labels cycling through the classes.
 struct Batch {

@@ -137,12 +137,15 @@ double sparse_xent(const float* logits, const int32_t* labels, uint32_t batch, u
 // An optimizer's options as numbers, Keras' defaults from the optimizer schema
 // (skyforge/optimizer_schema.hpp), which parse_optimizer checks them against.
 struct OptimizerConfig {
-  std::string name{schema::kDefaultOptimizer};  // "sgd" | "adam"
+  std::string name{schema::kDefaultOptimizer};  // "adam" | "adamw" | "sgd" | "rmsprop"
   double learning_rate = schema::default_real(name, "learning_rate");
-  double momentum = schema::default_real("sgd", "momentum");
+  double momentum = schema::default_real("sgd", "momentum");  // sgd, rmsprop
   bool nesterov = false;  // sgd
   double beta_1 = schema::default_real("adam", "beta_1"), beta_2 = schema::default_real("adam", "beta_2"),
-         epsilon = schema::default_real("adam", "epsilon");
+         epsilon = schema::default_real("adam", "epsilon");  // epsilon: adam, adamw, rmsprop
+  double weight_decay = 0;                                   // adamw
+  double rho = schema::default_real("rmsprop", "rho");        // rmsprop
+  bool centered = false;                                      // rmsprop
 };
 // Throws Error(SF_ERR_INVALID) naming the optimizer and the option.
 OptimizerConfig parse_optimizer(const std::string& name, const Options& opts);
@@ -161,7 +164,7 @@ class Optimizer {
  private:
   OptimizerConfig cfg_;
   size_t n_;
-  std::vector<float> slots_;  // sgd+momentum: velocity; adam: m then v
+  std::vector<float> slots_;  // schema::slots_per_parameter blocks of n, in its order
 };
 
 // ---- the engine ----------------------------------------------------------------------------

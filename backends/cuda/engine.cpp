@@ -101,8 +101,12 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   try {
     const schema::OptimizerConfig o = schema::parse_optimizer(spec.optimizer, spec.optimizer_options.all());
     optimizer_ = std::string(o.name());
-    if (optimizer_ == "adam")
-      adam_ = {o.real("learning_rate"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon")};
+    slots_per_param_ = schema::slots_per_parameter(o);
+    if (optimizer_ == "adam" || optimizer_ == "adamw")
+      adam_ = {o.real("learning_rate"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon"),
+               optimizer_ == "adamw" ? o.real("weight_decay") : 0.0};
+    else if (optimizer_ == "rmsprop")
+      rmsprop_ = {o.real("learning_rate"), o.real("rho"), o.real("momentum"), o.real("epsilon"), o.flag("centered")};
     else
       sgd_ = {o.real("learning_rate"), o.real("momentum"), o.flag("nesterov")};
   } catch (const schema::OptimizerError& e) {
@@ -226,7 +230,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   grads_ = Buffer<float>(*dev_, n_params_);
   dev_->upload(params_.get(), init.data(), n_params_ * sizeof(float));
   dev_->zero(grads_.get(), n_params_ * sizeof(float));
-  n_slots_ = optimizer_ == "adam" ? 2 * n_params_ : sgd_.momentum > 0 ? n_params_ : 0;
+  n_slots_ = slots_per_param_ * n_params_;
   slots_ = Buffer<float>(*dev_, n_slots_);
   dev_->zero(slots_.get(), n_slots_ * sizeof(float));
   sums_ = Buffer<double>(*dev_, 3);
@@ -592,10 +596,16 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     t.param = params_.get();
     t.grad = grads_.get();
     t.size = n_params_;
-    if (optimizer_ == "adam") {
+    if (optimizer_ == "adam" || optimizer_ == "adamw") {
       t.slot0 = slots_.get();
       t.slot1 = slots_.get() + n_params_;
       k::adam_update(&t, 1, adam_, state_.get(), sums_.get() + 2, s);
+    } else if (optimizer_ == "rmsprop") {
+      // schema::slots_per_parameter's order: mean square, [momentum], [mean gradient]
+      t.slot0 = slots_.get();
+      t.slot1 = rmsprop_.momentum > 0 ? slots_.get() + n_params_ : nullptr;
+      t.slot2 = rmsprop_.centered ? slots_.get() + (t.slot1 ? 2 : 1) * n_params_ : nullptr;
+      k::rmsprop_update(&t, 1, rmsprop_, sums_.get() + 2, s);
     } else {
       t.slot0 = n_slots_ ? slots_.get() : nullptr;
       k::sgd_update(&t, 1, sgd_, sums_.get() + 2, s);

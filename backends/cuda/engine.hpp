@@ -141,8 +141,10 @@ class CudaEngine : public Engine {
   Buffer<float> params_, grads_, slots_;
   size_t n_slots_ = 0;
   std::string optimizer_;
-  kernels::AdamConfig adam_;
+  unsigned slots_per_param_ = 0;  // schema::slots_per_parameter
+  kernels::AdamConfig adam_;      // adam, adamw
   kernels::SgdConfig sgd_;
+  kernels::RmspropConfig rmsprop_;
   uint64_t step_ = 0;
   uint32_t capacity_ = 0;
   Buffer<float> x_, gbuf_[2], loss_, hit_;

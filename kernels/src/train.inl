@@ -13,8 +13,8 @@ namespace {
 
 // The tensors in groups of kMaxTensorsPerLaunch (empty ones skipped), one launch per group.
 template <class Rule>
-void multi_tensor(const OptimTensor* tensors, size_t count, const Rule& rule, bool slot0, bool slot1, Stream s,
-                  const char* what) {
+void multi_tensor(const OptimTensor* tensors, size_t count, const Rule& rule, bool slot0, bool slot1, bool slot2,
+                  Stream s, const char* what) {
   impl::require(count == 0 || tensors, what, "tensors is null");
   MultiTensorApply<Rule> f{TensorTable{}, rule};
   size_t total = 0;
@@ -29,6 +29,7 @@ void multi_tensor(const OptimTensor* tensors, size_t count, const Rule& rule, bo
     impl::require(t.param && t.grad, what, "a tensor's param or grad is null");
     impl::require(!slot0 || t.slot0, what, "a tensor's slot0 is null");
     impl::require(!slot1 || t.slot1, what, "a tensor's slot1 is null");
+    impl::require(!slot2 || t.slot2, what, "a tensor's slot2 is null");
     const uint32_t k = f.t.count++;
     total += t.size;
     f.t.end[k] = total;
@@ -36,6 +37,7 @@ void multi_tensor(const OptimTensor* tensors, size_t count, const Rule& rule, bo
     f.t.grad[k] = t.grad;
     f.t.slot0[k] = slot0 ? t.slot0 : nullptr;
     f.t.slot1[k] = slot1 ? t.slot1 : nullptr;
+    f.t.slot2[k] = slot2 ? t.slot2 : nullptr;
     if (f.t.count == kMaxTensorsPerLaunch) flush();
   }
   flush();
@@ -53,15 +55,24 @@ namespace {
 void adam(const OptimTensor* tensors, size_t count, const AdamConfig& c, float alpha, float grad_scale,
           const double* samples, const StepState* state, Stream s) {
   const AdamRule rule{static_cast<float>(1.0 - c.beta_1), static_cast<float>(1.0 - c.beta_2), alpha,
-                      static_cast<float>(c.epsilon), grad_scale, samples, state};
-  multi_tensor(tensors, count, rule, true, true, s, "adam_update");
+                      static_cast<float>(c.epsilon), grad_scale, samples, state,
+                      static_cast<float>(c.weight_decay), static_cast<float>(c.learning_rate)};
+  multi_tensor(tensors, count, rule, true, true, false, s, "adam_update");
 }
 
 void sgd(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, const double* samples,
          Stream s) {
   const SgdRule rule{static_cast<float>(c.learning_rate), static_cast<float>(c.momentum), grad_scale, c.nesterov,
                      samples};
-  multi_tensor(tensors, count, rule, c.momentum != 0.0, false, s, "sgd_update");
+  multi_tensor(tensors, count, rule, c.momentum != 0.0, false, false, s, "sgd_update");
+}
+
+void rmsprop(const OptimTensor* tensors, size_t count, const RmspropConfig& c, float grad_scale,
+             const double* samples, Stream s) {
+  const RmspropRule rule{static_cast<float>(c.learning_rate), static_cast<float>(c.rho),
+                         static_cast<float>(1.0 - c.rho), static_cast<float>(c.momentum),
+                         static_cast<float>(c.epsilon), grad_scale, c.centered, samples};
+  multi_tensor(tensors, count, rule, true, c.momentum > 0.0, c.centered, s, "rmsprop_update");
 }
 
 }  // namespace
@@ -90,6 +101,16 @@ void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, fl
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const double* samples, Stream s) {
   impl::require(samples != nullptr, "sgd_update", "samples is null");
   sgd(tensors, count, c, 1.f, samples, s);
+}
+
+void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, float grad_scale, Stream s) {
+  rmsprop(tensors, count, c, grad_scale, nullptr, s);
+}
+
+void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, const double* samples,
+                    Stream s) {
+  impl::require(samples != nullptr, "rmsprop_update", "samples is null");
+  rmsprop(tensors, count, c, 1.f, samples, s);
 }
 
 void batchnorm_forward_training(const float* x, float* y, size_t rows, size_t C, const float* gamma, const float* beta,

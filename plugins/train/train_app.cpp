@@ -99,6 +99,10 @@ K::Optimizer optimizer_from(const TrainConfig& c) {
     throw Error("train.optimizer: expected one of " + skyforge::schema::optimizer_names() + ", got '" + name + "'", SF_ERR_INVALID);
   const skyforge::schema::OptimizerConfig o = skyforge::schema::parse_optimizer(name, options_from(c, *def, keys::train_key("")));
   if (o.name() == "sgd") return K::SGD{o.real("learning_rate"), o.real("momentum"), o.flag("nesterov")};
+  if (o.name() == "adamw")
+    return K::AdamW{o.real("learning_rate"), o.real("weight_decay"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon")};
+  if (o.name() == "rmsprop")
+    return K::RMSprop{o.real("learning_rate"), o.real("rho"), o.real("momentum"), o.real("epsilon"), o.flag("centered")};
   return K::Adam{o.real("learning_rate"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon")};
 }
 

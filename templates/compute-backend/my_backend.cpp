@@ -141,6 +141,8 @@ class MyEngine : public skyforge::Engine {
   // (OptimizerError, a std::invalid_argument: SF_ERR_INVALID).
   void set_optimizer(const std::string& name, const skyforge::Options& o) {
     const skyforge::schema::OptimizerConfig c = skyforge::schema::parse_optimizer(name, o.all());
+    if (c.name() != "adam" && c.name() != "sgd")
+      throw Error(std::string(c.name()) + ": not implemented here (adam and sgd are)", SF_ERR_UNSUPPORTED);
     adam_ = c.name() == "adam";
     lr_ = c.real("learning_rate");
     if (adam_) {

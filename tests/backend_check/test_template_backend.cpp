@@ -63,8 +63,12 @@ TEST(TemplateBackend, ReadsTheOptimizerSchema) {
             std::make_pair(SF_ERR_INVALID, std::string("optimizer sgd: option 'momentum': expected a number in [0, 1], got '1.5'")));
   EXPECT_EQ(t.engine_create("sgd", {{"beta_1", "0.9"}}),
             std::make_pair(SF_ERR_INVALID, std::string("optimizer sgd: unknown option 'beta_1'")));
+  EXPECT_EQ(t.engine_create("adagrad", {}),
+            std::make_pair(SF_ERR_INVALID, std::string("unknown optimizer 'adagrad' (known: adam, adamw, sgd, rmsprop)")));
+  // In the schema but not in the template: refused, never trained as another optimizer.
   EXPECT_EQ(t.engine_create("rmsprop", {}),
-            std::make_pair(SF_ERR_INVALID, std::string("unknown optimizer 'rmsprop' (known: adam, sgd)")));
+            std::make_pair(SF_ERR_UNSUPPORTED, std::string("rmsprop: not implemented here (adam and sgd are)")));
+  EXPECT_EQ(t.engine_create("adamw", {}).first, SF_ERR_UNSUPPORTED);
   EXPECT_EQ(t.engine_create("sgd", {}).first, SF_OK);  // Keras' defaults for everything left out
   EXPECT_EQ(t.engine_create("", {}).first, SF_OK);     // the default optimizer, as on every backend
   EXPECT_EQ(t.engine_create("sgd", {{"nesterov", "true"}}).first, SF_ERR_UNSUPPORTED);  // the template's own limit

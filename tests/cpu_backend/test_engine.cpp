@@ -113,7 +113,7 @@ TEST(Optimizer, AdamWithBiasCorrection) {
 
 TEST(Optimizer, OptionErrors) {
   sf_status st = SF_OK;
-  EXPECT_NE(error_of([] { parse_optimizer("rmsprop", {}); }, &st).find("unknown optimizer 'rmsprop'"),
+  EXPECT_NE(error_of([] { parse_optimizer("adagrad", {}); }, &st).find("unknown optimizer 'adagrad'"),
             std::string::npos);
   EXPECT_EQ(st, SF_ERR_INVALID);
   EXPECT_NE(error_of([] { parse_optimizer("adam", opts({{"learning_rate", "fast"}})); }).find("learning_rate"),
@@ -122,6 +122,31 @@ TEST(Optimizer, OptionErrors) {
             std::string::npos);
   EXPECT_EQ(error_of([] { parse_optimizer("sgd", opts({{"momentum", "1.5"}})); }),
             "optimizer sgd: option 'momentum': expected a number in [0, 1], got '1.5'");
+}
+
+// AdamW: Keras' decoupled decay before the Adam step, p -= p * weight_decay * lr (0.9 * 0.1 *
+// 0.5 = 0.045 off p = 1), then Adam's first step, alpha * m / (sqrt(v) + eps) = lr * g / |g|.
+TEST(Optimizer, AdamWDecaysBeforeTheAdamStep) {
+  Optimizer o(parse_optimizer("adamw", opts({{"learning_rate", "0.1"}, {"weight_decay", "0.5"}})), 1);
+  EXPECT_EQ(o.slot_count(), 2u);
+  std::vector<float> p = {0.9f}, g = {2.f};
+  o.apply(p.data(), g.data(), 1.f, 0, Exec{1});
+  EXPECT_NEAR(p[0], 0.9 - 0.045 - 0.1, 1e-6);
+  EXPECT_EQ(parse_optimizer("adamw", {}).weight_decay, 0.004);  // Keras' default
+}
+
+// RMSprop's slots follow the options (mean square, momentum, mean gradient), and one step of
+// the plain rule is lr * g / sqrt((1 - rho) g^2 + eps).
+TEST(Optimizer, RmspropSlotsAndFirstStep) {
+  EXPECT_EQ(Optimizer(parse_optimizer("rmsprop", {}), 3).slot_count(), 3u);
+  EXPECT_EQ(Optimizer(parse_optimizer("rmsprop", opts({{"momentum", "0.9"}})), 3).slot_count(), 6u);
+  EXPECT_EQ(Optimizer(parse_optimizer("rmsprop", opts({{"momentum", "0.9"}, {"centered", "true"}})), 3).slot_count(), 9u);
+  Optimizer o(parse_optimizer("rmsprop", opts({{"learning_rate", "0.1"}})), 1);
+  std::vector<float> p = {1.f}, g = {0.5f};
+  o.apply(p.data(), g.data(), 1.f, 0, Exec{1});
+  EXPECT_NEAR(p[0], 1 - 0.1 * 0.5 / std::sqrt(0.1 * 0.25 + 1e-7), 1e-6);
+  EXPECT_EQ(error_of([] { parse_optimizer("rmsprop", opts({{"rho", "1.5"}})); }),
+            "optimizer rmsprop: option 'rho': expected a number in [0, 1], got '1.5'");
 }
 
 // Keras' range for Adam's betas is [0, 1): beta_1 = 1 is refused with the optimizer schema's

@@ -161,6 +161,22 @@ TEST(CudaEngine, MlpTrainsLikeCpuSgdNesterov) {
   expect_agreement("mlp sgd", m, 64, kParamTol, true);
 }
 
+// AdamW and RMSprop (momentum and centered: all three slots): in lockstep the cpu engine's state
+// is loaded into the cuda engine's every step, so their optimizer slots travel between backends.
+TEST(CudaEngine, MlpTrainsLikeCpuAdamW) {
+  ModelSpec m = mlp(5);
+  m.optimizer = "adamw";
+  m.optimizer_options = opts({{"learning_rate", "0.001"}, {"weight_decay", "0.1"}});  // Adam's mlp rate
+  expect_agreement("mlp adamw", m, 64, kParamTol, true);
+}
+
+TEST(CudaEngine, MlpTrainsLikeCpuRmsprop) {
+  ModelSpec m = mlp(6);
+  m.optimizer = "rmsprop";
+  m.optimizer_options = opts({{"learning_rate", "0.001"}, {"momentum", "0.5"}, {"centered", "true"}});
+  expect_agreement("mlp rmsprop", m, 64, kParamTol, true);
+}
+
 // The convnet of the Keras distributed-training guide (conv2d same/valid with strides,
 // batch_normalization + relu, global_average_pooling2d), without its dropout.
 ModelSpec convnet_without_dropout(uint64_t seed) {

@@ -109,7 +109,7 @@ TEST(KerasModel, CompileErrorsAreClear) {
             std::string::npos);
 }
 
-// SGD{} and Adam{} hold Keras' defaults, from the optimizer schema, and compile() checks them
+// SGD{}, Adam{}, AdamW{} and RMSprop{} hold Keras' defaults, from the optimizer schema, and compile() checks them
 // against its (Keras') ranges, with the message every backend gives.
 TEST(KerasModel, OptimizersFollowTheOptimizerSchema) {
   EXPECT_EQ(K::SGD{}.learning_rate, 0.01);
@@ -121,6 +121,18 @@ TEST(KerasModel, OptimizersFollowTheOptimizerSchema) {
   EXPECT_EQ(K::detail::optimizer_spec(K::SGD{0.1, 1.0}).first, "sgd");  // Keras: momentum in [0, 1]
   EXPECT_EQ(error_of([] { K::Sequential m = small_model(); m.compile(K::Adam{1e-3, 1.0}); }),
             "optimizer adam: option 'beta_1': expected a number in [0, 1), got '1'");
+  EXPECT_EQ(K::AdamW{}.weight_decay, 0.004);
+  EXPECT_EQ(K::AdamW{}.learning_rate, 0.001);
+  EXPECT_EQ(K::RMSprop{}.rho, 0.9);
+  EXPECT_EQ(K::RMSprop{}.learning_rate, 0.001);
+  EXPECT_FALSE(K::RMSprop{}.centered);
+  const auto rms = K::detail::optimizer_spec(K::RMSprop{0.01, 0.8, 0.5, 1e-6, true});
+  EXPECT_EQ(rms.first, "rmsprop");
+  EXPECT_EQ(rms.second, (std::vector<std::pair<std::string, std::string>>{
+                            {"learning_rate", "0.01"}, {"rho", "0.8"}, {"momentum", "0.5"}, {"epsilon", "1e-06"}, {"centered", "true"}}));
+  EXPECT_EQ(K::detail::optimizer_spec(K::AdamW{}).first, "adamw");
+  EXPECT_EQ(error_of([] { K::Sequential m = small_model(); m.compile(K::AdamW{1e-3, -1}); }),
+            "optimizer adamw: option 'weight_decay': expected a number >= 0, got '-1'");
 }
 
 TEST(KerasModel, UnboundModelSaysHowToBind) {

@@ -191,7 +191,7 @@ TEST_F(Gpu, MultiTensorAdamMatchesTheHostRule) {
     for (uint64_t step = 0; step < 3; ++step) {
       const sk::AdamRule rule{static_cast<float>(1 - cfg.beta_1), static_cast<float>(1 - cfg.beta_2),
                               sk::adam_alpha(cfg, step), static_cast<float>(cfg.epsilon), 0.5f};
-      for (size_t j = 0; j < want.size(); ++j) rule(want[j], g[i][j], &m[j], &v[j]);
+      for (size_t j = 0; j < want.size(); ++j) rule(want[j], g[i][j], &m[j], &v[j], nullptr);
     }
     near(dp[i]->host(), kref::to_double(want), 1e-6, "param");
   }

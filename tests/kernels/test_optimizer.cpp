@@ -1,4 +1,4 @@
-// Multi-tensor Adam and SGD (momentum, Nesterov, plain): one launch over many tensors equals a
+// Multi-tensor Adam, AdamW, SGD (momentum, Nesterov, plain) and RMSprop (plain, momentum, centered): one launch over many tensors equals a
 // per-tensor double-precision reference of the Keras rules after several steps, and equals
 // launching tensor by tensor bit for bit.
 #include "reference.hpp"
@@ -14,10 +14,11 @@ namespace sk = skyforge::kernels;
 namespace {
 
 struct Model {
-  std::vector<std::vector<float>> p, g, s0, s1;
+  std::vector<std::vector<float>> p, g, s0, s1, s2;
   std::vector<sk::OptimTensor> tensors() {
     std::vector<sk::OptimTensor> t;
-    for (size_t i = 0; i < p.size(); ++i) t.push_back({p[i].data(), g[i].data(), s0[i].data(), s1[i].data(), p[i].size()});
+    for (size_t i = 0; i < p.size(); ++i)
+      t.push_back({p[i].data(), g[i].data(), s0[i].data(), s1[i].data(), p[i].size(), s2[i].data()});
     return t;
   }
 };
@@ -33,6 +34,7 @@ Model make_model(bool many, uint32_t seed) {
     m.g.push_back(std::vector<float>(sizes[i]));
     m.s0.push_back(std::vector<float>(sizes[i], 0.f));
     m.s1.push_back(std::vector<float>(sizes[i], 0.f));
+    m.s2.push_back(std::vector<float>(sizes[i], 0.f));
   }
   return m;
 }
@@ -48,10 +50,13 @@ void new_gradients(Model& m, uint32_t step) {
 constexpr int kSteps = 5;
 constexpr float kScale = 0.25f;  // a gradient sum over 4 samples
 
+// Adam, and AdamW: Keras decays the parameter (p -= p * weight_decay * lr) before the Adam step.
 TEST(MultiTensorAdam, MatchesPerTensorReference) {
+  for (const double weight_decay : {0.0, 0.05})
   for (bool many : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "weight_decay " << weight_decay << " many " << many);
     Model m = make_model(many, 1);
-    const sk::AdamConfig cfg{0.01, 0.8, 0.95, 1e-7};
+    const sk::AdamConfig cfg{0.01, 0.8, 0.95, 1e-7, weight_decay};
     std::vector<std::vector<double>> p, mo, v;
     for (auto& t : m.p) {
       p.push_back(kref::to_double(t));
@@ -67,6 +72,7 @@ TEST(MultiTensorAdam, MatchesPerTensorReference) {
       for (size_t k = 0; k < p.size(); ++k)
         for (size_t j = 0; j < p[k].size(); ++j) {
           const double g = static_cast<double>(m.g[k][j]) * kScale;
+          p[k][j] -= p[k][j] * weight_decay * cfg.learning_rate;
           mo[k][j] += (g - mo[k][j]) * (1 - cfg.beta_1);
           v[k][j] += (g * g - v[k][j]) * (1 - cfg.beta_2);
           p[k][j] -= alpha * mo[k][j] / (std::sqrt(v[k][j]) + cfg.epsilon);
@@ -130,6 +136,69 @@ TEST(MultiTensorSgd, MatchesPerTensorReference) {
     }
 }
 
+struct RmspropCase {
+  double momentum;
+  bool centered;
+};
+
+// Keras' RMSprop: v = rho v + (1 - rho) g^2; centered: a = rho a + (1 - rho) g, d = v - a^2 + eps,
+// else d = v + eps; step = lr g / sqrt(d); momentum: m = momentum m + step, p -= m; else p -= step.
+void rmsprop_case(const RmspropCase& c, bool many) {
+  Model m = make_model(many, 4);
+  const sk::RmspropConfig cfg{0.01, 0.8, c.momentum, 1e-7, c.centered};
+  std::vector<std::vector<double>> p, v, mo, a;
+  for (auto& t : m.p) {
+    p.push_back(kref::to_double(t));
+    v.push_back(std::vector<double>(t.size(), 0.0));
+    mo.push_back(v.back());
+    a.push_back(v.back());
+  }
+  auto t = m.tensors();
+  for (auto& x : t) {  // only the slots the options use
+    if (c.momentum == 0.0) x.slot1 = nullptr;
+    if (!c.centered) x.slot2 = nullptr;
+  }
+  for (int step = 0; step < kSteps; ++step) {
+    new_gradients(m, static_cast<uint32_t>(step));
+    sk::rmsprop_update(t.data(), t.size(), cfg, kScale);
+    for (size_t k = 0; k < p.size(); ++k)
+      for (size_t j = 0; j < p[k].size(); ++j) {
+        const double g = static_cast<double>(m.g[k][j]) * kScale;
+        v[k][j] = cfg.rho * v[k][j] + (1 - cfg.rho) * g * g;
+        double d = v[k][j] + cfg.epsilon;
+        if (c.centered) {
+          a[k][j] = cfg.rho * a[k][j] + (1 - cfg.rho) * g;
+          d = v[k][j] - a[k][j] * a[k][j] + cfg.epsilon;
+        }
+        const double inc = cfg.learning_rate * g / std::sqrt(d);
+        if (c.momentum > 0) {
+          mo[k][j] = c.momentum * mo[k][j] + inc;
+          p[k][j] -= mo[k][j];
+        } else {
+          p[k][j] -= inc;
+        }
+      }
+  }
+  for (size_t k = 0; k < p.size(); ++k)
+    for (size_t j = 0; j < p[k].size(); ++j) {
+      ASSERT_NEAR(m.p[k][j], p[k][j], 2e-5 * (1 + std::abs(p[k][j]))) << "tensor " << k << " element " << j;
+      ASSERT_NEAR(m.s0[k][j], v[k][j], 1e-6 * (1 + v[k][j])) << "mean square, tensor " << k;
+      if (c.centered) {
+        ASSERT_NEAR(m.s2[k][j], a[k][j], 1e-6) << "mean gradient, tensor " << k;
+      }
+    }
+}
+
+TEST(MultiTensorRmsprop, MatchesPerTensorReference) {
+  for (const RmspropCase c : {RmspropCase{0.0, false}, RmspropCase{0.9, false}, RmspropCase{0.0, true},
+                              RmspropCase{0.5, true}})
+    for (bool many : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "momentum " << c.momentum << " centered " << c.centered << " many " << many);
+      rmsprop_case(c, many);
+      if (HasFatalFailure()) return;
+    }
+}
+
 // One launch over every tensor = one launch per tensor, bit for bit (each element's update
 // depends on that element alone).
 TEST(MultiTensor, OneLaunchEqualsTensorByTensor) {
@@ -166,6 +235,9 @@ TEST(MultiTensor, RejectsMissingSlots) {
   t.slot0 = nullptr;
   EXPECT_THROW(sk::sgd_update(&t, 1, sk::SgdConfig{0.1, 0.9, false}, 1.f), std::invalid_argument);
   EXPECT_NO_THROW(sk::sgd_update(&t, 1, sk::SgdConfig{0.1, 0.0, false}, 1.f));
+  t.slot0 = m.data();
+  EXPECT_THROW(sk::rmsprop_update(&t, 1, sk::RmspropConfig{0.1, 0.9, 0.0, 1e-7, true}, 1.f), std::invalid_argument);
+  EXPECT_NO_THROW(sk::rmsprop_update(&t, 1, sk::RmspropConfig{}, 1.f));
 }
 
 }  // namespace

@@ -62,10 +62,10 @@ void optimizer_case(const cpu::OptimizerConfig& cfg) {
   for (size_t s : sizes) n += s;
   cpu::Optimizer opt(cfg, n);
   auto p_c = kref::randn(n, 5), p_k = p_c;
-  std::vector<float> m(n, 0.f), v(n, 0.f);
+  std::vector<float> m(n, 0.f), v(n, 0.f), a(n, 0.f);
   std::vector<sk::OptimTensor> tensors;
   for (size_t off = 0, i = 0; i < sizes.size(); off += sizes[i++])
-    tensors.push_back({p_k.data() + off, nullptr, m.data() + off, v.data() + off, sizes[i]});
+    tensors.push_back({p_k.data() + off, nullptr, m.data() + off, v.data() + off, sizes[i], a.data() + off});
   for (uint64_t step = 0; step < 6; ++step) {
     const auto g = kref::randn(n, 100 + static_cast<uint32_t>(step));
     size_t off = 0;
@@ -74,9 +74,12 @@ void optimizer_case(const cpu::OptimizerConfig& cfg) {
       off += t.size;
     }
     opt.apply(p_c.data(), g.data(), 0.5f, step, kOneThread);
-    if (cfg.name == "adam")
-      sk::adam_update(tensors.data(), tensors.size(), {cfg.learning_rate, cfg.beta_1, cfg.beta_2, cfg.epsilon}, step,
-                      0.5f);
+    if (cfg.name == "adam" || cfg.name == "adamw")
+      sk::adam_update(tensors.data(), tensors.size(),
+                      {cfg.learning_rate, cfg.beta_1, cfg.beta_2, cfg.epsilon, cfg.weight_decay}, step, 0.5f);
+    else if (cfg.name == "rmsprop")
+      sk::rmsprop_update(tensors.data(), tensors.size(),
+                         {cfg.learning_rate, cfg.rho, cfg.momentum, cfg.epsilon, cfg.centered}, 0.5f);
     else
       sk::sgd_update(tensors.data(), tensors.size(), {cfg.learning_rate, cfg.momentum, cfg.nesterov}, 0.5f);
   }
@@ -84,8 +87,11 @@ void optimizer_case(const cpu::OptimizerConfig& cfg) {
   if (opt.slot_count() >= n) {
     EXPECT_EQ(0, std::memcmp(m.data(), opt.slots(), n * sizeof(float)));
   }
-  if (opt.slot_count() == 2 * n) {
+  if (opt.slot_count() >= 2 * n) {
     EXPECT_EQ(0, std::memcmp(v.data(), opt.slots() + n, n * sizeof(float)));
+  }
+  if (opt.slot_count() == 3 * n) {  // rmsprop, momentum and centered: the mean gradient third
+    EXPECT_EQ(0, std::memcmp(a.data(), opt.slots() + 2 * n, n * sizeof(float)));
   }
 }
 
@@ -101,6 +107,17 @@ TEST(VsCpu, OptimizersBitForBit) {
   optimizer_case(sgd);
   sgd.nesterov = true;
   optimizer_case(sgd);
+  cpu::OptimizerConfig adamw = adam;
+  adamw.name = "adamw";
+  adamw.weight_decay = 0.05;
+  optimizer_case(adamw);
+  cpu::OptimizerConfig rmsprop;
+  rmsprop.name = "rmsprop";
+  rmsprop.learning_rate = 0.01;
+  optimizer_case(rmsprop);
+  rmsprop.momentum = 0.5;
+  rmsprop.centered = true;
+  optimizer_case(rmsprop);
 }
 
 // The cpu backend's batch_normalization layer (built through make_layer) vs the kernels:

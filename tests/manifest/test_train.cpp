@@ -227,10 +227,11 @@ TEST(Train, LayerOptionsFollowTheLayerSchema) {
 
 TEST(Train, TableKeysAreChecked) {
   auto p = problems_of(
-      "[train]\nepochs = \"5\"\noptimizer = \"adamw\"\nresume = true\nbatchsize = 3\n[[train.layers]]\ntype = \"flatten\"\n");
+      "[train]\nepochs = \"5\"\noptimizer = \"lamb\"\nresume = true\nbatchsize = 3\n[[train.layers]]\ntype = \"flatten\"\n");
   ASSERT_EQ(p.size(), 4u) << ::testing::PrintToString(p);
   EXPECT_NE(p[0].find("job.toml:2:10: [train] epochs: expected an integer >= 1"), std::string::npos) << p[0];
-  EXPECT_NE(p[1].find("job.toml:3:13: [train] optimizer: expected one of adam, sgd"), std::string::npos) << p[1];
+  EXPECT_NE(p[1].find("job.toml:3:13: [train] optimizer: expected one of adam, adamw, sgd, rmsprop"), std::string::npos)
+      << p[1];
   EXPECT_NE(p[2].find("job.toml:4:1: [train] resume: needs 'checkpoint'"), std::string::npos) << p[2];
   EXPECT_NE(p[3].find("unknown key 'batchsize'"), std::string::npos) << p[3];
 }

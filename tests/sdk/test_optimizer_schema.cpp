@@ -54,9 +54,31 @@ TEST(OptimizerSchema, KerasRanges) {
 }
 
 TEST(OptimizerSchema, UnknownNamesAreRefused) {
-  EXPECT_EQ(error_of("rmsprop", {}), "unknown optimizer 'rmsprop' (known: adam, sgd)");
+  EXPECT_EQ(error_of("adagrad", {}), "unknown optimizer 'adagrad' (known: adam, adamw, sgd, rmsprop)");
   EXPECT_EQ(error_of("sgd", {{"beta_1", "0.9"}}), "optimizer sgd: unknown option 'beta_1'");
   EXPECT_EQ(error_of("adam", {{"momentum", "0.9"}}), "optimizer adam: unknown option 'momentum'");
+}
+
+// AdamW and RMSprop with Keras 3's defaults (keras/src/optimizers/adamw.py, rmsprop.py), and the
+// slots each optimizer keeps, in the order every backend and a state lay them out.
+TEST(OptimizerSchema, AdamWAndRmspropAndTheirSlots) {
+  const schema::OptimizerConfig w = schema::parse_optimizer("adamw", Opts{});
+  EXPECT_EQ(w.options(), (std::vector<std::pair<std::string, std::string>>{{"learning_rate", "0.001"},
+                                                                           {"beta_1", "0.9"},
+                                                                           {"beta_2", "0.999"},
+                                                                           {"epsilon", "1e-07"},
+                                                                           {"weight_decay", "0.004"}}));
+  const schema::OptimizerConfig r = schema::parse_optimizer("rmsprop", Opts{});
+  EXPECT_EQ(r.options(), (std::vector<std::pair<std::string, std::string>>{
+                             {"learning_rate", "0.001"}, {"rho", "0.9"}, {"momentum", "0"}, {"epsilon", "1e-07"}, {"centered", "false"}}));
+  EXPECT_EQ(error_of("adamw", {{"weight_decay", "-0.1"}}),
+            "optimizer adamw: option 'weight_decay': expected a number >= 0, got '-0.1'");
+  EXPECT_EQ(error_of("rmsprop", {{"epsilon", "0"}}), "optimizer rmsprop: option 'epsilon': expected a number > 0, got '0'");
+  EXPECT_EQ(schema::slots_per_parameter(w), 2u);
+  EXPECT_EQ(schema::slots_per_parameter(r), 1u);
+  EXPECT_EQ(schema::slots_per_parameter(schema::parse_optimizer("rmsprop", Opts{{"momentum", "0.9"}, {"centered", "true"}})), 3u);
+  EXPECT_EQ(schema::slots_per_parameter(schema::parse_optimizer("sgd", Opts{})), 0u);
+  EXPECT_EQ(schema::slots_per_parameter(schema::parse_optimizer("sgd", Opts{{"momentum", "0.9"}})), 1u);
 }
 
 TEST(OptimizerSchema, EveryDefaultPassesItsOwnCheck) {

@@ -91,11 +91,14 @@ std::optional<std::string> layer_option_text(Reader& r, const Value& v, const sc
 }
 
 const std::vector<std::string> kTrainKeys = {"dataset", "data_dir", "layers", "optimizer", "learning_rate", "momentum",
+                                             "nesterov", "weight_decay", "rho", "centered",
                                              "loss", "metrics", "epochs", "batch_size", "steps_per_epoch", "shuffle", "seed",
                                              "history", "tensorboard", "checkpoint", "checkpoint_every", "resume", "threads", "evaluate"};
 
 // The optimizer options [train] sets (an optimizer's others keep Keras' defaults).
-const std::vector<config::Key<std::string>> kOptimizerOptions = {keys::train_learning_rate, keys::train_momentum};
+const std::vector<config::Key<std::string>> kOptimizerOptions = {keys::train_learning_rate, keys::train_momentum,
+                                                                  keys::train_nesterov,       keys::train_weight_decay,
+                                                                  keys::train_rho,            keys::train_centered};
 
 // A [train] optimizer option, checked against the option of that name in the optimizer schema:
 // `optimizer`'s, or (an option it does not have, e.g. momentum with adam: accepted, unused) the
@@ -162,7 +165,11 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
       const std::optional<double> d = v->is_floating()  ? std::optional(v->as_floating())
                                       : v->is_integer() ? std::optional(static_cast<double>(v->as_integer()))
                                                         : std::nullopt;
-      const schema::Checked c = d ? schema::check(o, float_text(*d)) : schema::Checked{};
+      const bool flag = o.kind == schema::OptionKind::boolean;
+      const std::optional<std::string> text =
+          flag ? (v->is_boolean() ? std::optional<std::string>(v->as_boolean() ? "true" : "false") : std::nullopt)
+               : (d ? std::optional(float_text(*d)) : std::nullopt);
+      const schema::Checked c = text ? schema::check(o, *text) : schema::Checked{};
       if (c.ok) put(key.name, c.canonical);
       else r.expected(*v, "[train] " + field(key), schema::expectation(o));
     } else if (def && schema::find_option(*def, field(key))) {

@@ -145,6 +145,10 @@ inline constexpr Key<uint64_t> train_layers{"train.layers", {}, "the number of [
 inline constexpr Key<std::string> train_optimizer{"train.optimizer", "adam", "[train] optimizer"};
 inline constexpr Key<std::string> train_learning_rate{"train.learning_rate", {}, "[train] learning_rate, as text"};
 inline constexpr Key<std::string> train_momentum{"train.momentum", {}, "[train] momentum, as text"};
+inline constexpr Key<std::string> train_nesterov{"train.nesterov", {}, "[train] nesterov (sgd), as text"};
+inline constexpr Key<std::string> train_weight_decay{"train.weight_decay", {}, "[train] weight_decay (adamw), as text"};
+inline constexpr Key<std::string> train_rho{"train.rho", {}, "[train] rho (rmsprop), as text"};
+inline constexpr Key<std::string> train_centered{"train.centered", {}, "[train] centered (rmsprop), as text"};
 inline constexpr Key<std::string> train_loss{"train.loss", "sparse_categorical_crossentropy", "[train] loss"};
 inline constexpr Key<std::string> train_metrics{"train.metrics", "accuracy", "[train] metrics, comma-separated"};
 inline constexpr Key<uint64_t> train_epochs{"train.epochs", "1", "[train] epochs"};

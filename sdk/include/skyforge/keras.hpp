@@ -208,7 +208,21 @@ struct Adam {
   double beta_2 = schema::default_real("adam", "beta_2");
   double epsilon = schema::default_real("adam", "epsilon");
 };
-using Optimizer = std::variant<SGD, Adam>;
+struct AdamW {
+  double learning_rate = schema::default_real("adamw", "learning_rate");
+  double weight_decay = schema::default_real("adamw", "weight_decay");
+  double beta_1 = schema::default_real("adamw", "beta_1");
+  double beta_2 = schema::default_real("adamw", "beta_2");
+  double epsilon = schema::default_real("adamw", "epsilon");
+};
+struct RMSprop {
+  double learning_rate = schema::default_real("rmsprop", "learning_rate");
+  double rho = schema::default_real("rmsprop", "rho");
+  double momentum = schema::default_real("rmsprop", "momentum");
+  double epsilon = schema::default_real("rmsprop", "epsilon");
+  bool centered = false;
+};
+using Optimizer = std::variant<SGD, Adam, AdamW, RMSprop>;
 
 // A compute backend instance: the pair Host::compute_backend() returns.
 struct Backend {
@@ -315,11 +329,19 @@ inline std::pair<std::string, std::vector<std::pair<std::string, std::string>>> 
     spec = {"sgd",
             {{"learning_rate", num(s->learning_rate)}, {"momentum", num(s->momentum)},
              {"nesterov", boolean(s->nesterov)}}};
-  } else {
-    const auto& a = std::get<Adam>(o);
+  } else if (const auto* a = std::get_if<Adam>(&o)) {
     spec = {"adam",
-            {{"learning_rate", num(a.learning_rate)}, {"beta_1", num(a.beta_1)}, {"beta_2", num(a.beta_2)},
-             {"epsilon", num(a.epsilon)}}};
+            {{"learning_rate", num(a->learning_rate)}, {"beta_1", num(a->beta_1)}, {"beta_2", num(a->beta_2)},
+             {"epsilon", num(a->epsilon)}}};
+  } else if (const auto* w = std::get_if<AdamW>(&o)) {
+    spec = {"adamw",
+            {{"learning_rate", num(w->learning_rate)}, {"weight_decay", num(w->weight_decay)},
+             {"beta_1", num(w->beta_1)}, {"beta_2", num(w->beta_2)}, {"epsilon", num(w->epsilon)}}};
+  } else {
+    const auto& r = std::get<RMSprop>(o);
+    spec = {"rmsprop",
+            {{"learning_rate", num(r.learning_rate)}, {"rho", num(r.rho)}, {"momentum", num(r.momentum)},
+             {"epsilon", num(r.epsilon)}, {"centered", boolean(r.centered)}}};
   }
   try {
     schema::parse_optimizer(spec.first, spec.second);

@@ -2,7 +2,7 @@
 // defaults and Keras' ranges, in one table (docs/compute-backends.md, "Optimizers", is its prose).
 //
 // Everything that handles optimizers reads it: the manifest's [train] table (host), the built-in
-// train app, the Keras-style API (keras.hpp: SGD{} and Adam{} take their defaults from here) and
+// train app, the Keras-style API (keras.hpp: SGD{}, Adam{}, AdamW{} and RMSprop{} take their defaults from here) and
 // every compute backend (cpu, cuda, the template's). Adding an optimizer is one OptimizerDef here
 // plus each backend's update rule.
 //
@@ -50,10 +50,21 @@ inline constexpr OptionDef kAdam[] = {
     {"beta_2", OptionKind::real, "0.999", {}, 0, 1, false, true, {}, "decay of the second moment"},
     {"epsilon", OptionKind::real, "1e-07", {}, 0, kInf, true, false, {}, "added to the second moment's root"},
 };
+inline constexpr OptionDef kAdamW[] = {
+    kAdam[0], kAdam[1], kAdam[2], kAdam[3],
+    {"weight_decay", OptionKind::real, "0.004", {}, 0, kInf, false, false, {}, "decoupled decay: p -= p * weight_decay * lr before the Adam step"},
+};
 inline constexpr OptionDef kSgd[] = {
     learning_rate("0.01"),
     {"momentum", OptionKind::real, "0", {}, 0, 1, false, false, {}, "velocity = momentum * velocity - lr * g"},
     {"nesterov", OptionKind::boolean, "false", {}, 0, 0, false, false, {}, "Nesterov momentum"},
+};
+inline constexpr OptionDef kRmsprop[] = {
+    learning_rate("0.001"),
+    {"rho", OptionKind::real, "0.9", {}, 0, 1, false, false, {}, "decay of the mean square: v = rho * v + (1 - rho) * g^2"},
+    {"momentum", OptionKind::real, "0", {}, 0, 1, false, false, {}, "m = momentum * m + lr * g / sqrt(v + epsilon); p -= m"},
+    {"epsilon", OptionKind::real, "1e-07", {}, 0, kInf, true, false, {}, "added to the mean square under the root"},
+    {"centered", OptionKind::boolean, "false", {}, 0, 0, false, false, {}, "divide by the variance (v - mean(g)^2), not v"},
 };
 
 }  // namespace detail
@@ -61,7 +72,9 @@ inline constexpr OptionDef kSgd[] = {
 inline std::span<const OptimizerDef> optimizers() {
   static constexpr OptimizerDef defs[] = {
       {"adam", "Adam", detail::kAdam, "Adam (Kingma and Ba), Keras' bias correction"},
+      {"adamw", "AdamW", detail::kAdamW, "Adam with decoupled weight decay (Loshchilov and Hutter), as Keras applies it"},
       {"sgd", "SGD", detail::kSgd, "gradient descent, with momentum and Nesterov's variant"},
+      {"rmsprop", "RMSprop", detail::kRmsprop, "RMSprop (Hinton), Keras' rule: optional momentum and centering"},
   };
   return defs;
 }
@@ -72,7 +85,7 @@ inline const OptimizerDef* find_optimizer(std::string_view name) {
   return nullptr;
 }
 
-// "adam, sgd": for messages.
+// "adam, adamw, sgd, rmsprop": for messages.
 inline std::string optimizer_names() {
   std::string out;
   for (const OptimizerDef& d : optimizers()) out += (out.empty() ? "" : ", ") + std::string(d.name);
@@ -106,7 +119,20 @@ OptimizerConfig parse_optimizer(std::string_view name, const Pairs& options) {
   return c;
 }
 
-// An option's default, typed: keras.hpp's SGD{} and Adam{}. Throws std::logic_error for an
+// Per-parameter slots the optimizer keeps, in the order every backend lays them out (and a
+// state carries them): adam, adamw: m, v; sgd: velocity when momentum > 0; rmsprop: velocity,
+// then momentum when momentum > 0, then the mean gradient when centered (Keras' order).
+inline unsigned slots_per_parameter(std::string_view optimizer, double momentum, bool centered) {
+  if (optimizer == "adam" || optimizer == "adamw") return 2u;
+  if (optimizer == "sgd") return momentum > 0 ? 1u : 0u;
+  return 1u + (momentum > 0 ? 1u : 0u) + (centered ? 1u : 0u);
+}
+inline unsigned slots_per_parameter(const OptimizerConfig& c) {
+  const bool has_momentum = find_option(c.def(), "momentum") != nullptr;
+  return slots_per_parameter(c.name(), has_momentum ? c.real("momentum") : 0.0, c.name() == "rmsprop" && c.flag("centered"));
+}
+
+// An option's default, typed: keras.hpp's optimizers. Throws std::logic_error for an
 // optimizer or option the schema does not have.
 inline double default_real(std::string_view optimizer, std::string_view option) {
   const OptimizerDef* def = find_optimizer(optimizer);

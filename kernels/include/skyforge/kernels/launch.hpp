@@ -87,15 +87,21 @@ void accumulate(double* acc, const double* x, size_t n, Stream s = {});
 // ---- optimizers ----------------------------------------------------------------------------------
 // One parameter tensor: its values, gradient and optimizer slots (size floats each).
 // Adam: slot0 = m, slot1 = v. SGD with momentum: slot0 = velocity; plain SGD: no slots (null).
+// RMSprop: slot0 = mean square, slot1 = momentum (momentum > 0), slot2 = mean gradient (centered).
 struct OptimTensor {
   float* param = nullptr;
   const float* grad = nullptr;
   float* slot0 = nullptr;
   float* slot1 = nullptr;
   size_t size = 0;
+  float* slot2 = nullptr;  // after size: {param, grad, slot0, slot1, size} still reads as before
 };
-struct AdamConfig {
-  double learning_rate = 0.001, beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;
+struct AdamConfig {  // weight_decay > 0: AdamW
+  double learning_rate = 0.001, beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7, weight_decay = 0.0;
+};
+struct RmspropConfig {
+  double learning_rate = 0.001, rho = 0.9, momentum = 0.0, epsilon = 1e-7;
+  bool centered = false;
 };
 struct SgdConfig {
   double learning_rate = 0.01, momentum = 0.0;
@@ -108,6 +114,7 @@ float adam_alpha(const AdamConfig& c, uint64_t iteration);
 void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, uint64_t iteration, float grad_scale,
                  Stream s = {});
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s = {});
+void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, float grad_scale, Stream s = {});
 // The same with grad_scale = float(1 / *samples), *samples read on the device when the update
 // runs: a step's global sample count that the host has not waited for; Adam's iteration is
 // state->iteration, read there too (its alpha written to state->alpha first). Nothing the
@@ -116,6 +123,8 @@ void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, fl
 void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, StepState* state,
                  const double* samples, Stream s = {});
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const double* samples, Stream s = {});
+void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, const double* samples,
+                    Stream s = {});
 // ++state->iteration: after a step's update.
 void advance_step(StepState* state, Stream s = {});
 

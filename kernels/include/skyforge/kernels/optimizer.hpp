@@ -10,7 +10,8 @@
 
 namespace skyforge::kernels {
 
-// Tensors per launch: the table stays under the 4 KiB of kernel parameters every CUDA GPU takes.
+// Tensors per launch: the table stays under the 4 KiB of kernel parameters every CUDA GPU takes
+// (static_assert below).
 inline constexpr int kMaxTensorsPerLaunch = 64;
 
 struct TensorTable {
@@ -20,6 +21,7 @@ struct TensorTable {
   const float* grad[kMaxTensorsPerLaunch];
   float* slot0[kMaxTensorsPerLaunch];
   float* slot1[kMaxTensorsPerLaunch];
+  float* slot2[kMaxTensorsPerLaunch];
 
   // The tensor holding flat element i (i < end[count - 1]): the first t with end[t] > i.
   SF_HD uint32_t find(size_t i) const {
@@ -36,20 +38,26 @@ struct TensorTable {
 // Keras Adam on one element, with g = grad * scale (scale turns a gradient sum into a mean):
 //   m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2); p -= alpha * m / (sqrt(v) + epsilon)
 // where alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), t = iteration + 1 (adam_alpha).
+// AdamW (weight_decay > 0) first decays the parameter as Keras does: p -= p * weight_decay * lr.
 // Slots: m in slot0, v in slot1.
 // With `samples` (device memory) the scale is float(1 / *samples), read when the update runs.
 SF_HD inline float grad_scale_of(float scale, const double* samples) {
   return samples ? static_cast<float>(1.0 / *samples) : scale;
 }
 
+// Keras' decoupled weight decay (AdamW), before the optimizer's step: p -= p * weight_decay * lr.
+SF_HD inline void decoupled_decay(float& p, float weight_decay, float lr) { p -= p * weight_decay * lr; }
+
 // With `state` (device memory) alpha is state->alpha, read when the update runs.
 struct AdamRule {
   float b1c, b2c, alpha, eps, scale;  // b1c = 1 - beta_1, b2c = 1 - beta_2
   const double* samples = nullptr;
   const StepState* state = nullptr;
-  SF_HD void operator()(float& p, float g, float* s0, float* s1) const {
+  float weight_decay = 0.f, lr = 0.f;
+  SF_HD void operator()(float& p, float g, float* s0, float* s1, float*) const {
     const float gi = g * grad_scale_of(scale, samples);
     const float a = state ? state->alpha : alpha;
+    if (weight_decay != 0.f) decoupled_decay(p, weight_decay, lr);
     float m = *s0, v = *s1;
     m += (gi - m) * b1c;
     v += (gi * gi - v) * b2c;
@@ -65,7 +73,7 @@ struct SgdRule {
   float lr, momentum, scale;
   bool nesterov;
   const double* samples = nullptr;
-  SF_HD void operator()(float& p, float g, float* s0, float*) const {
+  SF_HD void operator()(float& p, float g, float* s0, float*, float*) const {
     const float gi = g * grad_scale_of(scale, samples);
     if (momentum == 0.f) {
       p -= lr * gi;
@@ -77,6 +85,34 @@ struct SgdRule {
   }
 };
 
+// Keras RMSprop on one element, g = grad * scale: v = rho * v + (1 - rho) g^2 (slot0); centered:
+//   a = rho * a + (1 - rho) g (slot2), d = v - a^2 + epsilon, else d = v + epsilon;
+//   step = lr * g / sqrt(d); momentum > 0: m = momentum * m + step (slot1), p -= m; else p -= step.
+struct RmspropRule {
+  float lr, rho, rho_c, momentum, eps, scale;  // rho_c = 1 - rho
+  bool centered;
+  const double* samples = nullptr;
+  SF_HD void operator()(float& p, float g, float* s0, float* s1, float* s2) const {
+    const float gi = g * grad_scale_of(scale, samples);
+    const float v = rho * *s0 + rho_c * (gi * gi);
+    *s0 = v;
+    float d = v + eps;
+    if (centered) {
+      const float a = rho * *s2 + rho_c * gi;
+      *s2 = a;
+      d = v - a * a + eps;
+    }
+    const float step = lr * gi / ::sqrtf(d);
+    if (momentum > 0.f) {
+      const float m = momentum * *s1 + step;
+      *s1 = m;
+      p -= m;
+    } else {
+      p -= step;
+    }
+  }
+};
+
 template <class Rule>
 struct MultiTensorApply {
   TensorTable t;
@@ -84,8 +120,11 @@ struct MultiTensorApply {
   SF_HD void operator()(size_t i) const {
     const uint32_t k = t.find(i);
     const size_t j = i - (k ? t.end[k - 1] : 0);
-    rule(t.param[k][j], t.grad[k][j], t.slot0[k] ? t.slot0[k] + j : nullptr, t.slot1[k] ? t.slot1[k] + j : nullptr);
+    rule(t.param[k][j], t.grad[k][j], t.slot0[k] ? t.slot0[k] + j : nullptr, t.slot1[k] ? t.slot1[k] + j : nullptr,
+         t.slot2[k] ? t.slot2[k] + j : nullptr);
   }
 };
+
+static_assert(sizeof(MultiTensorApply<RmspropRule>) + 64 <= 4096, "a launch's table must fit kernel parameters");
 
 }  // namespace skyforge::kernels
