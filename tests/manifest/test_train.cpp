@@ -401,6 +401,11 @@ TEST(Search, MakesAMapJobOfTheSklearnBackendWithTheGridAsTheTrainTableWouldHoldI
   std::map<std::string, std::string> qc(q.search.config.begin(), q.search.config.end());
   EXPECT_EQ(qc["search.param_grid.layers.1.units"], "64");
   EXPECT_EQ(qc["search.cv"], "5");  // scikit-learn's default
+  // The optimizers' own [train] keys too, each checked as [train] checks it.
+  Manifest w = parse_manifest(kMlp + "\n[search]\nparam_grid = { optimizer = [\"adamw\"], weight_decay = [0, 0.01] }\n",
+                              "job.toml");
+  std::map<std::string, std::string> wc(w.search.config.begin(), w.search.config.end());
+  EXPECT_EQ(wc["search.param_grid.weight_decay"], "0\n0.01");
 }
 
 TEST(Search, EachValueIsCheckedWhereItIsWritten) {
@@ -429,6 +434,9 @@ TEST(Search, EachValueIsCheckedWhereItIsWritten) {
   p = problems_of(base + "param_grid = { epochs = [1, 1] }\n");
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0], "job.toml:27:25: [search] param_grid epochs: a value is listed twice");
+  p = problems_of(base + "param_grid = { rho = [0.9, 1.5] }\n");
+  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
+  EXPECT_EQ(p[0], "job.toml:27:28: [search] param_grid rho: [train] rho: expected a number in [0, 1], got a float (1.5)");
 }
 
 // [train] holds one optimizer's default learning rate: a grid of optimizers whose defaults differ

@@ -259,7 +259,8 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
 namespace {
 
 // [train] keys a grid search may vary (a layer's options are named "layers.<i>.<option>").
-const std::vector<std::string> kSearchableKeys = {"optimizer", "learning_rate", "momentum", "epochs",
+const std::vector<std::string> kSearchableKeys = {"optimizer", "learning_rate", "momentum",  "nesterov",
+                                                  "weight_decay", "rho", "centered", "epochs",
                                                   "batch_size", "steps_per_epoch", "shuffle"};
 
 // param_grid's entries, flattened: { learning_rate = [...], layers = { 0 = { units = [...] } } }
