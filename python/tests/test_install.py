@@ -45,7 +45,11 @@ def pip_install(*args):
 
 
 def imported_from(site):
-    code = f"import site; site.addsitedir({str(site)!r}); import skyforge; print(skyforge.__file__)"
+    """Where `import skyforge` comes from with `site` first on the path (its .pth files read), ahead
+    of this interpreter's own site-packages, which may hold skyforge too (CI's venv, editable)."""
+    code = ("import site, sys; before = list(sys.path); site.addsitedir(" + repr(str(site)) + "); "
+            "sys.path[:] = [p for p in sys.path if p not in before] + before; "
+            "import skyforge; print(skyforge.__file__)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd="/", env=dict(os.environ, PYTHONPATH="")).stdout.strip()
 

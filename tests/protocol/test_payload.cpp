@@ -136,11 +136,12 @@ TEST(Payload, RunResultAndKv) {
 }
 
 TEST(Payload, HugeStringLengthIsRejectedWithoutAllocating) {
-  // Shutdown = the 5-byte class preamble Boost writes for each class, then one string: an
-  // 8-byte length and the bytes. Claim 2^62 bytes.
+  // Shutdown = the 5-byte class preamble Boost writes for each class, then one string (an 8-byte
+  // length and the bytes), then the `outputs` bool (one byte). Claim 2^62 bytes.
   const std::string preamble(5, '\0');
-  ASSERT_EQ(serialize(msg::Shutdown{"short"}), preamble + le64(5) + "short");
-  const std::string forged = preamble + le64(uint64_t{1} << 62) + "short";
+  const std::string no_outputs(1, '\0');
+  ASSERT_EQ(serialize(msg::Shutdown{"short"}), preamble + le64(5) + "short" + no_outputs);
+  const std::string forged = preamble + le64(uint64_t{1} << 62) + "short" + no_outputs;
   try {
     deserialize<msg::Shutdown>(forged);
     FAIL();
@@ -148,8 +149,8 @@ TEST(Payload, HugeStringLengthIsRejectedWithoutAllocating) {
     EXPECT_NE(std::string(e.what()).find("malformed Shutdown payload"), std::string::npos) << e.what();
   }
   // A length just above what is left is refused too.
-  EXPECT_THROW(deserialize<msg::Shutdown>(preamble + le64(6) + "short"), ProtocolError);
-  EXPECT_EQ(deserialize<msg::Shutdown>(preamble + le64(5) + "short").reason, "short");
+  EXPECT_THROW(deserialize<msg::Shutdown>(preamble + le64(7) + "short" + no_outputs), ProtocolError);
+  EXPECT_EQ(deserialize<msg::Shutdown>(preamble + le64(5) + "short" + no_outputs).reason, "short");
 }
 
 TEST(Payload, HugeCollectionCountIsRejected) {
