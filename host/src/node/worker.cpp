@@ -310,10 +310,9 @@ int Worker::run() {
 // left there (the node's directory stays for it), so that the run's end sends it all.
 void Worker::make_output_dir() {
   const std::filesystem::path dir = skyforge::config::output_dir_of(args_.work_dir);
-  std::error_code ec;
-  std::filesystem::create_directories(dir.parent_path(), ec);
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    throw std::runtime_error("cannot make the output directory " + dir.string() + ": " + std::strerror(errno));
+  for (const std::filesystem::path& d : {dir.parent_path(), dir})  // .skyforge/ too: the node's directory is the user's alone
+    if (::mkdir(d.c_str(), 0700) != 0 && errno != EEXIST)
+      throw std::runtime_error("cannot make the output directory " + d.string() + ": " + std::strerror(errno));
 }
 
 // What the job left in SKYFORGE_OUTPUT_DIR, and the files [job] outputs names, to the host;
