@@ -100,8 +100,9 @@ TEST(KerasModel, CompileErrorsAreClear) {
   EXPECT_NE(compile_error(K::Sequential({K::Input({4}), K::Dropout(1.5), K::Dense(2)}))
                 .find("layer 0 (dropout): option 'rate': expected a number in [0, 1), got '1.5'"),
             std::string::npos);
-  EXPECT_NE(compile_error(K::Sequential({K::Input({4}), K::Dense(2, "tanh")}))
-                .find("layer 0 (dense): option 'activation': expected one of linear, relu, softmax, got 'tanh'"),
+  EXPECT_NE(compile_error(K::Sequential({K::Input({4}), K::Dense(2, "swish")}))
+                .find("layer 0 (dense): option 'activation': expected one of linear, relu, softmax, gelu, tanh, "
+                      "sigmoid, got 'swish'"),
             std::string::npos);
   EXPECT_NE(error_of([] { K::Sequential({K::Dense(2), K::Input({4})}); }).find("Input must come first"),
             std::string::npos);
@@ -144,3 +145,29 @@ TEST(KerasModel, UnboundModelSaysHowToBind) {
   EXPECT_NE(error_of([&] { not_compiled.predict(d.x); }).find("compile() first"), std::string::npos);
 }
 
+
+// keras_schedules.hpp: a schedule in place of learning_rate and the clipping norms become the
+// optimizer schema's options, checked at compile() like the others.
+TEST(KerasModel, SchedulesAndClippingBecomeOptimizerOptions) {
+  const auto a = K::detail::optimizer_spec(
+      K::AdamW{.learning_rate = K::CosineDecay{.initial_learning_rate = 0, .decay_steps = 100, .warmup_target = 1e-3,
+                                               .warmup_steps = 10},
+               .global_clipnorm = 1});
+  EXPECT_EQ(a.second, (Opts{{"learning_rate_schedule", "cosine_decay"},
+                            {"learning_rate_schedule.initial_learning_rate", "0"},
+                            {"learning_rate_schedule.decay_steps", "100"},
+                            {"learning_rate_schedule.alpha", "0"},
+                            {"learning_rate_schedule.warmup_target", "0.001"},
+                            {"learning_rate_schedule.warmup_steps", "10"},
+                            {"weight_decay", "0.004"}, {"beta_1", "0.9"}, {"beta_2", "0.999"}, {"epsilon", "1e-07"},
+                            {"global_clipnorm", "1"}}));
+  const auto s = K::detail::optimizer_spec(
+      K::SGD{.learning_rate = K::PiecewiseConstantDecay{{10, 20}, {0.1, 0.01, 0.001}}, .clipnorm = 0.5});
+  EXPECT_EQ(s.second, (Opts{{"learning_rate_schedule", "piecewise_constant_decay"},
+                            {"learning_rate_schedule.boundaries", "10,20"},
+                            {"learning_rate_schedule.values", "0.1,0.01,0.001"},
+                            {"momentum", "0"}, {"nesterov", "false"}, {"clipnorm", "0.5"}}));
+  EXPECT_THROW(K::detail::optimizer_spec(K::SGD{.clipnorm = 1, .global_clipnorm = 1}), skyforge::Error);
+  EXPECT_THROW(K::detail::optimizer_spec(K::Adam{.learning_rate = K::PiecewiseConstantDecay{{10}, {0.1}}}), skyforge::Error);
+  EXPECT_THROW(K::detail::optimizer_spec(K::Adam{.learning_rate = K::ExponentialDecay{0.1, 0, 0.5}}), skyforge::Error);
+}

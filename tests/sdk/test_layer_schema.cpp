@@ -39,12 +39,13 @@ TEST(LayerSchema, TableIsConsistent) {
   for (const schema::LayerDef& def : schema::catalogue()) {
     EXPECT_TRUE(types.insert(def.type).second) << def.type;
     EXPECT_FALSE(def.keras_name.empty()) << def.type;
-    EXPECT_NE(def.shape, nullptr) << def.type;
+    EXPECT_EQ(def.shape == nullptr, def.merge != nullptr) << def.type << ": one shape rule, for one input or many";
     std::set<std::string_view> names;
     for (size_t i = 0; i < def.options.size(); ++i) {
       const schema::OptionDef& o = def.options[i];
       EXPECT_TRUE(names.insert(o.name).second) << def.type << "." << o.name;
       EXPECT_NE(o.name, "name") << "`name` is accepted on every layer";
+      EXPECT_NE(o.name, "inputs") << "`inputs` is accepted on every layer";
       if (!o.fallback.empty()) {
         EXPECT_TRUE(schema::check(o, o.fallback).ok) << def.type << "." << o.name;
       }
@@ -63,7 +64,7 @@ TEST(LayerSchema, TableIsConsistent) {
 
 TEST(LayerSchema, ParseFillsKerasDefaultsInSchemaOrder) {
   EXPECT_EQ(schema::parse("batch_normalization", {}, 0).options(),
-            (Opts{{"momentum", "0.99"}, {"epsilon", "0.001"}, {"center", "true"}, {"scale", "true"}}));
+            (Opts{{"momentum", "0.99"}, {"epsilon", "0.001"}, {"center", "true"}, {"scale", "true"}, {"synchronized", "false"}}));
   EXPECT_EQ(schema::parse("dense", {{"use_bias", "false"}, {"units", "7"}}, 0).options(),
             (Opts{{"units", "7"}, {"activation", "linear"}, {"use_bias", "false"}}));
   // MaxPooling2D's strides default to its pool_size, as in Keras.
@@ -96,15 +97,26 @@ TEST(LayerSchema, ParseCanonicalisesTextAndTypesIt) {
 TEST(LayerSchema, ErrorsNameTheLayerTheOptionAndWhatWasExpected) {
   EXPECT_EQ(error_of({}, "dens", 1),
             "layer 1 (dens): unknown layer type 'dens' (known: dense, conv2d, batch_normalization, relu, softmax, "
-            "dropout, flatten, global_average_pooling2d, max_pooling2d)");
+            "dropout, flatten, global_average_pooling2d, max_pooling2d, average_pooling2d, global_average_pooling1d, "
+            "reshape, layer_normalization, multi_head_attention, embedding, position_embedding, gelu, tanh, sigmoid, "
+            "add, concatenate)");
   EXPECT_EQ(error_of({{"unit", "3"}}), "layer 2 (dense): option 'units' is required");
   EXPECT_EQ(error_of({{"units", "3"}, {"activaton", "relu"}}), "layer 2 (dense): unknown option 'activaton'");
   EXPECT_EQ(error_of({{"units", "0"}}),
             "layer 2 (dense): option 'units': expected an integer between 1 and 2147483647, got '0'");
   EXPECT_EQ(error_of({{"units", "2147483648"}}),
             "layer 2 (dense): option 'units': expected an integer between 1 and 2147483647, got '2147483648'");
-  EXPECT_EQ(error_of({{"units", "3"}, {"activation", "tanh"}}),
-            "layer 2 (dense): option 'activation': expected one of linear, relu, softmax, got 'tanh'");
+  EXPECT_EQ(error_of({{"units", "3"}, {"activation", "swish"}}),
+            "layer 2 (dense): option 'activation': expected one of linear, relu, softmax, gelu, tanh, sigmoid, got "
+            "'swish'");
+  EXPECT_EQ(error_of({{"units", "3"}, {"name", "a,b"}}),
+            "layer 2 (dense): option 'name': a layer name may not hold control characters, commas or quotes: 'a,b'");
+  EXPECT_EQ(error_of({{"units", "3"}, {"name", "input"}}),
+            "layer 2 (dense): option 'name': 'input' names the model's input; choose another name");
+  EXPECT_EQ(error_of({{"target_shape", "7,-1,-1"}}, "reshape"),
+            "layer 2 (reshape): option 'target_shape': expected a shape like 7,7,16 (one entry may be -1), got "
+            "'7,-1,-1'");
+  EXPECT_EQ(error_of({{"axis", "x"}}, "concatenate"), "layer 2 (concatenate): option 'axis': expected an integer, got 'x'");
   EXPECT_EQ(error_of({{"rate", "1"}}, "dropout"), "layer 2 (dropout): option 'rate': expected a number in [0, 1), got '1'");
   EXPECT_EQ(error_of({{"rate", "0.5x"}}, "dropout"),
             "layer 2 (dropout): option 'rate': expected a number in [0, 1), got '0.5x'");
@@ -163,4 +175,118 @@ TEST(LayerSchema, ShapeErrorsNameTheLayerAndTheShape) {
             "layer 1 (max_pooling2d): window 9 is larger than the input's width 8 with padding 'valid'");
   EXPECT_EQ(shape_error("dense", {{"units", "3"}}, {}), "layer 1 (dense): needs an input");
   EXPECT_EQ(shape_error("relu", {}, {4, 0}), "layer 1 (relu): input shape (None, 4, 0) is empty");
+}
+
+// The new layers' shapes and parameter counts, as Keras' model.summary() gives them.
+TEST(LayerSchema, TransformerAndMergeShapesAreKeras) {
+  // MultiHeadAttention(num_heads=4, key_dim=16) on (49, 64): 4 x (64*4*16 + 4*16) = 16,640.
+  schema::LayerShape s =
+      schema::parse("multi_head_attention", {{"num_heads", "4"}, {"key_dim", "16"}}, 0).infer({49, 64});
+  EXPECT_EQ(s.output, (std::vector<uint32_t>{49, 64}));
+  EXPECT_EQ(s.trainable, 16640u);
+  EXPECT_EQ(s.weights, (std::vector<uint64_t>{4096, 64, 4096, 64, 4096, 64, 4096, 64}));
+  s = schema::parse("multi_head_attention", {{"num_heads", "2"}, {"key_dim", "8"}, {"value_dim", "4"}, {"use_bias", "false"}},
+                    0)
+          .infer({10, 6});
+  EXPECT_EQ(s.weights, (std::vector<uint64_t>{96, 96, 48, 48}));
+  s = schema::parse("layer_normalization", {}, 0).infer({49, 64});
+  EXPECT_EQ(s.weights, (std::vector<uint64_t>{64, 64}));  // gamma, beta
+  s = schema::parse("embedding", {{"input_dim", "1000"}, {"output_dim", "32"}}, 0).infer({20});
+  EXPECT_EQ(s.output, (std::vector<uint32_t>{20, 32}));
+  EXPECT_EQ(s.trainable, 32000u);
+  s = schema::parse("position_embedding", {{"sequence_length", "64"}}, 0).infer({49, 32});
+  EXPECT_EQ(s.output, (std::vector<uint32_t>{49, 32}));
+  EXPECT_EQ(s.trainable, 64u * 32);
+  EXPECT_EQ(schema::parse("reshape", {{"target_shape", "(-1, 16)"}}, 0).infer({7, 7, 16}).output,
+            (std::vector<uint32_t>{49, 16}));
+  EXPECT_EQ(schema::parse("average_pooling2d", {{"padding", "same"}}, 0).infer({7, 7, 3}).output,
+            (std::vector<uint32_t>{4, 4, 3}));
+  EXPECT_EQ(schema::parse("global_average_pooling1d", {}, 0).infer({49, 64}).output, (std::vector<uint32_t>{64}));
+  const std::vector<std::vector<uint32_t>> two = {{7, 7, 16}, {7, 7, 8}};
+  EXPECT_EQ(schema::parse("concatenate", {}, 0).infer_inputs(two).output, (std::vector<uint32_t>{7, 7, 24}));
+  EXPECT_EQ(schema::parse("dense", {{"units", "5"}}, 0).infer({3, 4, 6}).output, (std::vector<uint32_t>{3, 4, 5}));
+  auto error = [](auto f) {
+    try {
+      f();
+    } catch (const schema::LayerError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error([&] { schema::parse("add", {{"name", "sum"}}, 4).infer_inputs(two); }),
+            "layer 4 (add 'sum'): inputs must have one shape: input 1 is (None, 7, 7, 16), input 2 is (None, 7, 7, 8)");
+  EXPECT_EQ(error([&] { schema::parse("concatenate", {{"axis", "1"}}, 4).infer_inputs(two); }),
+            "layer 4 (concatenate): input 2 (None, 7, 7, 8) does not match input 1 (None, 7, 7, 16) on every axis but 1");
+  EXPECT_EQ(error([&] { schema::parse("reshape", {{"target_shape", "5,-1"}}, 2).infer({7, 7}); }),
+            "layer 2 (reshape): cannot reshape (None, 7, 7) (49 values) with a -1 entry: 49 is not a multiple of 5");
+  EXPECT_EQ(error([&] { schema::parse("add", {}, 1).infer({7, 7}); }),
+            "layer 1 (add): takes two or more inputs: name them with inputs = [\"a\", \"b\"]");
+}
+
+namespace {
+std::vector<schema::LayerConfig> layers_of(const std::vector<std::pair<std::string, Opts>>& specs) {
+  std::vector<schema::LayerConfig> out;
+  for (size_t i = 0; i < specs.size(); ++i) out.push_back(schema::parse(specs[i].first, specs[i].second, i));
+  return out;
+}
+std::string graph_error(const std::vector<std::pair<std::string, Opts>>& specs, std::vector<uint32_t> in = {8, 8, 4}) {
+  try {
+    schema::graph(in, layers_of(specs));
+  } catch (const schema::LayerError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// A residual block: names, inputs, the run order, fan-out, and the architecture text.
+TEST(LayerSchema, GraphResolvesNamesOrderAndShapes) {
+  const auto layers = layers_of({
+      {"conv2d", {{"filters", "4"}, {"kernel_size", "3"}, {"padding", "same"}, {"name", "stem"}}},
+      {"conv2d", {{"filters", "4"}, {"kernel_size", "3"}, {"padding", "same"}, {"name", "b1"}}},
+      {"add", {{"inputs", "stem, b1"}}},
+      {"global_average_pooling2d", {}},
+      {"dense", {{"units", "3"}}},
+  });
+  const schema::Graph g = schema::graph({8, 8, 4}, layers);
+  EXPECT_FALSE(g.sequential());
+  EXPECT_EQ(g.order, (std::vector<size_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(g.inputs[0], (std::vector<size_t>{schema::Graph::kInput}));
+  EXPECT_EQ(g.inputs[2], (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(g.consumers[0], (std::vector<size_t>{1, 2}));  // fan-out: stem feeds b1 and the add
+  EXPECT_EQ(g.shapes[2].output, (std::vector<uint32_t>{8, 8, 4}));
+  EXPECT_EQ(g.output, 4u);
+  EXPECT_EQ(schema::architecture_text({8, 8, 4}, layers, "adam").substr(0, 80),
+            "input(None, 8, 8, 4);conv2d<in(None, 8, 8, 4)->(None, 8, 8, 4)/filters=4/kernel_");
+  // A layer may name one listed later: the run order is then not the listing order.
+  const auto later = layers_of({
+      {"dense", {{"units", "4"}, {"name", "a"}, {"inputs", "b"}}},
+      {"dense", {{"units", "4"}, {"name", "b"}, {"inputs", "input"}}},
+      {"dense", {{"units", "2"}, {"inputs", "a"}}},
+  });
+  EXPECT_EQ(schema::graph({6}, later).order, (std::vector<size_t>{1, 0, 2}));
+  const std::string text = schema::architecture_text({8, 8, 4}, layers, "adam");
+  EXPECT_NE(text.find(";add<0,1(None, 8, 8, 4)(None, 8, 8, 4)->(None, 8, 8, 4);"), std::string::npos) << text;
+  // A Sequential list keeps the architecture text it always had (old checkpoints still load).
+  const auto seq = layers_of({{"flatten", {}}, {"dense", {{"units", "3"}}}});
+  EXPECT_TRUE(schema::graph({2, 2}, seq).sequential());
+  EXPECT_EQ(schema::architecture_text({2, 2}, seq, "sgd"),
+            "input(None, 2, 2);flatten(None, 2, 2)->(None, 4);dense(None, 4)->(None, 3)/units=3/activation=linear/"
+            "use_bias=true;sgd");
+}
+
+TEST(LayerSchema, GraphErrorsNameTheLayer) {
+  EXPECT_EQ(graph_error({{"relu", {{"name", "a"}}}, {"add", {{"inputs", "a,z"}}}}),
+            "layer 1 (add): input 'z' names no layer (named layers: a; the model's input is 'input')");
+  EXPECT_EQ(graph_error({{"relu", {{"name", "a"}}}, {"relu", {{"name", "a"}}}}),
+            "layer 1 (relu 'a'): the name 'a' is also layer 0 (relu 'a')'s");
+  EXPECT_EQ(graph_error({{"relu", {{"name", "a"}, {"inputs", "b"}}}, {"relu", {{"name", "b"}, {"inputs", "a"}}}}),
+            "layer 0 (relu 'a'): the inputs form a cycle among layer 0 (relu 'a'), layer 1 (relu 'b')");
+  EXPECT_EQ(graph_error({{"relu", {{"name", "a"}}}, {"relu", {{"inputs", "input"}}}}),
+            "layer 0 (relu 'a'): its output feeds no layer and it is not the model's output (the last layer listed); "
+            "name it in a later layer's inputs or remove it");
+  EXPECT_EQ(graph_error({{"relu", {{"name", "a"}}}, {"relu", {{"inputs", "a,a"}}}}),
+            "layer 1 (relu): takes one input, 2 named");
+  EXPECT_EQ(graph_error({{"relu", {{"name", "a"}}}, {"relu", {{"name", "b"}, {"inputs", "b"}}}}),
+            "layer 1 (relu 'b'): names itself as its input");
 }
