@@ -12,6 +12,7 @@
 #pragma once
 
 #include <skyforge/engine_state.hpp>
+#include <skyforge/kernels/schedule.hpp>
 #include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
 
@@ -146,23 +147,33 @@ struct OptimizerConfig {
   double weight_decay = 0;                                   // adamw
   double rho = schema::default_real("rmsprop", "rho");        // rmsprop
   bool centered = false;                                      // rmsprop
+  kernels::LrSchedule schedule;  // the learning rate of each update: learning_rate, or the schedule
+  double clipnorm = 0, global_clipnorm = 0;  // 0: off
 };
 // Throws Error(SF_ERR_INVALID) naming the optimizer and the option.
 OptimizerConfig parse_optimizer(const std::string& name, const Options& opts);
 
 class Optimizer {
  public:
-  Optimizer(OptimizerConfig cfg, size_t n);
+  // variables: each weight tensor's size (a kernel, a bias: Keras' variables), in the flat
+  // buffer's order; clipnorm clips each alone. With n: one variable of n.
+  Optimizer(OptimizerConfig cfg, std::vector<size_t> variables);
+  Optimizer(OptimizerConfig cfg, size_t n) : Optimizer(std::move(cfg), std::vector<size_t>{n}) {}
   // One update of every parameter from grads * grad_scale (grad_scale turns a gradient sum into
-  // a mean). `iteration` counts updates already applied (Keras' optimizer.iterations).
-  void apply(float* params, const float* grads, float grad_scale, uint64_t iteration, const Exec& ex);
+  // a mean), clipped first when the config clips (then grads holds the clipped mean on return).
+  // `iteration` counts updates already applied (Keras' optimizer.iterations): the schedule's step.
+  void apply(float* params, float* grads, float grad_scale, uint64_t iteration, const Exec& ex);
   size_t slot_count() const { return slots_.size(); }
   float* slots() { return slots_.data(); }
   const float* slots_data() const { return slots_.data(); }
   const OptimizerConfig& config() const { return cfg_; }
 
  private:
+  // grads <- grads * grad_scale, clipped by clipnorm per variable or global_clipnorm over all.
+  void clip(float* grads, float grad_scale, const Exec& ex) const;
+
   OptimizerConfig cfg_;
+  std::vector<size_t> variables_;
   size_t n_;
   std::vector<float> slots_;  // schema::slots_per_parameter blocks of n, in its order
 };

@@ -182,7 +182,10 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
       first_trainable_ = i;
       break;
     }
-  opt_ = std::make_unique<Optimizer>(ocfg, total);
+  std::vector<size_t> variables;  // each weight tensor (Keras' variables: clipnorm clips each alone)
+  for (size_t i = 0; i < layers_.size(); ++i)
+    for (uint64_t w : configs[i].infer(layers_[i]->in_shape).weights) variables.push_back(w);
+  opt_ = std::make_unique<Optimizer>(ocfg, std::move(variables));
   if (Profile::enabled()) {
     prof_ = std::make_unique<Profile>();
     prof_->fwd.assign(layers_.size(), 0.0);

@@ -1,11 +1,15 @@
 // The cpu backend's optimizers: the [train] optimizer's options checked against the optimizer
-// schema (skyforge/optimizer_schema.hpp) and Keras' update rules over the flat parameter buffer.
+// schema (skyforge/optimizer_schema.hpp), Keras' gradient clipping and update rules over the flat
+// parameter buffer, at the learning rate of the kernels' schedule (skyforge/kernels/schedule.hpp).
 #include "cpu_ops.hpp"
 
 #include <skyforge/kernels/optimizer.hpp>
+#include <skyforge/kernels/schedule_of.hpp>
 #include <skyforge/optimizer_schema.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace skyforge::cpu {
 
@@ -21,6 +25,9 @@ OptimizerConfig parse_optimizer(const std::string& name, const Options& o) {
     OptimizerConfig c;
     c.name = std::string(s.name());
     c.learning_rate = s.real("learning_rate");
+    c.schedule = gk::schedule_of(s);
+    c.clipnorm = s.real("clipnorm");
+    c.global_clipnorm = s.real("global_clipnorm");
     if (c.name == "sgd") {
       c.momentum = s.real("momentum");
       c.nesterov = s.flag("nesterov");
@@ -41,13 +48,66 @@ OptimizerConfig parse_optimizer(const std::string& name, const Options& o) {
   }
 }
 
-Optimizer::Optimizer(OptimizerConfig cfg, size_t n) : cfg_(std::move(cfg)), n_(n) {
-  slots_.assign(schema::slots_per_parameter(cfg_.name, cfg_.momentum, cfg_.centered) * n, 0.f);
+Optimizer::Optimizer(OptimizerConfig cfg, std::vector<size_t> variables)
+    : cfg_(std::move(cfg)), variables_(std::move(variables)), n_(std::accumulate(variables_.begin(), variables_.end(), size_t{0})) {
+  slots_.assign(schema::slots_per_parameter(cfg_.name, cfg_.momentum, cfg_.centered) * n_, 0.f);
 }
 
-void Optimizer::apply(float* p, const float* g, float scale, uint64_t iteration, const Exec& ex) {
+namespace {
+// Sum of x[i]^2 over [0, n) in double: blocks of kBlock in order, each summed in order, so the
+// bits are the same for every thread count (replicas with different cores stay identical).
+constexpr size_t kBlock = 4096;
+double sum_squares(const float* x, size_t n, const Exec& ex) {
+  std::vector<double> part((n + kBlock - 1) / kBlock, 0.0);
+  k::for_range(part.size(), ex, [&](size_t b, size_t e) {
+    for (size_t j = b; j < e; ++j) {
+      double acc = 0;
+      for (size_t i = j * kBlock; i < std::min(n, (j + 1) * kBlock); ++i) acc += double{x[i]} * x[i];
+      part[j] = acc;
+    }
+  });
+  return std::accumulate(part.begin(), part.end(), 0.0);
+}
+}  // namespace
+
+// Keras' _clip_gradients on the mean gradient, in float as Keras computes it (the norms in double):
+// clipnorm: g = g * clipnorm / max(|g|, clipnorm) per variable; global_clipnorm:
+// g = g * (global_clipnorm * min(1 / |all|, 1 / global_clipnorm)).
+void Optimizer::clip(float* g, float scale, const Exec& ex) const {
+  k::for_range(n_, ex, [&](size_t b, size_t e) {
+#pragma omp simd
+    for (size_t i = b; i < e; ++i) g[i] *= scale;
+  });
+  std::vector<double> squares;
+  for (size_t v = 0, at = 0; v < variables_.size(); at += variables_[v++]) squares.push_back(sum_squares(g + at, variables_[v], ex));
+  if (cfg_.clipnorm > 0) {
+    const float c = static_cast<float>(cfg_.clipnorm);
+    for (size_t v = 0, at = 0; v < variables_.size(); at += variables_[v++]) {
+      const float over = std::max(static_cast<float>(std::sqrt(squares[v])), c);
+      float* gv = g + at;
+      k::for_range(variables_[v], ex, [&](size_t b, size_t e) {
+#pragma omp simd
+        for (size_t i = b; i < e; ++i) gv[i] = gv[i] * c / over;
+      });
+    }
+    return;
+  }
+  const float c = static_cast<float>(cfg_.global_clipnorm);
+  const float norm = static_cast<float>(std::sqrt(std::accumulate(squares.begin(), squares.end(), 0.0)));
+  const float s = c * std::min(1.f / norm, static_cast<float>(1.0 / cfg_.global_clipnorm));
+  k::for_range(n_, ex, [&](size_t b, size_t e) {
+#pragma omp simd
+    for (size_t i = b; i < e; ++i) g[i] *= s;
+  });
+}
+
+void Optimizer::apply(float* p, float* g, float scale, uint64_t iteration, const Exec& ex) {
   const size_t n = n_;
-  const float lr = static_cast<float>(cfg_.learning_rate);
+  if (cfg_.clipnorm > 0 || cfg_.global_clipnorm > 0) {
+    clip(g, scale, ex);
+    scale = 1.f;  // g is the mean now
+  }
+  const float lr = gk::learning_rate(cfg_.schedule, iteration);
   if (cfg_.name == "sgd") {
     if (slots_.empty()) {
       k::for_range(n, ex, [&](size_t b, size_t e) {
@@ -103,8 +163,8 @@ void Optimizer::apply(float* p, const float* g, float scale, uint64_t iteration,
   // Keras Adam: t = iterations + 1; alpha = lr * sqrt(1 - b2^t) / (1 - b1^t);
   // m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); p -= alpha * m / (sqrt(v) + eps)
   const double t = static_cast<double>(iteration + 1);
-  const float alpha = static_cast<float>(cfg_.learning_rate * std::sqrt(1.0 - std::pow(cfg_.beta_2, t)) /
-                                         (1.0 - std::pow(cfg_.beta_1, t)));
+  const float alpha = static_cast<float>(gk::learning_rate_wide(cfg_.schedule, iteration) *
+                                         std::sqrt(1.0 - std::pow(cfg_.beta_2, t)) / (1.0 - std::pow(cfg_.beta_1, t)));
   const float b1c = static_cast<float>(1.0 - cfg_.beta_1), b2c = static_cast<float>(1.0 - cfg_.beta_2);
   const float eps = static_cast<float>(cfg_.epsilon);
   float* m = slots_.data();

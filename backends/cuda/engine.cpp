@@ -100,6 +100,9 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   }
   try {
     const schema::OptimizerConfig o = schema::parse_optimizer(spec.optimizer, spec.optimizer_options.all());
+    if (o.schedule() || o.real("clipnorm") > 0 || o.real("global_clipnorm") > 0)  // the cpu backend has them
+      throw Error("cuda: learning-rate schedules and gradient clipping are not implemented yet (the cpu backend has them)",
+                  SF_ERR_UNSUPPORTED);
     optimizer_ = std::string(o.name());
     slots_per_param_ = schema::slots_per_parameter(o);
     if (optimizer_ == "adam" || optimizer_ == "adamw")

@@ -91,19 +91,31 @@ K::Layer layer_from(const TrainConfig& c, uint64_t i) {
 }
 
 // The optimizer and the options [train] set (the host wrote the optimizer's defaults for those
-// it left out), checked by the optimizer schema, which fills in the rest.
+// it left out) with [train.learning_rate_schedule], checked by the optimizer schema, which fills
+// in the rest.
 K::Optimizer optimizer_from(const TrainConfig& c) {
   const std::string name = c.get(keys::train_optimizer);
   const skyforge::schema::OptimizerDef* def = skyforge::schema::find_optimizer(name);
   if (!def)
     throw Error("train.optimizer: expected one of " + skyforge::schema::optimizer_names() + ", got '" + name + "'", SF_ERR_INVALID);
-  const skyforge::schema::OptimizerConfig o = skyforge::schema::parse_optimizer(name, options_from(c, *def, keys::train_key("")));
-  if (o.name() == "sgd") return K::SGD{o.real("learning_rate"), o.real("momentum"), o.flag("nesterov")};
+  auto options = options_from(c, *def, keys::train_key(""));
+  if (auto type = c.find(keys::train_learning_rate_schedule)) {  // [train.learning_rate_schedule]
+    options.emplace_back(skyforge::schema::kScheduleOption, *type);
+    const skyforge::schema::ScheduleDef* s = skyforge::schema::find_schedule(*type);
+    std::vector<std::string> arguments = {"boundaries", "values"};
+    for (const auto& o : s ? s->options : std::span<const skyforge::schema::OptionDef>{}) arguments.emplace_back(o.name);
+    for (const auto& a : arguments)
+      if (auto v = c(keys::train_schedule_argument(a))) options.emplace_back(skyforge::schema::schedule_key(a), *v);
+  }
+  const skyforge::schema::OptimizerConfig o = skyforge::schema::parse_optimizer(name, options);
+  const K::LearningRate lr = K::LearningRate::of(o);
+  const double clip = o.real("clipnorm"), global_clip = o.real("global_clipnorm");
+  if (o.name() == "sgd") return K::SGD{lr, o.real("momentum"), o.flag("nesterov"), clip, global_clip};
   if (o.name() == "adamw")
-    return K::AdamW{o.real("learning_rate"), o.real("weight_decay"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon")};
+    return K::AdamW{lr, o.real("weight_decay"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon"), clip, global_clip};
   if (o.name() == "rmsprop")
-    return K::RMSprop{o.real("learning_rate"), o.real("rho"), o.real("momentum"), o.real("epsilon"), o.flag("centered")};
-  return K::Adam{o.real("learning_rate"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon")};
+    return K::RMSprop{lr, o.real("rho"), o.real("momentum"), o.real("epsilon"), o.flag("centered"), clip, global_clip};
+  return K::Adam{lr, o.real("beta_1"), o.real("beta_2"), o.real("epsilon"), clip, global_clip};
 }
 
 uint64_t fnv1a64(const std::vector<float>& w) {

@@ -143,6 +143,8 @@ class MyEngine : public skyforge::Engine {
     const skyforge::schema::OptimizerConfig c = skyforge::schema::parse_optimizer(name, o.all());
     if (c.name() != "adam" && c.name() != "sgd")
       throw Error(std::string(c.name()) + ": not implemented here (adam and sgd are)", SF_ERR_UNSUPPORTED);
+    if (c.schedule() || c.real("clipnorm") > 0 || c.real("global_clipnorm") > 0)
+      throw Error("learning-rate schedules and gradient clipping: not implemented here", SF_ERR_UNSUPPORTED);
     adam_ = c.name() == "adam";
     lr_ = c.real("learning_rate");
     if (adam_) {

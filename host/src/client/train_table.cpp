@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <set>
@@ -91,14 +92,15 @@ std::optional<std::string> layer_option_text(Reader& r, const Value& v, const sc
 }
 
 const std::vector<std::string> kTrainKeys = {"dataset", "data_dir", "layers", "optimizer", "learning_rate", "momentum",
-                                             "nesterov", "weight_decay", "rho", "centered",
+                                             "nesterov", "weight_decay", "rho", "centered", "clipnorm", "global_clipnorm",
+                                             "learning_rate_schedule",
                                              "loss", "metrics", "epochs", "batch_size", "steps_per_epoch", "shuffle", "seed",
                                              "history", "tensorboard", "checkpoint", "checkpoint_every", "resume", "threads", "evaluate"};
 
 // The optimizer options [train] sets (an optimizer's others keep Keras' defaults).
-const std::vector<config::Key<std::string>> kOptimizerOptions = {keys::train_learning_rate, keys::train_momentum,
-                                                                  keys::train_nesterov,       keys::train_weight_decay,
-                                                                  keys::train_rho,            keys::train_centered};
+const std::vector<config::Key<std::string>> kOptimizerOptions = {
+    keys::train_learning_rate, keys::train_momentum, keys::train_nesterov, keys::train_weight_decay,
+    keys::train_rho,           keys::train_centered, keys::train_clipnorm, keys::train_global_clipnorm};
 
 // A [train] optimizer option, checked against the option of that name in the optimizer schema:
 // `optimizer`'s, or (an option it does not have, e.g. momentum with adam: accepted, unused) the
@@ -114,6 +116,70 @@ std::vector<std::string> optimizer_names() {
   std::vector<std::string> out;
   for (const schema::OptimizerDef& d : schema::optimizers()) out.emplace_back(d.name);
   return out;
+}
+
+// A TOML array as a schedule's list text ("100,200"): integers >= 0 (boundaries) or numbers.
+std::optional<std::string> list_text(Reader& r, const Value& v, const std::string& label, bool steps) {
+  std::string text;
+  bool ok = v.is_array() && !v.as_array().empty();
+  for (size_t i = 0; ok && i < v.as_array().size(); ++i) {
+    const Value& x = v.as_array()[i];
+    const auto n = x.is_integer() ? checked_integer(x) : std::nullopt;
+    ok = steps ? n && *n >= 0 : (x.is_integer() || x.is_floating());
+    if (ok) text += (i ? "," : "") + (steps ? std::to_string(*n) : float_text(x.is_floating() ? x.as_floating() : static_cast<double>(x.as_integer())));
+  }
+  if (ok) return text;
+  r.expected(v, label, steps ? "an array of steps (integers >= 0)" : "an array of numbers");
+  return std::nullopt;
+}
+
+// [train.learning_rate_schedule]: its type and Keras' arguments, each checked at its value
+// against the optimizer schema's schedule, then together as the schema checks them (at the
+// list the problem is in, else at the table). Puts the config keys.
+void read_schedule(Reader& r, const Value& s, const std::function<void(std::string_view, std::string)>& put) {
+  const std::string where = "[train.learning_rate_schedule]";
+  if (!s.is_table()) {
+    r.expected(s, "[train] learning_rate_schedule", "a table ([train.learning_rate_schedule] with 'type')");
+    return;
+  }
+  std::vector<std::string> names;
+  for (const schema::ScheduleDef& d : schema::schedules()) names.emplace_back(d.name);
+  const Value* type = Reader::find(s, "type");
+  const schema::ScheduleDef* def = type && type->is_string() ? schema::find_schedule(type->as_string().str) : nullptr;
+  if (!type) r.error(r.pos(s), where + ": missing 'type' (one of " + join(names, ", ") + ")");
+  else if (!def)
+    r.expected(*type, where + " type", "one of " + join(names, ", ") + (type->is_string() ? did_you_mean(type->as_string().str, names) : ""));
+  if (!def) return;
+  const std::string label = where + " (" + std::string(def->name) + ")";
+  std::vector<std::string> known = {"type"};
+  for (const auto& o : def->options) known.emplace_back(o.name);
+  if (def->lists) known.insert(known.end(), {"boundaries", "values"});
+  r.check_keys(s, known, label);
+  std::vector<std::pair<std::string, std::string>> arguments;
+  bool ok = true;
+  auto take = [&](const std::string& key, std::optional<std::string> text) {
+    if (text) arguments.emplace_back(key, *text);
+    ok = ok && text;
+  };
+  for (const auto& o : def->options)
+    if (const Value* v = Reader::find(s, std::string(o.name))) take(std::string(o.name), layer_option_text(r, *v, o, label + " " + std::string(o.name)));
+  if (def->lists)
+    for (const std::string key : {"boundaries", "values"})
+      if (const Value* v = Reader::find(s, key)) take(key, list_text(r, *v, label + " " + key, key == "boundaries"));
+  if (!ok) return;
+  try {
+    schema::parse_schedule(def->name, arguments);
+  } catch (const schema::OptimizerError& e) {
+    const std::string m = e.what();
+    const std::string problem = m.substr(m.find(": ") + 2);  // after the schema's "learning_rate_schedule <type>"
+    const Value* at = &s;
+    for (const char* list : {"boundaries", "values"})
+      if (problem.rfind(list, 0) == 0 && Reader::find(s, list)) at = Reader::find(s, list);
+    r.error(r.pos(*at), label + ": " + problem);
+    return;
+  }
+  put(keys::train_learning_rate_schedule.name, std::string(def->name));
+  for (const auto& [key, text] : arguments) put(keys::train_schedule_argument(key), text);
 }
 
 }  // namespace
@@ -158,10 +224,15 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
   else
     put(keys::train_data_dir.name, "/usr/share/datasets/" + dataset);
   const std::string optimizer = choice(keys::train_optimizer, optimizer_names());
+  const Value* schedule = Reader::find(t, field(keys::train_learning_rate_schedule));
   for (const auto& key : kOptimizerOptions) {
     const schema::OptimizerDef* def = schema::find_optimizer(optimizer);
     const schema::OptionDef& o = optimizer_option(def, field(key));
-    if (const Value* v = Reader::find(t, field(key))) {
+    const bool clip = key.name == keys::train_clipnorm.name || key.name == keys::train_global_clipnorm.name;
+    if (key.name == keys::train_learning_rate.name && schedule) {
+      if (const Value* v = Reader::find(t, field(key)))
+        r.error(r.pos(*v), "[train] learning_rate: give it or [train.learning_rate_schedule], not both (the schedule is the learning rate)");
+    } else if (const Value* v = Reader::find(t, field(key))) {
       const std::optional<double> d = v->is_floating()  ? std::optional(v->as_floating())
                                       : v->is_integer() ? std::optional(static_cast<double>(v->as_integer()))
                                                         : std::nullopt;
@@ -170,12 +241,19 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
           flag ? (v->is_boolean() ? std::optional<std::string>(v->as_boolean() ? "true" : "false") : std::nullopt)
                : (d ? std::optional(float_text(*d)) : std::nullopt);
       const schema::Checked c = text ? schema::check(o, *text) : schema::Checked{};
-      if (c.ok) put(key.name, c.canonical);
-      else r.expected(*v, "[train] " + field(key), schema::expectation(o));
+      if (c.ok && !(clip && c.real == 0)) put(key.name, c.canonical);
+      else r.expected(*v, "[train] " + field(key), clip ? "a number > 0" : schema::expectation(o));
     } else if (def && schema::find_option(*def, field(key))) {
       put(key.name, std::string(o.fallback));  // the optimizer's own default: sgd's learning rate is 0.01
     }
   }
+  auto positive = [&](const config::Key<std::string>& key) {
+    const Value* v = Reader::find(t, field(key));
+    return v && (v->is_floating() ? v->as_floating() > 0 : v->is_integer() && v->as_integer() > 0) ? v : nullptr;
+  };
+  if (const Value* v = positive(keys::train_global_clipnorm); v && positive(keys::train_clipnorm))
+    r.error(r.pos(*v), "[train] global_clipnorm: give clipnorm or global_clipnorm, not both (Keras takes one)");
+  if (schedule) read_schedule(r, *schedule, put);
   choice(keys::train_loss, {"sparse_categorical_crossentropy"});
   if (auto m = r.string_array(t, field(keys::train_metrics), "[train]", false, [](const std::string& s, size_t) {
         return s == "accuracy" ? std::string() : "expected \"accuracy\", got " + quote(s);
@@ -259,9 +337,11 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
 namespace {
 
 // [train] keys a grid search may vary (a layer's options are named "layers.<i>.<option>").
+// (A schedule's arguments are not: [train.learning_rate_schedule] is fixed for the whole search.)
 const std::vector<std::string> kSearchableKeys = {"optimizer", "learning_rate", "momentum",  "nesterov",
-                                                  "weight_decay", "rho", "centered", "epochs",
-                                                  "batch_size", "steps_per_epoch", "shuffle"};
+                                                  "weight_decay", "rho", "centered", "clipnorm",
+                                                  "global_clipnorm", "epochs", "batch_size", "steps_per_epoch",
+                                                  "shuffle"};
 
 // param_grid's entries, flattened: { learning_rate = [...], layers = { 0 = { units = [...] } } }
 // and { "layers.0.units" = [...] } both name "layers.0.units". Leaves are the value arrays.
@@ -316,7 +396,8 @@ std::string substitute(Value& train, const std::string& name, const Value& v) {
 void refuse_unset_learning_rate(Reader& r, const Value& values, const std::vector<std::string>& optimizers,
                                 const Value& train, const std::vector<std::pair<std::string, const Value*>>& entries) {
   const std::string lr = field(keys::train_learning_rate);
-  if (Reader::find(train, lr) || std::any_of(entries.begin(), entries.end(), [&](const auto& e) { return e.first == lr; }))
+  if (Reader::find(train, lr) || Reader::find(train, field(keys::train_learning_rate_schedule)) ||
+      std::any_of(entries.begin(), entries.end(), [&](const auto& e) { return e.first == lr; }))
     return;
   std::vector<std::string> defaults;  // "adam 0.001"
   std::set<std::string_view> rates;

@@ -149,6 +149,10 @@ inline constexpr Key<std::string> train_nesterov{"train.nesterov", {}, "[train] 
 inline constexpr Key<std::string> train_weight_decay{"train.weight_decay", {}, "[train] weight_decay (adamw), as text"};
 inline constexpr Key<std::string> train_rho{"train.rho", {}, "[train] rho (rmsprop), as text"};
 inline constexpr Key<std::string> train_centered{"train.centered", {}, "[train] centered (rmsprop), as text"};
+inline constexpr Key<std::string> train_clipnorm{"train.clipnorm", {}, "[train] clipnorm, as text; 0: off"};
+inline constexpr Key<std::string> train_global_clipnorm{"train.global_clipnorm", {}, "[train] global_clipnorm, as text; 0: off"};
+// [train.learning_rate_schedule]: its type here, each argument under train_schedule_argument.
+inline constexpr Key<std::string> train_learning_rate_schedule{"train.learning_rate_schedule", {}, "[train.learning_rate_schedule] type; absent: none"};
 inline constexpr Key<std::string> train_loss{"train.loss", "sparse_categorical_crossentropy", "[train] loss"};
 inline constexpr Key<std::string> train_metrics{"train.metrics", "accuracy", "[train] metrics, comma-separated"};
 inline constexpr Key<uint64_t> train_epochs{"train.epochs", "1", "[train] epochs"};
@@ -168,6 +172,11 @@ inline constexpr Key<bool> train_evaluate{"train.evaluate", "true", "[train] eva
 // and back.
 inline std::string train_key(std::string_view field) { return "train." + std::string(field); }
 inline std::string_view train_field(std::string_view key) { return key.substr(std::string_view("train.").size()); }
+// "train.learning_rate_schedule.decay_steps": an argument of [train.learning_rate_schedule], as text
+// (lists comma-separated).
+inline std::string train_schedule_argument(std::string_view argument) {
+  return std::string(train_learning_rate_schedule.name) + "." + std::string(argument);
+}
 // A layer's option: "train.layers.<i>.<option>" (and "train.layers.<i>.type"), canonical text.
 inline std::string train_layer(uint64_t index, std::string_view option) {
   return train_key("layers." + std::to_string(index) + "." + std::string(option));

@@ -42,6 +42,7 @@
 
 #include <skyforge/abi.h>
 #include <skyforge/keras_callbacks.hpp>
+#include <skyforge/keras_schedules.hpp>
 #include <skyforge/layer_schema.hpp>
 #include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
@@ -196,31 +197,36 @@ inline Layer MaxPooling2D(OptionalSize2 pool_size = {}, OptionalSize2 strides = 
 
 // ---- optimizers, backend, options -------------------------------------------------------------
 // Keras' optimizers, Keras' defaults: both from the optimizer schema (optimizer_schema.hpp),
-// which compile() checks them against.
+// which compile() checks them against. learning_rate is a number or a schedule, clipnorm and
+// global_clipnorm (0: off) clip the mean gradient (keras_schedules.hpp).
 struct SGD {
-  double learning_rate = schema::default_real("sgd", "learning_rate");
+  LearningRate learning_rate = schema::default_real("sgd", "learning_rate");
   double momentum = schema::default_real("sgd", "momentum");
   bool nesterov = false;
+  double clipnorm = 0, global_clipnorm = 0;
 };
 struct Adam {
-  double learning_rate = schema::default_real("adam", "learning_rate");
+  LearningRate learning_rate = schema::default_real("adam", "learning_rate");
   double beta_1 = schema::default_real("adam", "beta_1");
   double beta_2 = schema::default_real("adam", "beta_2");
   double epsilon = schema::default_real("adam", "epsilon");
+  double clipnorm = 0, global_clipnorm = 0;
 };
 struct AdamW {
-  double learning_rate = schema::default_real("adamw", "learning_rate");
+  LearningRate learning_rate = schema::default_real("adamw", "learning_rate");
   double weight_decay = schema::default_real("adamw", "weight_decay");
   double beta_1 = schema::default_real("adamw", "beta_1");
   double beta_2 = schema::default_real("adamw", "beta_2");
   double epsilon = schema::default_real("adamw", "epsilon");
+  double clipnorm = 0, global_clipnorm = 0;
 };
 struct RMSprop {
-  double learning_rate = schema::default_real("rmsprop", "learning_rate");
+  LearningRate learning_rate = schema::default_real("rmsprop", "learning_rate");
   double rho = schema::default_real("rmsprop", "rho");
   double momentum = schema::default_real("rmsprop", "momentum");
   double epsilon = schema::default_real("rmsprop", "epsilon");
   bool centered = false;
+  double clipnorm = 0, global_clipnorm = 0;
 };
 using Optimizer = std::variant<SGD, Adam, AdamW, RMSprop>;
 
@@ -326,22 +332,17 @@ inline uint64_t product(const std::vector<uint32_t>& s) {
 inline std::pair<std::string, std::vector<std::pair<std::string, std::string>>> optimizer_spec(const Optimizer& o) {
   std::pair<std::string, std::vector<std::pair<std::string, std::string>>> spec;
   if (const auto* s = std::get_if<SGD>(&o)) {
-    spec = {"sgd",
-            {{"learning_rate", num(s->learning_rate)}, {"momentum", num(s->momentum)},
-             {"nesterov", boolean(s->nesterov)}}};
+    spec = {"sgd", common_options(*s, {{"momentum", num(s->momentum)}, {"nesterov", boolean(s->nesterov)}})};
   } else if (const auto* a = std::get_if<Adam>(&o)) {
     spec = {"adam",
-            {{"learning_rate", num(a->learning_rate)}, {"beta_1", num(a->beta_1)}, {"beta_2", num(a->beta_2)},
-             {"epsilon", num(a->epsilon)}}};
+            common_options(*a, {{"beta_1", num(a->beta_1)}, {"beta_2", num(a->beta_2)}, {"epsilon", num(a->epsilon)}})};
   } else if (const auto* w = std::get_if<AdamW>(&o)) {
-    spec = {"adamw",
-            {{"learning_rate", num(w->learning_rate)}, {"weight_decay", num(w->weight_decay)},
-             {"beta_1", num(w->beta_1)}, {"beta_2", num(w->beta_2)}, {"epsilon", num(w->epsilon)}}};
+    spec = {"adamw", common_options(*w, {{"weight_decay", num(w->weight_decay)}, {"beta_1", num(w->beta_1)},
+                                         {"beta_2", num(w->beta_2)}, {"epsilon", num(w->epsilon)}})};
   } else {
     const auto& r = std::get<RMSprop>(o);
-    spec = {"rmsprop",
-            {{"learning_rate", num(r.learning_rate)}, {"rho", num(r.rho)}, {"momentum", num(r.momentum)},
-             {"epsilon", num(r.epsilon)}, {"centered", boolean(r.centered)}}};
+    spec = {"rmsprop", common_options(r, {{"rho", num(r.rho)}, {"momentum", num(r.momentum)},
+                                          {"epsilon", num(r.epsilon)}, {"centered", boolean(r.centered)}})};
   }
   try {
     schema::parse_optimizer(spec.first, spec.second);
