@@ -415,7 +415,7 @@ TEST(Search, EachValueIsCheckedWhereItIsWritten) {
   EXPECT_EQ(p[0], "job.toml:27:39: [search] param_grid learning_rate: [train] learning_rate: expected a number > 0, got an integer (-2)");
   p = problems_of(base + "param_grid = { \"layers.1.activation\" = [\"relu\", \"rleu\"] }\n");
   ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
-  EXPECT_NE(p[0].find("job.toml:27:49: [search] param_grid layers.1.activation: [[train.layers]] #2 activation: expected one of linear, relu, softmax, got \"rleu\""), std::string::npos) << p[0];
+  EXPECT_NE(p[0].find("job.toml:27:49: [search] param_grid layers.1.activation: [[train.layers]] #2 activation: expected one of linear, relu, softmax, gelu, tanh, sigmoid, got \"rleu\""), std::string::npos) << p[0];
   EXPECT_NE(p[0].find("(did you mean 'relu'?)"), std::string::npos) << p[0];
   p = problems_of(base + "param_grid = { dataset = [\"mnist\"] }\n");
   ASSERT_EQ(p.size(), 1u);
