@@ -101,6 +101,9 @@ class Layer {
   // Fuses a ReLU layer that follows this one: the forward then applies max(., 0) to its output
   // and the backward masks dy by that output. Returns false when the layer cannot.
   virtual bool fuse_relu() { return false; }
+  // The engine's communicator, for a layer whose training passes meet the other replicas
+  // (batch_normalization with synchronized = true); the others ignore it.
+  virtual void set_communicator(const Communicator& /*comm*/) {}
   // The output is the input's bytes, reshaped (flatten): the engine hands the input on, with
   // no forward, no buffer and no backward (the gradient is the same bytes too).
   virtual bool is_view() const { return false; }

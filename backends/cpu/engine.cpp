@@ -142,6 +142,7 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     auto l = make_layer(spec.layers[i], shape, i, spec.seed, comm_.rank());
     l->set_exec(exec_);
+    l->set_communicator(comm_);
     param_offset_.push_back(total);
     total += l->param_size();
     shape = l->out_shape;

@@ -285,9 +285,19 @@ class Conv2D final : public Layer {
 // ---- batch_normalization -------------------------------------------------------------------
 // Normalises the last axis. Training: batch statistics (biased variance, like Keras) and
 // moving = moving * momentum + batch * (1 - momentum); inference: moving statistics.
-// Data-parallel: statistics are per replica (no cross-node sync, like Keras/PyTorch DDP by
-// default), so moving statistics may differ between nodes while weights stay identical.
-// Statistics: sums of x and x^2 in double in one pass (var = E[x^2] - mean^2, in double).
+// Data-parallel: statistics are per replica by default (like Keras/PyTorch DDP), so moving
+// statistics may differ between nodes while weights stay identical. synchronized = true
+// (Keras' BatchNormalization(synchronized=True)) takes them over the global batch: each
+// training forward allreduces its [sum x, sum x^2, rows] and each backward its [sum dv,
+// sum dv * xhat, rows] (2C + 1 doubles each, C padded to whole SIMD vectors), so every replica
+// normalises, updates its moving statistics (bit-identical on every rank) and computes dx exactly
+// as one replica holding the whole batch would; gamma/beta's gradients stay local sums, which
+// the engine's gradient allreduce sums as every parameter's. The collectives come in layer order
+// in the forward and in reverse layer order between the gradient buckets in the backward, the
+// same on every rank (the model and the buckets' bounds are); on one rank they are skipped.
+// Statistics: sums of x and x^2 in double in one pass (var = E[x^2] - mean^2, in double):
+// a float's square is exact in double and the cancellation costs (mean/std)^2 * 2^-53, below
+// float's own rounding while |mean| < 2^14 std.
 // A ReLU layer right after it is fused (fuse_relu, by the engine): the forward writes
 // max(bn(x), 0) and the backward masks dy by that output, the same operations the two layers
 // do apart, so fusing does not change a bit.
@@ -298,6 +308,9 @@ class BatchNorm final : public Layer {
   std::vector<float> moving_mean, moving_var;
 
   bool scale = true, center = true;  // Keras: trainable gamma / beta (else fixed 1 / 0)
+  bool synchronized = false;         // statistics over every replica's batch
+
+  void set_communicator(const Communicator& comm) override { comm_ = comm; }
 
   size_t param_size() const override { return (scale ? C : 0) + (center ? C : 0); }
   bool fuse_relu() override { return relu_ = true; }
@@ -313,7 +326,7 @@ class BatchNorm final : public Layer {
     scale_.resize(C);
     shift_.resize(C);
     if (training) {
-      acc_.resize(2 * Cp);
+      acc_.resize(2 * Cp + 1);
       k::reduce_rows(M, 2 * Cp, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
         if (sk) {
           sk->bn_sums(x + b * C, e - b, C, a, a + Cp);
@@ -329,9 +342,10 @@ class BatchNorm final : public Layer {
           }
         }
       });
+      const double rows = global_rows(M);
       for (size_t c = 0; c < C; ++c) {
-        const double mean = acc_[c] / static_cast<double>(M);
-        const float var = static_cast<float>(std::max(acc_[Cp + c] / static_cast<double>(M) - mean * mean, 0.0));
+        const double mean = acc_[c] / rows;
+        const float var = static_cast<float>(std::max(acc_[Cp + c] / rows - mean * mean, 0.0));
         mean_[c] = static_cast<float>(mean);
         invstd_[c] = 1.f / std::sqrt(var + epsilon);
         moving_mean[c] = moving_mean[c] * momentum + mean_[c] * (1.f - momentum);
@@ -374,7 +388,7 @@ class BatchNorm final : public Layer {
     const size_t M = rows(batch), Cp = padded();
     const simd::Kernels* sk = simd::kernels();
     const float* relu_y = relu_ ? y : nullptr;  // fused ReLU: dy only flows where y > 0
-    acc_.resize(2 * Cp);
+    acc_.resize(2 * Cp + 1);
     const float* mu = mean_.data();
     const float* is = invstd_.data();
     k::reduce_rows(M, 2 * Cp, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
@@ -402,9 +416,10 @@ class BatchNorm final : public Layer {
     // dx = gamma * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
     k1_.resize(C);
     k2_.resize(C);
+    const double rows = global_rows(M);
     for (size_t c = 0; c < C; ++c) {
-      k1_[c] = static_cast<float>(acc_[c] / static_cast<double>(M));
-      k2_[c] = static_cast<float>(acc_[Cp + c] / static_cast<double>(M));
+      k1_[c] = static_cast<float>(acc_[c] / rows);
+      k2_[c] = static_cast<float>(acc_[Cp + c] / rows);
       scale_[c] = gamma(c) * is[c];
     }
     const float* a1 = k1_.data();
@@ -442,6 +457,14 @@ class BatchNorm final : public Layer {
   }
 
  private:
+  // acc_ holds this replica's 2 * padded() sums of its M rows; synchronized, they become the
+  // global batch's (one allreduce, the row count with them). Returns the rows they cover.
+  double global_rows(size_t M) {
+    const size_t n = 2 * padded();
+    acc_[n] = static_cast<double>(M);
+    if (synchronized) comm_.allreduce(acc_.data(), n + 1, SF_REDUCE_SUM);
+    return acc_[n];
+  }
   // f(begin, end) over [0, M) rows, split over the threads.
   template <class F>
   void over_rows(size_t M, F&& f) const {
@@ -456,6 +479,7 @@ class BatchNorm final : public Layer {
   std::vector<float> mean_, invstd_, scale_, shift_, k1_, k2_;
   std::vector<double> acc_;
   bool relu_ = false;
+  Communicator comm_;
 };
 
 // ---- activations / reshapes ----------------------------------------------------------------
@@ -717,6 +741,7 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t
     l->epsilon = static_cast<float>(c.real("epsilon"));
     l->scale = c.flag("scale");
     l->center = c.flag("center");
+    l->synchronized = c.flag("synchronized");
     l->C = in.back();
     l->moving_mean.assign(l->C, 0.f);
     l->moving_var.assign(l->C, 1.f);

@@ -170,13 +170,16 @@ inline Layer Conv2D(uint32_t filters, Size2 kernel_size, OptionalSize2 strides =
       .set("activation", activation)
       .done();
 }
+// synchronized: statistics over every replica's batch (docs/layers.md).
 inline Layer BatchNormalization(std::optional<double> momentum = {}, std::optional<double> epsilon = {},
-                                std::optional<bool> center = {}, std::optional<bool> scale = {}) {
+                                std::optional<bool> center = {}, std::optional<bool> scale = {},
+                                std::optional<bool> synchronized = {}) {
   return detail::LayerArgs("batch_normalization")
       .set("momentum", momentum)
       .set("epsilon", epsilon)
       .set("center", center)
       .set("scale", scale)
+      .set("synchronized", synchronized)
       .done();
 }
 inline Layer ReLU() { return Layer{"relu", {}, {}}; }
