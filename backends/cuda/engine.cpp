@@ -56,7 +56,9 @@ struct Layer {
   size_t C = 0;
   float momentum = 0.99f, epsilon = 1e-3f;
   bool scale = true, center = true, relu = false;  // relu: the next layer (a relu) fused in
+  bool synchronized = false;  // statistics over every replica's batch
   Buffer<float> mean, var, invstd, moving_mean, moving_var;
+  Buffer<double> sums;  // synchronized: the 2C + 1 sums the replicas add (kernels' BnSums)
   // engine bookkeeping
   bool fused = false;  // a relu applied by the previous layer
   bool view = false;   // output is the input's bytes (flatten)
@@ -176,6 +178,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
         l->epsilon = static_cast<float>(c.real("epsilon"));
         l->scale = c.flag("scale");
         l->center = c.flag("center");
+        l->synchronized = c.flag("synchronized");
       } else {
         throw Error(c.where() + ": the cuda engine has no kernels for this layer yet (it has: dense, conv2d, relu, "
                                 "softmax, flatten, dropout, batch_normalization, global_average_pooling2d, "
@@ -227,6 +230,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
       l->moving_var = Buffer<float>(*dev_, l->C);
       dev_->zero(l->moving_mean.get(), l->C * sizeof(float));
       dev_->upload(l->moving_var.get(), ones.data(), l->C * sizeof(float));
+      if (l->synchronized) l->sums = Buffer<double>(*dev_, 2 * l->C + 1);
     }
   }
   params_ = Buffer<float>(*dev_, n_params_);
@@ -449,15 +453,25 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         const size_t M = l.rows(batch);
         const float* gamma = l.scale ? p : nullptr;
         const float* beta = l.center ? p + (l.scale ? l.C : 0) : nullptr;
-        if (training) {
-          k::batchnorm_forward_training(in, y, M, l.C, gamma, beta, l.epsilon, l.relu, l.mean.get(), l.var.get(),
-                                        l.invstd.get(), ws_.get(), s);
-          k::batchnorm_update_moving(l.moving_mean.get(), l.moving_var.get(), l.mean.get(), l.var.get(), l.C,
-                                     l.momentum, s);
-        } else {
+        if (!training) {
           k::batchnorm_forward_inference(in, y, M, l.C, gamma, beta, l.epsilon, l.relu, l.moving_mean.get(),
                                          l.moving_var.get(), s);
+          break;
         }
+        if (l.synchronized) {
+          // The global batch's statistics: this replica's sums, summed over the replicas (every
+          // rank's synchronized BatchNorms in layer order), before the stream normalises.
+          k::batchnorm_forward_sums(in, M, l.C, l.sums.get(), ws_.get(), s);
+          dev_->allreduce_sum(l.sums.get(), 2 * l.C + 1);
+          dev_->join_collectives();
+          k::batchnorm_forward_normalize(in, y, M, l.C, gamma, beta, l.epsilon, l.relu, l.sums.get(), l.mean.get(),
+                                         l.var.get(), l.invstd.get(), s);
+        } else {
+          k::batchnorm_forward_training(in, y, M, l.C, gamma, beta, l.epsilon, l.relu, l.mean.get(), l.var.get(),
+                                        l.invstd.get(), ws_.get(), s);
+        }
+        k::batchnorm_update_moving(l.moving_mean.get(), l.moving_var.get(), l.mean.get(), l.var.get(), l.C,
+                                   l.momentum, s);
         break;
       }
       case Kind::flatten: break;
@@ -568,11 +582,26 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
               dev_->copy(dx, dy, n * sizeof(float));
           }
           break;
-        case Kind::batchnorm:
-          k::batchnorm_backward(in, l.relu ? l.out_ptr : nullptr, dy, dx, l.rows(batch), l.C, l.scale ? p : nullptr,
-                                l.mean.get(), l.invstd.get(), l.scale ? g : nullptr,
-                                l.center ? g + (l.scale ? l.C : 0) : nullptr, ws_.get(), s);
+        case Kind::batchnorm: {
+          const float* relu_y = l.relu ? l.out_ptr : nullptr;
+          float* dgamma = l.scale ? g : nullptr;
+          float* dbeta = l.center ? g + (l.scale ? l.C : 0) : nullptr;
+          if (!l.synchronized || !dx) {
+            k::batchnorm_backward(in, relu_y, dy, dx, l.rows(batch), l.C, l.scale ? p : nullptr, l.mean.get(),
+                                  l.invstd.get(), dgamma, dbeta, ws_.get(), s);
+            break;
+          }
+          // dx as for the global batch: its sums, summed over the replicas between the gradient
+          // buckets (in reverse layer order on every rank); dgamma and dbeta stay this
+          // replica's, which the gradient allreduce sums.
+          k::batchnorm_backward_sums(in, relu_y, dy, l.rows(batch), l.C, l.mean.get(), l.invstd.get(), dgamma, dbeta,
+                                     l.sums.get(), ws_.get(), s);
+          dev_->allreduce_sum(l.sums.get(), 2 * l.C + 1);
+          dev_->join_collectives();
+          k::batchnorm_backward_dx(in, relu_y, dy, dx, l.rows(batch), l.C, l.scale ? p : nullptr, l.mean.get(),
+                                   l.invstd.get(), l.sums.get(), s);
           break;
+        }
         case Kind::flatten: break;
       }
       span(Part::backward, l.index, m);

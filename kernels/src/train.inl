@@ -149,4 +149,42 @@ void batchnorm_backward(const float* x, const float* relu_y, const float* dy, fl
   if (dx) for_n(s, rows * C, BnDx{x, relu_y, dy, dx, C, gamma, mean, invstd, k}, what);
 }
 
+void batchnorm_forward_sums(const float* x, size_t rows, size_t C, double* sums, double* ws, Stream s) {
+  constexpr const char* what = "batchnorm_forward_sums";
+  if (C == 0) return;
+  impl::require(rows > 0, what, "needs at least one row");
+  impl::require(sums != nullptr, what, "sums is null");
+  impl::column_reduce<2>(s, rows, C, BnStatsTerm{x, C}, BnSums{rows, C, sums, nullptr, nullptr}, ws, what);
+}
+
+void batchnorm_forward_normalize(const float* x, float* y, size_t rows, size_t C, const float* gamma,
+                                 const float* beta, float epsilon, bool relu, const double* sums, float* mean,
+                                 float* var, float* invstd, Stream s) {
+  constexpr const char* what = "batchnorm_forward_normalize";
+  if (C == 0) return;
+  impl::require(sums && mean && var && invstd, what, "sums, mean, var and invstd are required");
+  for_n(s, C, BnStatsFromSums{C, sums, epsilon, mean, var, invstd}, what);
+  for_n(s, rows * C, BnApply{x, y, C, gamma, beta, mean, invstd, nullptr, epsilon, relu}, what);
+}
+
+void batchnorm_backward_sums(const float* x, const float* relu_y, const float* dy, size_t rows, size_t C,
+                             const float* mean, const float* invstd, float* dgamma, float* dbeta, double* sums,
+                             double* ws, Stream s) {
+  constexpr const char* what = "batchnorm_backward_sums";
+  if (C == 0) return;
+  impl::require(rows > 0, what, "needs at least one row");
+  impl::require(sums != nullptr, what, "sums is null");
+  impl::column_reduce<2>(s, rows, C, BnBackTerm{x, relu_y, dy, mean, invstd, C}, BnSums{rows, C, sums, dgamma, dbeta},
+                         ws, what);
+}
+
+void batchnorm_backward_dx(const float* x, const float* relu_y, const float* dy, float* dx, size_t rows, size_t C,
+                           const float* gamma, const float* mean, const float* invstd, double* sums, Stream s) {
+  constexpr const char* what = "batchnorm_backward_dx";
+  if (C == 0) return;
+  impl::require(sums && dx, what, "sums and dx are required");
+  for_n(s, C, BnBackKFromSums{C, sums}, what);
+  for_n(s, rows * C, BnDx{x, relu_y, dy, dx, C, gamma, mean, invstd, sums}, what);
+}
+
 }  // namespace skyforge::kernels

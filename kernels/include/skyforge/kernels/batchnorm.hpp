@@ -3,6 +3,10 @@
 // biased variance, inference with the moving statistics. gamma / beta may be null (Keras'
 // scale = false / center = false: 1 / 0). `relu` fuses a following ReLU (y = max(bn(x), 0),
 // and the backward masks dy by that y), as the cpu backend does.
+// Synchronized (statistics over every replica's batch): the reductions' totals go out as sums
+// (BnSums: [C channel sums, C channel sums, rows], 2C + 1 doubles), the replicas add them up,
+// and BnStatsFromSums / BnBackKFromSums finish from there with the same rules as the fused
+// finishes (bn_statistics, bn_mean_k), so summed over one replica they give the same bits.
 #pragma once
 
 #include "hd.hpp"
@@ -23,19 +27,51 @@ struct BnStatsTerm {
 };
 
 // mean = sum / M; var = max(sumsq / M - mean^2, 0) (both in double, var rounded to float);
-// invstd = 1 / sqrt(var + epsilon) in float.
+// invstd = 1 / sqrt(var + epsilon) in float. A float's square is exact in double, so the
+// cancellation costs (mean/std)^2 * 2^-53: below float's rounding while |mean| < 2^14 std.
+SF_HD inline void bn_statistics(size_t c, double sum, double sumsq, double M, float eps, float* mean, float* var,
+                                float* invstd) {
+  const double mu = sum / M;
+  const double d = sumsq / M - mu * mu;
+  const float v = static_cast<float>(d > 0.0 ? d : 0.0);
+  mean[c] = static_cast<float>(mu);
+  var[c] = v;
+  invstd[c] = 1.f / ::sqrtf(v + eps);
+}
+
 struct BnStatsFinish {
   size_t rows;
   float eps;
   float *mean, *var, *invstd;
   SF_HD void operator()(size_t c, const double* s) const {
-    const double M = static_cast<double>(rows);
-    const double mu = s[0] / M;
-    const double d = s[1] / M - mu * mu;
-    const float v = static_cast<float>(d > 0.0 ? d : 0.0);
-    mean[c] = static_cast<float>(mu);
-    var[c] = v;
-    invstd[c] = 1.f / ::sqrtf(v + eps);
+    bn_statistics(c, s[0], s[1], static_cast<double>(rows), eps, mean, var, invstd);
+  }
+};
+
+// Finish of either reduction, synchronized: out[c] = s[0], out[C + c] = s[1], out[2C] = rows;
+// in the backward also this replica's dbeta = s[0] and dgamma = s[1] (null in the forward, and
+// either may be null).
+struct BnSums {
+  size_t rows, C;
+  double* out;
+  float *dgamma, *dbeta;
+  SF_HD void operator()(size_t c, const double* s) const {
+    out[c] = s[0];
+    out[C + c] = s[1];
+    if (c == 0) out[2 * C] = static_cast<double>(rows);
+    if (dbeta) dbeta[c] = static_cast<float>(s[0]);
+    if (dgamma) dgamma[c] = static_cast<float>(s[1]);
+  }
+};
+
+// The statistics of the batch whose BnSums these are (every replica's, once summed), per channel.
+struct BnStatsFromSums {
+  size_t C;
+  const double* sums;
+  float eps;
+  float *mean, *var, *invstd;
+  SF_HD void operator()(size_t c) const {
+    bn_statistics(c, sums[c], sums[C + c], sums[2 * C], eps, mean, var, invstd);
   }
 };
 
@@ -82,6 +118,9 @@ struct BnBackTerm {
   }
 };
 
+// A sum's mean over M rows, rounded to float (BnDx's k).
+SF_HD inline double bn_mean_k(double sum, double M) { return static_cast<float>(sum / M); }
+
 // dbeta = sum dv, dgamma = sum dv * xhat (either may be null); k[c] = sum dv / M and
 // k[C + c] = sum dv * xhat / M, rounded to float, for BnDx.
 struct BnBackFinish {
@@ -92,8 +131,19 @@ struct BnBackFinish {
     if (dbeta) dbeta[c] = static_cast<float>(s[0]);
     if (dgamma) dgamma[c] = static_cast<float>(s[1]);
     const double M = static_cast<double>(rows);
-    k[c] = static_cast<float>(s[0] / M);
-    k[C + c] = static_cast<float>(s[1] / M);
+    k[c] = bn_mean_k(s[0], M);
+    k[C + c] = bn_mean_k(s[1], M);
+  }
+};
+
+// Synchronized: BnDx's k from the backward's BnSums (every replica's, once summed), in place.
+struct BnBackKFromSums {
+  size_t C;
+  double* sums;
+  SF_HD void operator()(size_t c) const {
+    const double M = sums[2 * C];
+    sums[c] = bn_mean_k(sums[c], M);
+    sums[C + c] = bn_mean_k(sums[C + c], M);
   }
 };
 

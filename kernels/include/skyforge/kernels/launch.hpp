@@ -157,6 +157,23 @@ void batchnorm_update_moving(float* moving_mean, float* moving_var, const float*
 void batchnorm_backward(const float* x, const float* relu_y, const float* dy, float* dx, size_t rows, size_t C,
                         const float* gamma, const float* mean, const float* invstd, float* dgamma, float* dbeta,
                         double* ws, Stream s = {});
+// Synchronized batch normalization (statistics over every replica's batch, docs/layers.md):
+// the training forward and the backward in two halves each, around the caller's sum over the
+// replicas of `sums` (2C + 1 doubles in the pointers' memory: [C channel sums, C channel sums,
+// rows]). Unsummed (one replica), the halves give the bits of the calls above.
+// Forward: sums = [sum x, sum x^2, rows] (ws: reduce_workspace(rows, C)); then the summed
+// batch's mean, var, invstd and y as batchnorm_forward_training's.
+void batchnorm_forward_sums(const float* x, size_t rows, size_t C, double* sums, double* ws, Stream s = {});
+void batchnorm_forward_normalize(const float* x, float* y, size_t rows, size_t C, const float* gamma,
+                                 const float* beta, float epsilon, bool relu, const double* sums, float* mean,
+                                 float* var, float* invstd, Stream s = {});
+// Backward: sums = [sum dv, sum dv * xhat, rows] and this replica's dgamma, dbeta (those local
+// sums; either may be null); then dx from the summed sums (which it overwrites).
+void batchnorm_backward_sums(const float* x, const float* relu_y, const float* dy, size_t rows, size_t C,
+                             const float* mean, const float* invstd, float* dgamma, float* dbeta, double* sums,
+                             double* ws, Stream s = {});
+void batchnorm_backward_dx(const float* x, const float* relu_y, const float* dy, float* dx, size_t rows, size_t C,
+                           const float* gamma, const float* mean, const float* invstd, double* sums, Stream s = {});
 
 // ---- windows over NHWC images (window.hpp) ---------------------------------------------------------
 // conv2d as a GEMM: col [g.positions(), g.col_width()] from x [g.batch, H, W, C] (zeros in the
