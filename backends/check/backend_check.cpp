@@ -97,6 +97,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
     });
   }
   run_check(out, t, "data parallel", [&] { return data_parallel(b); });
+  run_check(out, t, "synchronized batch_normalization", [&] { return synchronized_batchnorm(b); });
   run_check(out, t, "state", [&] { return state(b); });
   run_check(out, t, "bad input", [&] { return bad_input(b); });
   run_check(out, t, "bound data", [&] { return bound_data(b); });

@@ -7,6 +7,8 @@
 //     dropout: inference is the identity, training is not;
 //   - data parallel: rank 0's initial weights reach every rank, ranks stay bit-identical, and
 //     2 ranks follow 1 rank on the same global batch (skyforge/thread_group.hpp);
+//   - synchronized batch_normalization: 2 ranks on unequal shares follow 1 rank and hold the
+//     same moving statistics;
 //   - state: state_dict -> load_state resumes bit for bit; damaged or foreign state is refused
 //     and leaves the engine as it was;
 //   - bad input: an empty batch, a label out of range and a bad model are refused with a message,

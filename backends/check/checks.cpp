@@ -176,37 +176,48 @@ std::string dropout(keras::Backend b, const Model& with) {
   return "the identity at inference, a mask in training";
 }
 
-// Rank 0's initial weights reach rank 1 (created with another seed), the replicas stay
-// bit-identical, and 2 ranks on halves of a global batch follow 1 rank on all of it. SGD: an
-// update linear in the gradient, so float-order differences stay as small as they are (Adam's
-// first steps are ~lr * sign(g) and would magnify them on near-zero gradients).
-std::string data_parallel(keras::Backend b) {
-  const Model m = with_sgd(mlp(), "0.1");
-  constexpr int kSteps = 3;
-  std::vector<Batch> batches;
-  for (int s = 0; s < kSteps; ++s) batches.push_back(batch_of(m, 8, 100 + s));
-  Engine one(b, m, 21);
+namespace {
+
+// `m` trained on `batches` by 1 rank (seed 21) and by 2 (seeds 21 and seed1) over
+// skyforge::ThreadGroup, rank 0 on the first `split` samples of each batch and rank 1 on the
+// rest; then each evaluates (inference: batch_normalization's moving statistics) its share of
+// `held_out`.
+struct OneAndTwo {
+  Vec one_params;
   std::vector<double> one_loss;
-  for (const Batch& d : batches) one_loss.push_back(one.step(true, d.x, d.y, d.n).loss);
-  const Vec one_params = one.params();
+  double one_eval = 0;
+  std::vector<Vec> initial{2}, final{2};
+  std::vector<std::vector<double>> losses{2};
+  std::vector<std::string> states{2};
+  std::vector<double> eval = std::vector<double>(2);
+};
+OneAndTwo one_and_two(keras::Backend b, const Model& m, const std::vector<Batch>& batches, const Batch& held_out,
+                      uint32_t split, uint64_t seed1) {
+  OneAndTwo out;
+  Engine one(b, m, 21);
+  for (const Batch& d : batches) out.one_loss.push_back(one.step(true, d.x, d.y, d.n).loss);
+  out.one_params = one.params();
+  out.one_eval = one.step(false, held_out.x, held_out.y, held_out.n).loss;
 
   ThreadGroup group(2);
-  std::vector<Vec> initial(2), final(2);
-  std::vector<std::vector<double>> losses(2);
   std::vector<std::string> errors(2);
   std::vector<bool> skipped(2, false);
+  auto share = [&](const Batch& d, uint32_t r) { return r == 0 ? slice(d, 0, split) : slice(d, split, d.n - split); };
   try {
     // A rank that throws leaves the group (ThreadGroup::run), so the other's collectives fail
     // instead of waiting for it.
     group.run([&](uint32_t r) {
       try {
-        Engine e(b, m, r == 0 ? 21 : 99, group.comm(r));
-        initial[r] = e.params();
+        Engine e(b, m, r == 0 ? 21 : seed1, group.comm(r));
+        out.initial[r] = e.params();
         for (const Batch& d : batches) {
-          const Batch mine = slice(d, r * 4, 4);
-          losses[r].push_back(e.step(true, mine.x, mine.y, mine.n).loss);
+          const Batch mine = share(d, r);
+          out.losses[r].push_back(e.step(true, mine.x, mine.y, mine.n).loss);
         }
-        final[r] = e.params();
+        out.final[r] = e.params();
+        out.states[r] = e.state();
+        const Batch mine = share(held_out, r);
+        out.eval[r] = e.step(false, mine.x, mine.y, mine.n).loss;
       } catch (const std::exception& e) {
         errors[r] = e.what();
         skipped[r] = dynamic_cast<const Skip*>(&e) != nullptr;
@@ -220,16 +231,51 @@ std::string data_parallel(keras::Backend b) {
       if (!errors[r].empty()) why += (why.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + errors[r]);
     throw Failure(why);
   }
-  if (initial[0] != initial[1]) throw Failure("rank 1's initial weights are not rank 0's (created with seeds 21 and 99)");
-  if (final[0] != final[1] || losses[0] != losses[1]) throw Failure("the two replicas differ after training");
-  const double dp = max_abs_diff(final[0], one_params);
+  return out;
+}
+
+// The replicas bit-identical (weights, losses) and following 1 rank to 1e-5 (weights; training
+// and held-out losses relative): "2 ranks follow 1 rank to ..." or Failure.
+std::string two_follow_one(const OneAndTwo& r) {
+  if (r.final[0] != r.final[1] || r.losses[0] != r.losses[1]) throw Failure("the two replicas differ after training");
+  auto relative = [](double a, double want) { return std::fabs(a - want) / std::max(1.0, std::fabs(want)); };
+  const double dp = max_abs_diff(r.final[0], r.one_params), de = relative(r.eval[0], r.one_eval);
   double dl = 0;
-  for (int s = 0; s < kSteps; ++s) dl = std::max(dl, std::fabs(losses[0][s] - one_loss[s]) / std::max(1.0, std::fabs(one_loss[s])));
-  if (dp > 1e-5 || dl > 1e-5)
+  for (size_t s = 0; s < r.one_loss.size(); ++s) dl = std::max(dl, relative(r.losses[0][s], r.one_loss[s]));
+  if (dp > 1e-5 || dl > 1e-5 || de > 1e-5)
     throw Failure("2 ranks drift from 1 rank: max |weight difference| " + num(dp) + ", loss " + num(dl) +
-                  " relative (allowed 1e-5)");
-  return "replicas bit-identical; 2 ranks follow 1 rank to " + num(dp) + " (weights), " + num(dl) + " (loss) after " +
-         std::to_string(kSteps) + " SGD steps";
+                  ", held-out loss " + num(de) + " relative (allowed 1e-5)");
+  return "2 ranks follow 1 rank to " + num(dp) + " (weights), " + num(dl) + " (loss), " + num(de) +
+         " (held-out loss) after " + std::to_string(r.one_loss.size()) + " SGD steps";
+}
+
+}  // namespace
+
+// Rank 0's initial weights reach rank 1 (created with another seed), the replicas stay
+// bit-identical, and 2 ranks on halves of a global batch follow 1 rank on all of it. SGD: an
+// update linear in the gradient, so float-order differences stay as small as they are (Adam's
+// first steps are ~lr * sign(g) and would magnify them on near-zero gradients).
+std::string data_parallel(keras::Backend b) {
+  const Model m = with_sgd(mlp(), "0.1");
+  std::vector<Batch> batches;
+  for (int s = 0; s < 3; ++s) batches.push_back(batch_of(m, 8, 100 + s));
+  const OneAndTwo r = one_and_two(b, m, batches, batch_of(m, 8, 110), 4, 99);
+  if (r.initial[0] != r.initial[1]) throw Failure("rank 1's initial weights are not rank 0's (created with seeds 21 and 99)");
+  return "replicas bit-identical; " + two_follow_one(r);
+}
+
+// batch_normalization with synchronized = true: 2 ranks on unequal shares (5 and 3) of each
+// global batch of 8 normalise with the global batch's statistics, so they hold bit-identical
+// states (moving statistics included) and follow 1 rank on all of it as in `data parallel` —
+// the held-out loss too, which inference takes from the moving statistics.
+std::string synchronized_batchnorm(keras::Backend b) {
+  const Model m = with_sgd(synchronized_batchnorm_model(), "0.1");
+  std::vector<Batch> batches;
+  for (int s = 0; s < 3; ++s) batches.push_back(batch_of(m, 8, 120 + s));
+  const OneAndTwo r = one_and_two(b, m, batches, batch_of(m, 8, 130), 5, 21);
+  if (r.states[0] != r.states[1])
+    throw Failure("the replicas' states differ: their moving statistics are not the global batch's");
+  return "states bit-identical across the replicas; " + two_follow_one(r);
 }
 
 std::string state(keras::Backend b) {

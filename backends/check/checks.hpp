@@ -16,6 +16,8 @@ std::string gradients(keras::Backend b, const Model& model);
 // The harness of dropout: the identity at inference, a mask in training.
 std::string dropout(keras::Backend b, const Model& with);
 std::string data_parallel(keras::Backend b);
+// batch_normalization with synchronized = true, 1 rank vs 2 on unequal shares.
+std::string synchronized_batchnorm(keras::Backend b);
 std::string state(keras::Backend b);
 std::string bound_data(keras::Backend b);
 std::string bad_input(keras::Backend b);

@@ -84,4 +84,12 @@ Model convnet() {
                4};
 }
 
+Model synchronized_batchnorm_model() {
+  const Kv sync = {{"synchronized", "true"}};
+  return Model{{4, 4, 2},
+               {layer("conv2d", {{"filters", "3"}, {"kernel_size", "3"}, {"padding", "same"}, {"use_bias", "false"}}),
+                layer("batch_normalization", sync), layer("relu"), layer("flatten"), layer("dense", {{"units", "5"}}),
+                layer("batch_normalization", sync), layer("dense", {{"units", "3"}})}};
+}
+
 }  // namespace skyforge::backend_check

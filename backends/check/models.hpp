@@ -49,5 +49,7 @@ std::optional<Model> harness(std::string_view type);
 Model mlp();
 // The convnet example's layers, small (no dropout: see agreement()).
 Model convnet();
+// conv2d, a synchronized batch_normalization (+ relu), dense, another one, dense.
+Model synchronized_batchnorm_model();
 
 }  // namespace skyforge::backend_check

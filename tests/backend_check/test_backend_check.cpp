@@ -44,6 +44,8 @@ TEST(BackendCheck, CpuPassesEveryCheckAndEveryLayerOfTheSchemaIsChecked) {
     EXPECT_NE(o.out.find("PASS  optimizer " + std::string(def.name) + ": resumes bit for bit"), std::string::npos)
         << def.name << "\n" << o.out;
   for (const char* c : {"PASS  data parallel: replicas bit-identical", "PASS  state: mlp: resumes bit for bit",
+                        "PASS  synchronized batch_normalization: states bit-identical across the replicas; 2 ranks "
+                        "follow 1 rank",
                         "PASS  bad input: refused"})
     EXPECT_NE(o.out.find(c), std::string::npos) << c << "\n" << o.out;
   // The cpu engine keeps no bound data (abi.h, ABI 1.8): keras copies each batch; that check
@@ -97,7 +99,13 @@ TEST(BackendCheck, EachDefectFailsTheCheckThatCoversIt) {
   o = check_fixture({"defective", "-o", "defect=rank"});
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   EXPECT_NE(o.out.find("FAIL  data parallel: rank 0: "), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("rank 1: keras: engine_create failed: defective: rank 1 makes no engine"), std::string::npos)
+  EXPECT_NE(o.out.find("FAIL  synchronized batch_normalization: rank 0: "), std::string::npos) << o.out;
+  EXPECT_EQ(count(o.out, "rank 1: keras: engine_create failed: defective: rank 1 makes no engine"), 2) << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 2) << o.out;
+
+  o = check_fixture({"defective", "-o", "defect=unsynchronized"});
+  EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
+  EXPECT_NE(o.out.find("FAIL  synchronized batch_normalization: the replicas' states differ"), std::string::npos)
       << o.out;
   EXPECT_EQ(count(o.out, "FAIL"), 1) << o.out;
 
