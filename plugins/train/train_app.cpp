@@ -118,11 +118,13 @@ K::Optimizer optimizer_from(const TrainConfig& c) {
   return K::Adam{lr, o.real("beta_1"), o.real("beta_2"), o.real("epsilon"), clip, global_clip};
 }
 
-uint64_t fnv1a64(const std::vector<float>& w) {
+uint64_t fnv1a64(std::string_view bytes) {
   uint64_t h = 0xcbf29ce484222325ULL;
-  const auto* b = reinterpret_cast<const unsigned char*>(w.data());
-  for (size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+  for (const unsigned char b : bytes) h = (h ^ b) * 0x100000001b3ULL;
   return h;
+}
+uint64_t fnv1a64(const std::vector<float>& w) {
+  return fnv1a64(std::string_view(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(float)));
 }
 
 std::string hex(uint64_t v) {
@@ -297,7 +299,8 @@ class Train : public skyforge::App {
     for (const double e : epoch_s) epochs_out += (epochs_out.empty() ? "" : ", ") + K::format_double(e);
     out += ", \"train_seconds\": " + K::format_double(train_s) + ", \"epoch_seconds\": [" + epochs_out + "]" +
            ", \"samples_per_second\": " + K::format_double(train_s > 0 ? static_cast<double>(samples) / train_s : 0) +
-           ", \"weights_fnv1a64\": \"" + hex(fnv1a64(model.get_weights())) + "\"}";
+           ", \"weights_fnv1a64\": \"" + hex(fnv1a64(model.get_weights())) + "\"" +
+           ", \"state_fnv1a64\": \"" + hex(fnv1a64(model.state_dict())) + "\"}";  // moving statistics too
     return out;
   }
 
