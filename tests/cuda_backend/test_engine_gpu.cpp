@@ -4,6 +4,7 @@
 // docs/compute-backends.md, "The cuda engine".
 #include "common.hpp"
 #include "engine.hpp"
+#include "sync_batchnorm.hpp"
 
 #include <skyforge/thread_group.hpp>
 
@@ -69,6 +70,14 @@ TEST(Gpu, MlpTrainsLikeCpu) {
 // the eager engine bit for bit — the same kernels in the same order, the step counter, sample
 // count and sums read from device memory — over 3 epochs of the convnet with its dropout, and
 // the deferred sums agree.
+// batch_normalization with synchronized = true on one GPU: the nvcc build's split kernels (sums,
+// then normalise / dx) give the fused kernels' bits (tests/cpu_backend/sync_batchnorm.hpp).
+TEST(Gpu, SynchronizedBatchNormOnOneGpuTrainsAsUnsynchronized) {
+  std::string why;
+  if (!try_make(sync_bn_model(true), &why)) GTEST_SKIP() << why;
+  check_one_replica_either_way([](const ModelSpec& m, const Communicator& c) { return cu::make_engine(m, c); });
+}
+
 TEST(Gpu, ACudaGraphStepEqualsAnEagerStep) {
   std::string why;
   const ModelSpec m = convnet(5);
