@@ -38,7 +38,9 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
     gemm(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
     kernels::bias_activation_forward(C, bias, M, N, act, stream_);
   };
-  if (act == kernels::Activation::softmax || (!bias && act == kernels::Activation::linear)) return fallback();
+  // The epilogues used: relu and none; every other activation runs after the GEMM.
+  const bool epilogue_act = act == kernels::Activation::relu || act == kernels::Activation::linear;
+  if (!epilogue_act || (!bias && act == kernels::Activation::linear)) return fallback();
   if (bias && reinterpret_cast<uintptr_t>(bias) % 16 != 0) return fallback();  // the BIAS epilogues need 16 bytes
   const cublasLtEpilogue_t epilogue = act == kernels::Activation::relu
                                           ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)

@@ -4,6 +4,7 @@
 #include "engine.hpp"
 
 #include <skyforge/initial_weights.hpp>
+#include <skyforge/kernels/activation.hpp>
 
 #include <skyforge/layer_schema.hpp>
 #include <skyforge/optimizer_schema.hpp>
@@ -32,19 +33,30 @@ using schema::detail::shape_text;  // "(None, 28, 28, 1)"
 
 }  // namespace
 
-enum class Kind { dense, conv2d, activation, flatten, dropout, batchnorm, global_avg_pool, max_pool };
+enum class Kind { dense, conv2d, activation, view, dropout, batchnorm, global_avg_pool, max_pool, avg_pool, add, concat };
+
+// Where a layer's backward puts the gradient of one of its inputs: nowhere (the model's input,
+// or a producer that needs none), or a gradient slot (CudaEngine::gslots_), written or, when an
+// earlier backward already wrote there (fan-out), added to.
+struct GradTarget {
+  static constexpr size_t kNone = SIZE_MAX;
+  size_t slot = kNone;
+  bool add = false;
+};
 
 struct Layer {
-  Kind kind = Kind::flatten;
-  size_t index = 0;
+  Kind kind = Kind::view;
+  size_t index = 0;  // in the listing (the model's layers as given); layers_ holds them in run order
   std::string type;
-  Shape in, out;
+  Shape in, out;     // in: the first input's shape
+  std::vector<size_t> inputs;  // producers' positions in layers_ (schema::Graph::kInput: the model's input)
   size_t poff = 0, psize = 0;  // slice of the flat parameter buffer
   // dense
   size_t fin = 0, units = 0;
   bool use_bias = true;
   k::Activation act = k::Activation::linear;
-  // conv2d (units: filters; win.batch set per call) and global_average_pooling2d (win.H/W/C)
+  Buffer<float> pre;  // dense, conv2d with a gelu: the activation's input, which its gradient reads
+  // conv2d (units: filters; win.batch set per call), the poolings (win.H/W/C; global 1D: W = 1)
   k::WindowShape win;
   Buffer<float> col;  // the last training forward's im2col, then the backward's dcol (col_of)
   bool direct = false;  // the last forward ran on the device's convolutions (cuDNN), not im2col
@@ -59,11 +71,20 @@ struct Layer {
   bool synchronized = false;  // statistics over every replica's batch
   Buffer<float> mean, var, invstd, moving_mean, moving_var;
   Buffer<double> sums;  // synchronized: the 2C + 1 sums the replicas add (kernels' BnSums)
+  // concatenate: per input, its floats per row; a row is everything from the axis on
+  std::vector<size_t> widths;
+  size_t row_width = 0, rows_per_sample = 0;
   // engine bookkeeping
-  bool fused = false;  // a relu applied by the previous layer
-  bool view = false;   // output is the input's bytes (flatten)
+  bool fused = false;  // a relu applied by its input, a batch_normalization it is the only consumer of
+  bool view = false;   // output is the input's bytes (flatten, reshape)
+  bool alias() const { return fused || view; }  // no buffer, no backward: its gradient is its input's
   Buffer<float> y;
   const float* out_ptr = nullptr;
+  // The backward plan (CudaEngine::plan_gradients): whether it runs, the slot holding the
+  // gradient of its output, per input where dx goes, and a scratch slot for a dx that is added.
+  bool backward = false;
+  size_t dy_slot = GradTarget::kNone, scratch = GradTarget::kNone;
+  std::vector<GradTarget> dx;
 
   size_t rows(uint32_t batch) const {
     const size_t w = kind == Kind::dense ? fin : kind == Kind::batchnorm ? C : in.back();
@@ -122,23 +143,41 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   dopt.survey = CudaProfile::enabled();  // the profile lists every convolution algorithm's time
   dev_ = std::make_unique<Device>(comm_, host, dopt);
 
-  // Every layer through the schema: options with defaults, output shape, parameter count.
-  Shape shape = input_shape_;
+  // Every layer through the schema: options with defaults, the graph (run order, inputs,
+  // shapes, parameter counts). layers_ holds the layers in run order, so the flat parameter
+  // buffer is in the schema's layout (initial_weights.hpp).
   std::vector<schema::LayerConfig> configs;
-  for (size_t i = 0; i < spec.layers.size(); ++i) {
-    const LayerSpec& ls = spec.layers[i];
-    const std::vector<std::pair<std::string, std::string>> options(ls.options.all().begin(), ls.options.all().end());
-    schema::LayerShape s;
+  schema::Graph graph;
+  try {
+    for (size_t i = 0; i < spec.layers.size(); ++i) {
+      const LayerSpec& ls = spec.layers[i];
+      const std::vector<std::pair<std::string, std::string>> options(ls.options.all().begin(), ls.options.all().end());
+      configs.push_back(schema::parse(ls.type, options, i));
+    }
+    graph = schema::graph(input_shape_, configs);
+  } catch (const schema::LayerError& e) {
+    invalid(e.what());
+  }
+  std::vector<size_t> position(configs.size());  // listing index -> position in layers_
+  for (size_t i : graph.order) {
+    position[i] = layers_.size();
+    const schema::LayerConfig& c = configs[i];
+    const schema::LayerShape& s = graph.shapes[i];
+    const Shape& shape = graph.in_shapes[i][0];
     auto l = std::make_unique<Layer>();
+    for (size_t p : graph.inputs[i]) l->inputs.push_back(p == schema::Graph::kInput ? p : position[p]);
     try {
-      const schema::LayerConfig& c = configs.emplace_back(schema::parse(ls.type, options, i));
-      s = c.infer(shape);
-      const std::string& t = ls.type;
+      const std::string& t = spec.layers[i].type;
       auto activation = [&] {
         const std::string& a = c.choice("activation");
-        return a == "relu" ? k::Activation::relu : a == "softmax" ? k::Activation::softmax : k::Activation::linear;
+        return a == "relu"      ? k::Activation::relu
+               : a == "softmax" ? k::Activation::softmax
+               : a == "gelu"    ? k::Activation::gelu
+               : a == "tanh"    ? k::Activation::tanh
+               : a == "sigmoid" ? k::Activation::sigmoid
+                                : k::Activation::linear;
       };
-      // conv2d, max_pooling2d: the window of `size_option` with the schema's geometry.
+      // conv2d and the 2D poolings: the window of `size_option` with the schema's geometry.
       auto window = [&](const char* size_option) {
         const schema::Size2 ks = c.size(size_option), st = c.size("strides");
         l->win.kh = ks.h, l->win.kw = ks.w, l->win.sh = st.h, l->win.sw = st.w;
@@ -157,17 +196,36 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
         l->use_bias = c.flag("use_bias");
         l->act = activation();
         window("kernel_size");
-      } else if (t == "max_pooling2d") {
-        l->kind = Kind::max_pool;
+      } else if (t == "max_pooling2d" || t == "average_pooling2d") {
+        l->kind = t == "max_pooling2d" ? Kind::max_pool : Kind::avg_pool;
         window("pool_size");
       } else if (t == "global_average_pooling2d") {
         l->kind = Kind::global_avg_pool;
-      } else if (t == "relu" || t == "softmax") {
+      } else if (t == "global_average_pooling1d") {  // (steps, features): steps x 1 positions
+        l->kind = Kind::global_avg_pool;
+        l->win.H = shape[0], l->win.W = 1, l->win.C = shape[1];
+      } else if (t == "relu" || t == "softmax" || t == "tanh" || t == "sigmoid") {
         l->kind = Kind::activation;
-        l->act = t == "relu" ? k::Activation::relu : k::Activation::softmax;
-      } else if (t == "flatten") {
-        l->kind = Kind::flatten;
+        l->act = t == "relu" ? k::Activation::relu
+                 : t == "softmax" ? k::Activation::softmax
+                 : t == "tanh" ? k::Activation::tanh
+                               : k::Activation::sigmoid;
+      } else if (t == "gelu") {
+        l->kind = Kind::activation;
+        l->act = c.flag("approximate") ? k::Activation::gelu_tanh : k::Activation::gelu;
+      } else if (t == "flatten" || t == "reshape") {
+        l->kind = Kind::view;
         l->view = true;
+      } else if (t == "add") {
+        l->kind = Kind::add;
+      } else if (t == "concatenate") {
+        // Each input is [rows, width] with rows everything before the axis (batch included).
+        l->kind = Kind::concat;
+        const int64_t rank = static_cast<int64_t>(shape.size()), axis = c.integer("axis");
+        const size_t a = static_cast<size_t>(axis < 0 ? axis + rank : axis - 1);  // in the sample's dims
+        l->rows_per_sample = numel(Shape(shape.begin(), shape.begin() + static_cast<ptrdiff_t>(a)));
+        for (const Shape& in : graph.in_shapes[i]) l->widths.push_back(numel(in) / l->rows_per_sample);
+        l->row_width = numel(s.output) / l->rows_per_sample;
       } else if (t == "dropout") {
         l->kind = Kind::dropout;
         l->rate = static_cast<float>(c.real("rate"));
@@ -181,42 +239,39 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
         l->synchronized = c.flag("synchronized");
       } else {
         throw Error(c.where() + ": the cuda engine has no kernels for this layer yet (it has: dense, conv2d, relu, "
-                                "softmax, flatten, dropout, batch_normalization, global_average_pooling2d, "
-                                "max_pooling2d)",
+                                "softmax, gelu, tanh, sigmoid, flatten, reshape, dropout, batch_normalization, "
+                                "global_average_pooling1d, global_average_pooling2d, max_pooling2d, "
+                                "average_pooling2d, add, concatenate)",
                     SF_ERR_UNSUPPORTED);
       }
     } catch (const schema::LayerError& e) {
       invalid(e.what());
     }
     l->index = i;
-    l->type = ls.type;
+    l->type = spec.layers[i].type;
     l->in = shape;
     l->out = s.output;
     l->poff = n_params_;
     l->psize = static_cast<size_t>(s.trainable);
     n_params_ += l->psize;
-    shape = s.output;
     layers_.push_back(std::move(l));
   }
+  output_ = position[graph.output];
   try {
-    classes_ = schema::classes_of(shape, layers_.size() - 1, layers_.back()->type);
+    classes_ = schema::classes_of(layers_[output_]->out, graph.output, layers_[output_]->type);
   } catch (const schema::LayerError& e) {
     invalid(e.what());
   }
   arch_ = schema::architecture_text(input_shape_, configs, optimizer_);  // what a state must match
 
-  // A relu right after batch_normalization is fused into it (the kernels' relu flag), as the
-  // cpu backend does.
-  for (size_t i = 1; i < layers_.size(); ++i)
-    if (layers_[i]->kind == Kind::activation && layers_[i]->act == k::Activation::relu &&
-        layers_[i - 1]->kind == Kind::batchnorm && !layers_[i - 1]->relu)
-      layers_[i - 1]->relu = layers_[i]->fused = true;
-  first_trainable_ = layers_.size() - 1;
-  for (size_t i = 0; i < layers_.size(); ++i)
-    if (layers_[i]->psize > 0) {
-      first_trainable_ = i;
-      break;
+  // A relu whose input is a batch_normalization it is the only consumer of is fused into it (the
+  // kernels' relu flag), as the cpu backend does: nothing else reads the values before the relu.
+  for (auto& l : layers_)
+    if (l->kind == Kind::activation && l->act == k::Activation::relu && l->inputs[0] != schema::Graph::kInput) {
+      Layer& bn = *layers_[l->inputs[0]];
+      if (bn.kind == Kind::batchnorm && graph.consumers[bn.index].size() == 1) bn.relu = l->fused = true;
     }
+  plan_gradients();
 
   // Initial weights on the host: the SDK's, which are every backend's (skyforge/initial_weights.hpp).
   const std::vector<float> init = initial_weights(input_shape_, configs, spec.seed);
@@ -254,6 +309,50 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     prof_->fwd.assign(layers_.size(), 0.0);
     prof_->bwd.assign(layers_.size(), 0.0);
     eopt_.graphs = false;  // a layer's time is an eager step's; a graph runs as one launch
+  }
+}
+
+// The backward's plan, fixed for the engine's life (so a captured step replays it): which layers
+// run a backward (those with parameters at or before them), and the gradient slots by liveness,
+// walking the run order backwards as the backward does. A layer's output gradient takes a slot
+// when its first consumer (in the backward's order) writes it; later consumers add to it (a
+// fan-out's sum, in reverse run order on every rank); the slot is free again once the layer's own
+// backward has read it. An alias layer's (flatten, reshape, a fused relu) gradient is its
+// input's slot. A dx added to a slot is made in a scratch slot first, unless the layer is a
+// merge (add, concatenate), whose dx is a copy that copy_block adds directly.
+void CudaEngine::plan_gradients() {
+  constexpr size_t kInput = schema::Graph::kInput, kNone = GradTarget::kNone;
+  auto owner = [&](size_t p) {  // the layer whose slot holds p's output gradient
+    while (p != kInput && layers_[p]->alias()) p = layers_[p]->inputs[0];
+    return p;
+  };
+  for (auto& l : layers_) {
+    l->backward = l->psize > 0;
+    for (size_t p : l->inputs) l->backward = l->backward || (p != kInput && layers_[p]->backward);
+  }
+  std::set<size_t> free;
+  auto take = [&] {
+    if (free.empty()) return n_gslots_++;
+    const size_t slot = *free.begin();
+    free.erase(free.begin());
+    return slot;
+  };
+  layers_[owner(output_)]->dy_slot = take();  // the loss's gradient
+  for (size_t i = layers_.size(); i-- > 0;) {
+    Layer& l = *layers_[i];
+    if (!l.backward || l.alias()) continue;
+    l.dx.assign(l.inputs.size(), GradTarget{});
+    for (size_t j = 0; j < l.inputs.size(); ++j) {
+      const size_t p = owner(l.inputs[j]);
+      if (p == kInput || !layers_[p]->backward) continue;
+      Layer& producer = *layers_[p];
+      l.dx[j].add = producer.dy_slot != kNone;
+      if (!l.dx[j].add) producer.dy_slot = take();
+      l.dx[j].slot = producer.dy_slot;
+      if (l.dx[j].add && l.kind != Kind::add && l.kind != Kind::concat && l.scratch == kNone) l.scratch = take();
+    }
+    if (l.scratch != kNone) free.insert(l.scratch);
+    free.insert(l.dy_slot);
   }
 }
 
@@ -310,8 +409,9 @@ CudaEngine::~CudaEngine() {
                static_cast<unsigned long long>(p.first_steps), static_cast<double>(p.samples) / static_cast<double>(p.steps));
   std::fprintf(stderr, "  %-5s %-60s %10s %10s\n", "layer", "", "forward", "backward");
   double f = 0, b = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& l = *layers_[i];
+  for (const auto& lp : layers_) {  // run order, each under its index in the listing
+    const Layer& l = *lp;
+    const size_t i = l.index;
     std::string what = l.type + " " + shape_text(l.in) + "->" + shape_text(l.out);
     if (l.fused) what += " (fused)";
     if (l.view) what += " (view)";
@@ -345,7 +445,9 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
   for (auto& l : layers_) {
     const size_t n = numel(l->out);
     widest = std::max(widest, n);
-    if (!l->view && !l->fused) l->y = Buffer<float>(*dev_, size_t{batch} * n);
+    if (!l->alias()) l->y = Buffer<float>(*dev_, size_t{batch} * n);
+    if (k::slope_reads_input(l->act) && (l->kind == Kind::dense || l->kind == Kind::conv2d))
+      l->pre = Buffer<float>(*dev_, size_t{batch} * n);
     if (l->kind == Kind::dense) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->units));
     if (l->kind == Kind::batchnorm) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->C));
     if (l->kind == Kind::conv2d) {
@@ -358,7 +460,8 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
     if (l->kind == Kind::max_pool) l->arg = Buffer<int32_t>(*dev_, size_t{batch} * n);
   }
   x_ = Buffer<float>(*dev_, size_t{batch} * numel(input_shape_));
-  for (auto& g : gbuf_) g = Buffer<float>(*dev_, size_t{batch} * widest);
+  gslots_.clear();
+  for (size_t i = 0; i < n_gslots_; ++i) gslots_.emplace_back(*dev_, size_t{batch} * widest);
   loss_ = Buffer<float>(*dev_, batch);
   hit_ = Buffer<float>(*dev_, batch);
   labels_ = Buffer<int32_t>(*dev_, batch);
@@ -386,17 +489,17 @@ void CudaEngine::check_batch(const void* x, const int32_t* y, uint32_t batch, co
                 " is outside [0, " + std::to_string(classes_) + ")");
 }
 
+const float* CudaEngine::input_of(const Layer& l, size_t j, const float* x) const {
+  return l.inputs[j] == schema::Graph::kInput ? x : layers_[l.inputs[j]]->out_ptr;
+}
+
 // x is device memory (x_). Returns the logits.
 const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) {
   const k::Stream s = dev_->stream();
-  const float* in = x;
   for (auto& lp : layers_) {
     Layer& l = *lp;
-    if (l.fused) {
-      l.out_ptr = in;  // the previous layer already applied it
-      continue;
-    }
-    if (l.view) {
+    const float* in = input_of(l, 0, x);
+    if (l.alias()) {  // fused: its input already applied it; a view: the same bytes
       l.out_ptr = in;
       continue;
     }
@@ -407,7 +510,13 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
     switch (l.kind) {
       case Kind::dense: {
         const size_t M = l.rows(batch);
-        dev_->gemm_bias_act(M, l.units, l.fin, in, p, l.use_bias ? p + l.fin * l.units : nullptr, l.act, y);
+        const float* bias = l.use_bias ? p + l.fin * l.units : nullptr;
+        if (l.pre.get()) {  // a gelu: its gradient reads its input
+          dev_->gemm_bias_act(M, l.units, l.fin, in, p, bias, k::Activation::linear, l.pre.get());
+          k::activation_forward(l.pre.get(), y, M * l.units, l.act, s);
+        } else {
+          dev_->gemm_bias_act(M, l.units, l.fin, in, p, bias, l.act, y);
+        }
         break;
       }
       case Kind::conv2d: {
@@ -416,14 +525,18 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         const size_t M = g.positions(), kkc = g.col_width();
         const float* bias = l.use_bias ? p + kkc * l.units : nullptr;
         // cuDNN where the device has it for this window, else im2col + GEMM (the host build).
-        l.direct = dev_->conv_forward(g, l.units, in, p, y);
+        // A gelu: the values before it into pre, which its gradient reads.
+        float* z = l.pre.get() ? l.pre.get() : y;
+        const k::Activation act = l.pre.get() ? k::Activation::linear : l.act;
+        l.direct = dev_->conv_forward(g, l.units, in, p, z);
         if (l.direct) {
-          k::bias_activation_forward(y, bias, M, l.units, l.act, s);
+          k::bias_activation_forward(z, bias, M, l.units, act, s);
         } else {
           float* col = col_of(l);
           k::im2col(in, col, g, s);
-          dev_->gemm_bias_act(M, l.units, kkc, col, p, bias, l.act, y);
+          dev_->gemm_bias_act(M, l.units, kkc, col, p, bias, act, z);
         }
+        if (l.pre.get()) k::activation_forward(z, y, M * l.units, l.act, s);
         break;
       }
       case Kind::max_pool: {
@@ -432,13 +545,32 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         k::max_pool_forward(in, y, l.arg.get(), g, s);
         break;
       }
+      case Kind::avg_pool: {
+        k::WindowShape g = l.win;
+        g.batch = batch;
+        k::avg_pool_forward(in, y, g, s);
+        break;
+      }
       case Kind::global_avg_pool:
         k::global_avg_pool_forward(in, y, batch, size_t{l.win.H} * l.win.W, l.win.C, s);
         break;
       case Kind::activation:
+        if (l.act != k::Activation::softmax) {
+          k::activation_forward(in, y, n, l.act, s);
+          break;
+        }
         dev_->copy(y, in, n * sizeof(float));
         k::bias_activation_forward(y, nullptr, n / l.in.back(), l.in.back(), l.act, s);
         break;
+      case Kind::add:
+        for (size_t j = 0; j < l.inputs.size(); ++j) k::copy_block(input_of(l, j, x), n, y, n, 1, n, j > 0, s);
+        break;
+      case Kind::concat: {
+        const size_t rows = batch * l.rows_per_sample;
+        for (size_t j = 0, off = 0; j < l.inputs.size(); off += l.widths[j++])
+          k::copy_block(input_of(l, j, x), l.widths[j], y + off, l.row_width, rows, l.widths[j], false, s);
+        break;
+      }
       case Kind::dropout:
         l.dropped = training && l.rate > 0.f;
         if (l.dropped) {
@@ -474,13 +606,12 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
                                    l.momentum, s);
         break;
       }
-      case Kind::flatten: break;
+      case Kind::view: break;
     }
     if (profiling_) prof_->spans.push_back({CudaProfile::Part::forward, l.index, m0, mark()});
     l.out_ptr = y;
-    in = y;
   }
-  return in;
+  return layers_[output_]->out_ptr;
 }
 
 void CudaEngine::stage(const float* x, const int32_t* y, uint32_t batch, const char* what) {
@@ -511,7 +642,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   const size_t start = mark();
   const float* logits = forward(x_.get(), batch, train);
   size_t m = mark();
-  k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(), train ? gbuf_[0].get() : nullptr, s);
+  k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(),                  train ? gslots_[layers_[output_]->dy_slot].get() : nullptr, s);
   k::reduce_sum(loss_.get(), batch, sums_.get(), ws_.get(), s);
   k::reduce_sum(hit_.get(), batch, sums_.get() + 1, ws_.get(), s);
   k::fill(sums_.get() + 2, 1, static_cast<double>(batch), s);
@@ -520,13 +651,14 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   if (train) {
     const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
     size_t lo = n_params_, hi = n_params_;  // pending bucket [lo, hi), grows downwards
-    int cur = 0;
-    for (size_t i = layers_.size(); i-- > first_trainable_;) {
+    for (size_t i = layers_.size(); i-- > 0;) {
       Layer& l = *layers_[i];
-      if (l.fused || l.view) continue;  // fused: the previous layer's backward; view: dy is dx
-      const float* in = i == 0 ? x_.get() : layers_[i - 1]->out_ptr;
-      float* dy = gbuf_[cur].get();
-      float* dx = i == first_trainable_ ? nullptr : gbuf_[1 - cur].get();
+      if (!l.backward || l.alias()) continue;  // alias: its consumers wrote its input's gradient
+      const float* in = input_of(l, 0, x_.get());
+      float* dy = gslots_[l.dy_slot].get();
+      // The first input's dx (the only one but a merge's): its slot, or the scratch when added.
+      const GradTarget to = l.dx[0];
+      float* dx = to.slot == GradTarget::kNone ? nullptr : gslots_[to.add ? l.scratch : to.slot].get();
       const float* p = params_.get() + l.poff;
       float* g = grads_.get() + l.poff;
       const size_t n = size_t{batch} * numel(l.in);
@@ -534,7 +666,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
       switch (l.kind) {
         case Kind::dense: {
           const size_t M = l.rows(batch);
-          k::activation_backward(l.out_ptr, dy, M, l.units, l.act, s);
+          k::activation_backward(l.pre.get(), l.out_ptr, dy, M, l.units, l.act, s);
           dev_->gemm(true, false, l.fin, l.units, M, 1.f, in, l.fin, dy, l.units, 0.f, g, l.units);
           if (l.use_bias) k::bias_grad(dy, M, l.units, g + l.fin * l.units, ws_.get(), s);
           if (dx) dev_->gemm(false, true, M, l.fin, l.units, 1.f, dy, l.units, p, l.units, 0.f, dx, l.fin);
@@ -548,7 +680,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
           k::WindowShape gw = l.win;
           gw.batch = batch;
           const size_t M = gw.positions(), kkc = gw.col_width();
-          k::activation_backward(l.out_ptr, dy, M, l.units, l.act, s);
+          k::activation_backward(l.pre.get(), l.out_ptr, dy, M, l.units, l.act, s);
           if (l.use_bias) k::bias_grad(dy, M, l.units, g + kkc * l.units, ws_.get(), s);
           const bool thin = k::thin_window(gw);
           if (thin) k::conv_filter_grad(in, dy, gw, l.units, g, ws_.get(), s);
@@ -564,15 +696,37 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
             k::max_pool_backward(dy, l.arg.get(), dx, gw, s);
           }
           break;
+        case Kind::avg_pool:
+          if (dx) {
+            k::WindowShape gw = l.win;
+            gw.batch = batch;
+            k::avg_pool_backward(dy, dx, gw, s);
+          }
+          break;
         case Kind::global_avg_pool:
           if (dx) k::global_avg_pool_backward(dy, dx, batch, size_t{l.win.H} * l.win.W, l.win.C, s);
           break;
         case Kind::activation:
           if (dx) {
-            k::activation_backward(l.out_ptr, dy, n / l.in.back(), l.in.back(), l.act, s);
+            k::activation_backward(in, l.out_ptr, dy, n / l.in.back(), l.in.back(), l.act, s);
             dev_->copy(dx, dy, n * sizeof(float));
           }
           break;
+        case Kind::add:  // every input's dx is dy
+          for (const GradTarget& t : l.dx)
+            if (t.slot != GradTarget::kNone) {
+              const size_t m = size_t{batch} * numel(l.out);
+              k::copy_block(dy, m, gslots_[t.slot].get(), m, 1, m, t.add, s);
+            }
+          break;
+        case Kind::concat: {  // input j's dx is its columns of dy
+          const size_t rows = batch * l.rows_per_sample;
+          for (size_t j = 0, off = 0; j < l.dx.size(); off += l.widths[j++])
+            if (l.dx[j].slot != GradTarget::kNone)
+              k::copy_block(dy + off, l.row_width, gslots_[l.dx[j].slot].get(), l.widths[j], rows, l.widths[j],
+                            l.dx[j].add, s);
+          break;
+        }
         case Kind::dropout:
           if (dx) {
             if (l.dropped)
@@ -602,10 +756,12 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
                                    l.invstd.get(), l.sums.get(), s);
           break;
         }
-        case Kind::flatten: break;
+        case Kind::view: break;
       }
+      // A fan-out's later dx: added to what the consumers after this one wrote (merges add their own).
+      if (dx && to.add && l.kind != Kind::add && l.kind != Kind::concat)
+        k::copy_block(dx, n, gslots_[to.slot].get(), n, 1, n, true, s);
       span(Part::backward, l.index, m);
-      cur = 1 - cur;
       if (dp && l.psize > 0) {
         lo = l.poff;
         // Reverse layer order, as the backward produces them: a bucket goes out once full.

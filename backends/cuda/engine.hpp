@@ -7,10 +7,11 @@
 //                              kernels (when CMake's SKYFORGE_CUDA is on).
 // Layers come from the SDK's layer schema (skyforge/layer_schema.hpp, docs/layers.md).
 //
-// Parameters: one flat device buffer in the cpu backend's layout (layer order, each layer's
-// kernel before its bias, batch_normalization's gamma before beta), initialised on the host from
-// skyforge::Rng(seed) in that order, exactly as the cpu backend does, then uploaded and broadcast
-// from rank 0.
+// The model is the schema's graph (schema::graph): layers run in its order, a fan-out's
+// gradients are summed, flatten and reshape are views. Parameters: one flat device buffer in
+// the schema's layout (run order, each layer's kernel before its bias, batch_normalization's
+// gamma before beta), initialised on the host as the cpu backend does (initial_weights.hpp),
+// then uploaded and broadcast from rank 0.
 #pragma once
 
 #include "device.hpp"
@@ -118,6 +119,10 @@ class CudaEngine : public Engine {
   void stage(const float* x, const int32_t* y, uint32_t batch, const char* what);
   // A bound-data step: the indices go up, then gather + step run eager, captured or replayed.
   StepResult indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool train, bool deferred, const char* what);
+  // The model graph's backward plan: which layers run one, the gradient slots (plan_gradients).
+  void plan_gradients();
+  // Input j of layer l in this step's forward (x: the model's input).
+  const float* input_of(const Layer& l, size_t j, const float* x) const;
   const float* forward(const float* x, uint32_t batch, bool training);
   // Enqueues the staged batch's step: forward, loss, and with `train` the backward, the
   // gradient allreduce, the update and the device step counter. Deferred: its sums are added
@@ -133,8 +138,8 @@ class CudaEngine : public Engine {
   EngineOptions eopt_;
   mutable std::unique_ptr<Device> dev_;
   std::vector<uint32_t> input_shape_;
-  std::vector<std::unique_ptr<Layer>> layers_;
-  size_t first_trainable_ = 0;
+  std::vector<std::unique_ptr<Layer>> layers_;  // in run order (schema::Graph::order)
+  size_t output_ = 0;                            // the output layer's position in layers_
   uint32_t classes_ = 0;
   uint64_t seed_ = 0;
   size_t n_params_ = 0;
@@ -147,7 +152,11 @@ class CudaEngine : public Engine {
   kernels::RmspropConfig rmsprop_;
   uint64_t step_ = 0;
   uint32_t capacity_ = 0;
-  Buffer<float> x_, gbuf_[2], loss_, hit_;
+  Buffer<float> x_, loss_, hit_;
+  // The backward's gradient buffers (batch x the widest layer each), shared by liveness: at
+  // most n_gslots_ layer gradients are live at once (plan_gradients).
+  std::vector<Buffer<float>> gslots_;
+  size_t n_gslots_ = 0;
   Buffer<int32_t> labels_;
   Buffer<uint64_t> idx_;
   Buffer<double> ws_;

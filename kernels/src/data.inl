@@ -32,4 +32,13 @@ void accumulate(double* acc, const double* x, size_t n, Stream s) {
   for_n(s, n, AddOrSet{acc, x, 0.0}, "accumulate");
 }
 
+void copy_block(const float* src, size_t src_stride, float* dst, size_t dst_stride, size_t rows, size_t width,
+                bool add, Stream s) {
+  constexpr const char* what = "copy_block";
+  if (rows == 0 || width == 0) return;
+  impl::require(src && dst, what, "src and dst are required");
+  impl::require(src_stride >= width && dst_stride >= width, what, "a stride must be at least the width");
+  for_n(s, rows * width, CopyBlock{src, dst, src_stride, dst_stride, width, add}, what);
+}
+
 }  // namespace skyforge::kernels

@@ -15,14 +15,26 @@ void bias_activation_forward(float* y, const float* bias, size_t rows, size_t wi
     return;
   }
   if (!bias && act == Activation::linear) return;
-  for_n(s, rows * width, BiasActElem{y, bias, width, act == Activation::relu}, what);
+  for_n(s, rows * width, BiasActElem{y, y, bias, width, act}, what);
+}
+
+void activation_forward(const float* x, float* y, size_t n, Activation act, Stream s) {
+  constexpr const char* what = "activation_forward";
+  impl::require(act != Activation::softmax, what, "softmax is a row's, not an element's (bias_activation_forward)");
+  if (n) for_n(s, n, BiasActElem{x, y, nullptr, 1, act}, what);
+}
+
+void activation_backward(const float* x, const float* y, float* dy, size_t rows, size_t width, Activation act,
+                         Stream s) {
+  constexpr const char* what = "activation_backward";
+  if (rows == 0 || width == 0 || act == Activation::linear) return;
+  impl::require(x || !slope_reads_input(act), what, "gelu's gradient needs the activation's input x");
+  if (act == Activation::softmax) for_n(s, rows, SoftmaxBackRow{y, dy, width}, what);
+  else for_n(s, rows * width, ActBackElem{x, y, dy, act}, what);
 }
 
 void activation_backward(const float* y, float* dy, size_t rows, size_t width, Activation act, Stream s) {
-  constexpr const char* what = "activation_backward";
-  if (rows == 0 || width == 0 || act == Activation::linear) return;
-  if (act == Activation::relu) for_n(s, rows * width, ReluBackElem{y, dy}, what);
-  else for_n(s, rows, SoftmaxBackRow{y, dy, width}, what);
+  activation_backward(nullptr, y, dy, rows, width, act, s);
 }
 
 void bias_grad(const float* dy, size_t rows, size_t width, float* dbias, double* ws, Stream s) {

@@ -1,7 +1,8 @@
-// launch.hpp's window calls (im2col, col2im, global average pooling), written once for both
-// builds (common.hpp says how); included after the build's for_n.
+// launch.hpp's window calls (im2col, col2im, conv2d's filter gradient, global, max and average
+// pooling), written once for both builds (common.hpp says how); included after the build's for_n.
 #include "common.hpp"
 
+#include <skyforge/kernels/avg_pool.hpp>
 #include <skyforge/kernels/window.hpp>
 
 namespace skyforge::kernels {
@@ -60,6 +61,18 @@ void max_pool_backward(const float* dy, const int32_t* arg, float* dx, const Win
   if (g.batch == 0) return;
   impl::check_window(g, "max_pool_backward");
   for_n(s, g.batch * g.H * g.W * g.C, MaxPoolBackwardElem{dy, arg, dx, g}, "max_pool_backward");
+}
+
+void avg_pool_forward(const float* x, float* y, const WindowShape& g, Stream s) {
+  if (g.batch == 0) return;
+  impl::check_window(g, "avg_pool_forward");
+  for_n(s, g.positions() * g.C, AvgPoolForwardElem{x, y, g}, "avg_pool_forward");
+}
+
+void avg_pool_backward(const float* dy, float* dx, const WindowShape& g, Stream s) {
+  if (g.batch == 0) return;
+  impl::check_window(g, "avg_pool_backward");
+  for_n(s, g.batch * g.H * g.W * g.C, AvgPoolBackwardElem{dy, dx, g}, "avg_pool_backward");
 }
 
 }  // namespace skyforge::kernels

@@ -1,7 +1,8 @@
 // A bound dataset's batches and a step's running sums, on the device (docs/kernels.md, "Bound
 // data"): the engine keeps the whole training set in device memory and gathers each batch there
 // from the step's sample indices, and adds each step's loss and accuracy counts into sums it
-// reads back only when the caller asks (no host synchronisation per step).
+// reads back only when the caller asks (no host synchronisation per step). And blocks of rows
+// moved between buffers (a model graph's merges).
 #pragma once
 
 #include "hd.hpp"
@@ -48,6 +49,21 @@ struct Transpose {
   SF_HD void operator()(size_t i) const {
     const size_t r = i / cols, c = i - r * cols;
     dst[c * rows + r] = src[i];
+  }
+};
+
+// Element i of a [rows, width] block: dst[r * dst_stride + c] = (add ? dst[..] : 0) + src[r *
+// src_stride + c] (copy_block: concatenate's slices, add's sums, a fan-out's gradient sum).
+struct CopyBlock {
+  const float* src;
+  float* dst;
+  size_t src_stride, dst_stride, width;
+  bool add;
+  SF_HD void operator()(size_t i) const {
+    const size_t r = i / width, c = i - r * width;
+    const float v = src[r * src_stride + c];
+    float& d = dst[r * dst_stride + c];
+    d = add ? d + v : v;
   }
 };
 

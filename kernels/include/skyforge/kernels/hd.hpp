@@ -13,7 +13,8 @@
 
 namespace skyforge::kernels {
 
-// The activations of docs/compute-backends.md (the cpu backend's order).
-enum class Activation : int { linear = 0, relu = 1, softmax = 2 };
+// The activations of docs/compute-backends.md (the cpu backend's order); gelu is Keras' exact
+// form (erf), gelu_tanh its approximate=true one.
+enum class Activation : int { linear = 0, relu = 1, softmax = 2, gelu = 3, gelu_tanh = 4, tanh = 5, sigmoid = 6 };
 
 }  // namespace skyforge::kernels

@@ -55,7 +55,13 @@ const char* build_name();
 // ---- dense layers ------------------------------------------------------------------------------
 // y[r, :] = act(y[r, :] + bias) in place over [rows, width]; bias may be null.
 void bias_activation_forward(float* y, const float* bias, size_t rows, size_t width, Activation act, Stream s = {});
-// dy <- dL/d(pre-activation), in place, from the activation's output y.
+// y[i] = act(x[i]) over n elements (x may equal y); every activation but softmax.
+void activation_forward(const float* x, float* y, size_t n, Activation act, Stream s = {});
+// dy <- dL/d(pre-activation), in place, from the activation's input x and output y: the gelus
+// read x, the others only y (x may then be null).
+void activation_backward(const float* x, const float* y, float* dy, size_t rows, size_t width, Activation act,
+                         Stream s = {});
+// The same from y alone: every activation but the gelus.
 void activation_backward(const float* y, float* dy, size_t rows, size_t width, Activation act, Stream s = {});
 // dbias[j] = sum over rows of dy[r, j] (in double, rounded to float). ws: reduce_workspace(rows, width).
 void bias_grad(const float* dy, size_t rows, size_t width, float* dbias, double* ws, Stream s = {});
@@ -83,6 +89,11 @@ void fill(double* p, size_t n, double value, Stream s = {});
 void transpose(const float* src, size_t rows, size_t cols, float* dst, Stream s = {});
 // acc[0 .. n) += x[0 .. n).
 void accumulate(double* acc, const double* x, size_t n, Stream s = {});
+// A block of rows x width floats from src (rows src_stride apart) to dst (dst_stride apart),
+// copied, or with `add` added to dst: concatenate's slices, add's sums, a fan-out's gradient sum.
+// src and dst must not overlap.
+void copy_block(const float* src, size_t src_stride, float* dst, size_t dst_stride, size_t rows, size_t width,
+                bool add, Stream s = {});
 
 // ---- optimizers ----------------------------------------------------------------------------------
 // One parameter tensor: its values, gradient and optimizer slots (size floats each).
@@ -198,5 +209,10 @@ void global_avg_pool_backward(const float* dy, float* dx, size_t batch, size_t h
 // those inputs (overwrites dx). H * W * C < 2^31.
 void max_pool_forward(const float* x, float* y, int32_t* arg, const WindowShape& g, Stream s = {});
 void max_pool_backward(const float* dy, const int32_t* arg, float* dx, const WindowShape& g, Stream s = {});
+// Average pooling with the window g (avg_pool.hpp): each output the mean of the window's
+// positions inside the input (Keras' 'same' leaves the padding out of the count); the backward
+// spreads dy over them (overwrites dx).
+void avg_pool_forward(const float* x, float* y, const WindowShape& g, Stream s = {});
+void avg_pool_backward(const float* dy, float* dx, const WindowShape& g, Stream s = {});
 
 }  // namespace skyforge::kernels
