@@ -29,6 +29,7 @@
 #include "self_exe.hpp"
 #include "services.hpp"
 #include "tls_identity.hpp"
+#include "train_graph.hpp"
 
 namespace po = boost::program_options;
 using namespace skyforge;
@@ -171,12 +172,13 @@ int cmd_run(int argc, char** argv) {
 int cmd_validate(int argc, char** argv) {
   po::options_description desc(
       "usage: skyforge validate <job.toml>\n\n"
-      "Checks the manifest (syntax, keys, types, values) and that every plugin it names is\n"
-      "installed, of the right kind, with valid options. Starts nothing. To let plugins check their\n"
-      "own options it loads the provider's, each [[plugins]] entry's and a map job's task backend's\n"
-      "library and creates and destroys one instance of each, in a child process (a plugin that\n"
-      "crashes there is a problem, named). Exits 0 when valid, 2 otherwise, printing each problem\n"
-      "as file:line:col.\n\noptions");
+      "Checks the manifest (syntax, keys, types, values; a [train] model's graph and shapes) and\n"
+      "that every plugin it names is installed, of the right kind, with valid options. Starts\n"
+      "nothing. To let plugins check their own options it loads the provider's, each [[plugins]]\n"
+      "entry's and a map job's task backend's library and creates and destroys one instance of\n"
+      "each, in a child process (a plugin that crashes there is a problem, named). Exits 0 when\n"
+      "valid, printing a [train] model's summary, 2 otherwise, printing each problem as\n"
+      "file:line:col.\n\noptions");
   std::string manifest;
   bool no_load = false;
   desc.add_options()("manifest", po::value(&manifest), "the job manifest")(
@@ -189,6 +191,7 @@ int cmd_validate(int argc, char** argv) {
   std::cout << m.path << ": valid (" << m.pool.nodes << " node" << (m.pool.nodes == 1 ? "" : "s") << " on '"
             << m.pool.provider << "', " << what << ", " << m.plugins.size() << " framework plugin"
             << (m.plugins.size() == 1 ? "" : "s") << ")\n";
+  if (m.train.present) std::cout << train_model_summary(m.train);
   return 0;
 }
 

@@ -1,6 +1,8 @@
 // The [train] table (train_table.hpp).
 #include "train_table.hpp"
 
+#include "train_graph.hpp"
+
 #include <skyforge/config_keys.hpp>
 #include <skyforge/layer_schema.hpp>
 #include <skyforge/optimizer_schema.hpp>
@@ -72,6 +74,22 @@ std::optional<std::string> layer_option_text(Reader& r, const Value& v, const sc
       break;
     case schema::OptionKind::choice:
       if (v.is_string()) text = v.as_string().str;
+      break;
+    case schema::OptionKind::integer:  // concatenate's axis = -1
+      if (auto i = v.is_integer() ? checked_integer(v) : std::nullopt) text = std::to_string(*i);
+      break;
+    case schema::OptionKind::dims:  // reshape's target_shape = [49, 64]
+      if (v.is_array() && !v.as_array().empty()) {
+        text.emplace();
+        for (const Value& d : v.as_array()) {
+          const auto i = d.is_integer() ? checked_integer(d) : std::nullopt;
+          if (!i) {
+            text.reset();
+            break;
+          }
+          *text += (text->empty() ? "" : ",") + std::to_string(*i);
+        }
+      }
       break;
   }
   if (!text) {
@@ -298,6 +316,7 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
     return;
   }
   const std::vector<std::string> types = schema::type_names();
+  const size_t problems_before = r.problems().size();
   const auto& arr = layers->as_array();
   put(keys::train_layers.name, std::to_string(arr.size()));
   for (size_t i = 0; i < arr.size(); ++i) {
@@ -320,9 +339,10 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
     }
     const std::string name(def->type);
     put(keys::train_layer(i, "type"), name);
-    std::vector<std::string> known = {"type"};
+    std::vector<std::string> known = {"type", "name", "inputs"};
     for (const auto& o : def->options) known.emplace_back(o.name);
     r.check_keys(l, known, where + " (" + name + ")");
+    read_layer_links(r, l, where, [&](std::string_view key, std::string text) { put(keys::train_layer(i, key), std::move(text)); });
     for (const auto& o : def->options) {
       const std::string key(o.name);
       if (const Value* v = Reader::find(l, key)) {
@@ -332,6 +352,7 @@ void read_train(toml_in::Reader& r, const toml_in::Value& t, const std::string& 
       }
     }
   }
+  if (r.problems().size() == problems_before) check_train_graph(r, *layers, train);  // each layer read: the model
 }
 
 namespace {
@@ -442,6 +463,9 @@ void read_search(Reader& r, const Value& t, const Value& train, const std::strin
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> names;
   uint64_t candidates = 1;
+  Reader base(r.file());  // [train] as written: its own problems are reported by read_train
+  TrainSpec base_spec;
+  read_train(base, train, dir, base_spec);
   for (const auto& [name, values] : entries) {
     // Each value as the [train] table would hold it: the table with the value put in, read by
     // read_train; what it says about the value (found at the value's own position) is ours.
@@ -461,6 +485,14 @@ void read_search(Reader& r, const Value& t, const Value& train, const std::strin
       for (const auto& problem : scratch.problems())
         if (problem.pos.line == at.line && problem.pos.column == at.column) {
           r.error(at, "[search] param_grid " + name + ": " + problem.message);
+          ok = false;
+        }
+      // A value fine in itself may break the model elsewhere (a block's filters the residual add
+      // no longer matches): the first problem [train] alone does not have, said at the value.
+      for (const auto& problem : scratch.problems())
+        if (ok && std::none_of(base.problems().begin(), base.problems().end(),
+                               [&](const Problem& b) { return b.message == problem.message; })) {
+          r.error(at, "[search] param_grid " + name + ": with this value, " + problem.pos.str() + ": " + problem.message);
           ok = false;
         }
       const std::string key = keys::train_key(name);  // (a structured binding: not capturable before clang 16)
