@@ -12,7 +12,7 @@
 #pragma once
 
 #include <skyforge/engine_state.hpp>
-#include <skyforge/kernels/schedule.hpp>
+#include <skyforge/lr_schedule.hpp>
 #include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
 
@@ -150,7 +150,7 @@ struct OptimizerConfig {
   double weight_decay = 0;                                   // adamw
   double rho = schema::default_real("rmsprop", "rho");        // rmsprop
   bool centered = false;                                      // rmsprop
-  kernels::LrSchedule schedule;  // the learning rate of each update: learning_rate, or the schedule
+  LrSchedule schedule;  // the learning rate of each update: learning_rate, or the schedule
   double clipnorm = 0, global_clipnorm = 0;  // 0: off
 };
 // Throws Error(SF_ERR_INVALID) naming the optimizer and the option.

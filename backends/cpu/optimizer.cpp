@@ -1,10 +1,11 @@
 // The cpu backend's optimizers: the [train] optimizer's options checked against the optimizer
 // schema (skyforge/optimizer_schema.hpp), Keras' gradient clipping and update rules over the flat
-// parameter buffer, at the learning rate of the kernels' schedule (skyforge/kernels/schedule.hpp).
+// parameter buffer, at the learning rate of the schedule (skyforge/lr_schedule.hpp).
 #include "cpu_ops.hpp"
 
+#include <skyforge/kernels/clip.hpp>
 #include <skyforge/kernels/optimizer.hpp>
-#include <skyforge/kernels/schedule_of.hpp>
+#include <skyforge/lr_schedule_of.hpp>
 #include <skyforge/optimizer_schema.hpp>
 
 #include <algorithm>
@@ -25,7 +26,7 @@ OptimizerConfig parse_optimizer(const std::string& name, const Options& o) {
     OptimizerConfig c;
     c.name = std::string(s.name());
     c.learning_rate = s.real("learning_rate");
-    c.schedule = gk::schedule_of(s);
+    c.schedule = schedule_of(s);
     c.clipnorm = s.real("clipnorm");
     c.global_clipnorm = s.real("global_clipnorm");
     if (c.name == "sgd") {
@@ -54,17 +55,14 @@ Optimizer::Optimizer(OptimizerConfig cfg, std::vector<size_t> variables)
 }
 
 namespace {
-// Sum of x[i]^2 over [0, n) in double: blocks of kBlock in order, each summed in order, so the
-// bits are the same for every thread count (replicas with different cores stay identical).
-constexpr size_t kBlock = 4096;
+// Sum of x[i]^2 over [0, n) in double as the kernels sum a clipped variable (clip.hpp): blocks
+// of kClipBlock in order, each summed in order, so the bits are the same for every thread count
+// (replicas with different cores stay identical) and the cuda engine's.
 double sum_squares(const float* x, size_t n, const Exec& ex) {
+  constexpr size_t kBlock = gk::kClipBlock;
   std::vector<double> part((n + kBlock - 1) / kBlock, 0.0);
   k::for_range(part.size(), ex, [&](size_t b, size_t e) {
-    for (size_t j = b; j < e; ++j) {
-      double acc = 0;
-      for (size_t i = j * kBlock; i < std::min(n, (j + 1) * kBlock); ++i) acc += double{x[i]} * x[i];
-      part[j] = acc;
-    }
+    for (size_t j = b; j < e; ++j) part[j] = gk::block_sum_squares(x + j * kBlock, std::min(n - j * kBlock, kBlock));
   });
   return std::accumulate(part.begin(), part.end(), 0.0);
 }
@@ -72,7 +70,7 @@ double sum_squares(const float* x, size_t n, const Exec& ex) {
 
 // Keras' _clip_gradients on the mean gradient, in float as Keras computes it (the norms in double):
 // clipnorm: g = g * clipnorm / max(|g|, clipnorm) per variable; global_clipnorm:
-// g = g * (global_clipnorm * min(1 / |all|, 1 / global_clipnorm)).
+// g = g * (global_clipnorm * min(1 / |all|, 1 / global_clipnorm)) (clip.hpp's factors).
 void Optimizer::clip(float* g, float scale, const Exec& ex) const {
   k::for_range(n_, ex, [&](size_t b, size_t e) {
 #pragma omp simd
@@ -83,7 +81,7 @@ void Optimizer::clip(float* g, float scale, const Exec& ex) const {
   if (cfg_.clipnorm > 0) {
     const float c = static_cast<float>(cfg_.clipnorm);
     for (size_t v = 0, at = 0; v < variables_.size(); at += variables_[v++]) {
-      const float over = std::max(static_cast<float>(std::sqrt(squares[v])), c);
+      const float over = gk::clipnorm_bound(squares[v], c);
       float* gv = g + at;
       k::for_range(variables_[v], ex, [&](size_t b, size_t e) {
 #pragma omp simd
@@ -92,9 +90,7 @@ void Optimizer::clip(float* g, float scale, const Exec& ex) const {
     }
     return;
   }
-  const float c = static_cast<float>(cfg_.global_clipnorm);
-  const float norm = static_cast<float>(std::sqrt(std::accumulate(squares.begin(), squares.end(), 0.0)));
-  const float s = c * std::min(1.f / norm, static_cast<float>(1.0 / cfg_.global_clipnorm));
+  const float s = gk::global_clip_scale(std::accumulate(squares.begin(), squares.end(), 0.0), cfg_.global_clipnorm);
   k::for_range(n_, ex, [&](size_t b, size_t e) {
 #pragma omp simd
     for (size_t i = b; i < e; ++i) g[i] *= s;
@@ -107,7 +103,7 @@ void Optimizer::apply(float* p, float* g, float scale, uint64_t iteration, const
     clip(g, scale, ex);
     scale = 1.f;  // g is the mean now
   }
-  const float lr = gk::learning_rate(cfg_.schedule, iteration);
+  const float lr = learning_rate(cfg_.schedule, iteration);
   if (cfg_.name == "sgd") {
     if (slots_.empty()) {
       k::for_range(n, ex, [&](size_t b, size_t e) {
@@ -163,7 +159,7 @@ void Optimizer::apply(float* p, float* g, float scale, uint64_t iteration, const
   // Keras Adam: t = iterations + 1; alpha = lr * sqrt(1 - b2^t) / (1 - b1^t);
   // m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); p -= alpha * m / (sqrt(v) + eps)
   const double t = static_cast<double>(iteration + 1);
-  const float alpha = static_cast<float>(gk::learning_rate_wide(cfg_.schedule, iteration) *
+  const float alpha = static_cast<float>(learning_rate_wide(cfg_.schedule, iteration) *
                                          std::sqrt(1.0 - std::pow(cfg_.beta_2, t)) / (1.0 - std::pow(cfg_.beta_1, t)));
   const float b1c = static_cast<float>(1.0 - cfg_.beta_1), b2c = static_cast<float>(1.0 - cfg_.beta_2);
   const float eps = static_cast<float>(cfg_.epsilon);

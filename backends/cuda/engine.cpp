@@ -5,6 +5,7 @@
 
 #include <skyforge/initial_weights.hpp>
 #include <skyforge/kernels/activation.hpp>
+#include <skyforge/lr_schedule_of.hpp>
 
 #include <skyforge/layer_schema.hpp>
 #include <skyforge/optimizer_schema.hpp>
@@ -123,10 +124,9 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   }
   try {
     const schema::OptimizerConfig o = schema::parse_optimizer(spec.optimizer, spec.optimizer_options.all());
-    if (o.schedule() || o.real("clipnorm") > 0 || o.real("global_clipnorm") > 0)  // the cpu backend has them
-      throw Error("cuda: learning-rate schedules and gradient clipping are not implemented yet (the cpu backend has them)",
-                  SF_ERR_UNSUPPORTED);
     optimizer_ = std::string(o.name());
+    schedule_ = schedule_of(o);
+    clip_ = {o.real("clipnorm"), o.real("global_clipnorm")};
     slots_per_param_ = schema::slots_per_parameter(o);
     if (optimizer_ == "adam" || optimizer_ == "adamw")
       adam_ = {o.real("learning_rate"), o.real("beta_1"), o.real("beta_2"), o.real("epsilon"),
@@ -301,6 +301,16 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   state_ = Buffer<k::StepState>(*dev_, 1);
   const k::StepState start{};
   dev_->upload(state_.get(), &start, sizeof start);
+  if (clip_.clipnorm > 0 || clip_.global_clipnorm > 0) {
+    std::vector<size_t> variables;  // each weight tensor (Keras' variables: clipnorm clips each alone)
+    for (size_t i : graph.order)
+      for (uint64_t w : graph.shapes[i].weights) variables.push_back(w);
+    const std::vector<uint64_t> table = k::clip_table(variables);
+    clip_table_ = Buffer<uint64_t>(*dev_, table.size());
+    dev_->upload(clip_table_.get(), table.data(), table.size() * sizeof(uint64_t));
+    clip_layout_ = {clip_table_.get(), static_cast<uint32_t>(variables.size()), table.back(), n_params_};
+    clip_ws_ = Buffer<double>(*dev_, k::clip_workspace(clip_layout_));
+  }
   // Data-parallel: every replica starts from rank 0's weights, whatever its seed.
   dev_->broadcast(params_.get(), n_params_ * sizeof(float), 0);
   dev_->synchronize();
@@ -780,23 +790,31 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   if (train) {
     // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md); the
     // gradient sum becomes a mean with the global sample count in sums_[2].
+    // Clipping (the cpu engine's order) makes the gradient the mean first; the rate of this
+    // update comes from the schedule at the device's step counter.
     k::OptimTensor t;
     t.param = params_.get();
     t.grad = grads_.get();
     t.size = n_params_;
+    const double* samples = sums_.get() + 2;
+    if (clip_table_.get()) {
+      k::clip_gradients(grads_.get(), clip_layout_, clip_, samples, clip_ws_.get(), s);
+      samples = nullptr;
+    }
+    k::learning_rate_step(schedule_, state_.get(), s);
     if (optimizer_ == "adam" || optimizer_ == "adamw") {
       t.slot0 = slots_.get();
       t.slot1 = slots_.get() + n_params_;
-      k::adam_update(&t, 1, adam_, state_.get(), sums_.get() + 2, s);
+      k::adam_update(&t, 1, adam_, state_.get(), samples, s);
     } else if (optimizer_ == "rmsprop") {
       // schema::slots_per_parameter's order: mean square, [momentum], [mean gradient]
       t.slot0 = slots_.get();
       t.slot1 = rmsprop_.momentum > 0 ? slots_.get() + n_params_ : nullptr;
       t.slot2 = rmsprop_.centered ? slots_.get() + (t.slot1 ? 2 : 1) * n_params_ : nullptr;
-      k::rmsprop_update(&t, 1, rmsprop_, sums_.get() + 2, s);
+      k::rmsprop_update(&t, 1, rmsprop_, state_.get(), samples, s);
     } else {
       t.slot0 = n_slots_ ? slots_.get() : nullptr;
-      k::sgd_update(&t, 1, sgd_, sums_.get() + 2, s);
+      k::sgd_update(&t, 1, sgd_, state_.get(), samples, s);
     }
     k::advance_step(state_.get(), s);
   }

@@ -150,6 +150,11 @@ class CudaEngine : public Engine {
   kernels::AdamConfig adam_;      // adam, adamw
   kernels::SgdConfig sgd_;
   kernels::RmspropConfig rmsprop_;
+  LrSchedule schedule_;           // every optimizer's rate, from state_'s step on the device
+  kernels::ClipConfig clip_;      // clipping: clip_table_ holds the variables (clip.hpp), else empty
+  Buffer<uint64_t> clip_table_;
+  kernels::ClipLayout clip_layout_;
+  Buffer<double> clip_ws_;
   uint64_t step_ = 0;
   uint32_t capacity_ = 0;
   Buffer<float> x_, loss_, hit_;

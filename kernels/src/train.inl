@@ -61,17 +61,17 @@ void adam(const OptimTensor* tensors, size_t count, const AdamConfig& c, float a
 }
 
 void sgd(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, const double* samples,
-         Stream s) {
+         const StepState* state, Stream s) {
   const SgdRule rule{static_cast<float>(c.learning_rate), static_cast<float>(c.momentum), grad_scale, c.nesterov,
-                     samples};
+                     samples, state};
   multi_tensor(tensors, count, rule, c.momentum != 0.0, false, false, s, "sgd_update");
 }
 
 void rmsprop(const OptimTensor* tensors, size_t count, const RmspropConfig& c, float grad_scale,
-             const double* samples, Stream s) {
+             const double* samples, const StepState* state, Stream s) {
   const RmspropRule rule{static_cast<float>(c.learning_rate), static_cast<float>(c.rho),
                          static_cast<float>(1.0 - c.rho), static_cast<float>(c.momentum),
-                         static_cast<float>(c.epsilon), grad_scale, c.centered, samples};
+                         static_cast<float>(c.epsilon), grad_scale, c.centered, samples, state};
   multi_tensor(tensors, count, rule, true, c.momentum > 0.0, c.centered, s, "rmsprop_update");
 }
 
@@ -84,8 +84,8 @@ void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, 
 
 void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, StepState* state,
                  const double* samples, Stream s) {
-  impl::require(samples != nullptr && state != nullptr, "adam_update", "samples and state are required");
-  for_n(s, 1, AdamAlpha{state, c.learning_rate, c.beta_1, c.beta_2}, "adam_update");
+  impl::require(state != nullptr, "adam_update", "state is null");
+  for_n(s, 1, AdamAlpha{state, c.beta_1, c.beta_2}, "adam_update");
   adam(tensors, count, c, 0.f, 1.f, samples, state, s);
 }
 
@@ -95,22 +95,23 @@ void advance_step(StepState* state, Stream s) {
 }
 
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s) {
-  sgd(tensors, count, c, grad_scale, nullptr, s);
+  sgd(tensors, count, c, grad_scale, nullptr, nullptr, s);
 }
 
-void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const double* samples, Stream s) {
-  impl::require(samples != nullptr, "sgd_update", "samples is null");
-  sgd(tensors, count, c, 1.f, samples, s);
+void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const StepState* state,
+                const double* samples, Stream s) {
+  impl::require(state != nullptr, "sgd_update", "state is null");
+  sgd(tensors, count, c, 1.f, samples, state, s);
 }
 
 void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, float grad_scale, Stream s) {
-  rmsprop(tensors, count, c, grad_scale, nullptr, s);
+  rmsprop(tensors, count, c, grad_scale, nullptr, nullptr, s);
 }
 
-void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, const double* samples,
-                    Stream s) {
-  impl::require(samples != nullptr, "rmsprop_update", "samples is null");
-  rmsprop(tensors, count, c, 1.f, samples, s);
+void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, const StepState* state,
+                    const double* samples, Stream s) {
+  impl::require(state != nullptr, "rmsprop_update", "state is null");
+  rmsprop(tensors, count, c, 1.f, samples, state, s);
 }
 
 void batchnorm_forward_training(const float* x, float* y, size_t rows, size_t C, const float* gamma, const float* beta,

@@ -1,11 +1,11 @@
 // The cpu engine's optimizers against Keras 3's own (keras_optimizers.py, the project's .venv with
 // the jax backend): a few steps of each optimizer of the schema, with its Keras options, clipping
 // and schedules, on the same weights and gradients, agree to ~1e-6; the schedules' rates
-// (kernels/schedule.hpp) agree with Keras' at many steps. Skips, saying why, where the venv has
+// (skyforge/lr_schedule.hpp) agree with Keras' at many steps. Skips, saying why, where the venv has
 // no Keras.
 #include "helpers.hpp"
 
-#include <skyforge/kernels/schedule_of.hpp>
+#include <skyforge/lr_schedule_of.hpp>
 #include <skyforge/optimizer_schema.hpp>
 
 #include <gtest/gtest.h>
@@ -168,11 +168,11 @@ TEST(KerasOptimizers, ScheduleRatesMatchKerasItself) {
   for (size_t c = 0; c < schedules.size(); ++c) {
     Args options = {{"learning_rate_schedule", schedules[c].first}};
     for (const auto& [k, v] : schedules[c].second) options.emplace_back("learning_rate_schedule." + k, v);
-    const skyforge::kernels::LrSchedule s = skyforge::kernels::schedule_of(skyforge::schema::parse_optimizer("sgd", options));
+    const skyforge::LrSchedule s = skyforge::schedule_of(skyforge::schema::parse_optimizer("sgd", options));
     ASSERT_EQ(want[c].size(), static_cast<size_t>(kRates));
     const float peak = static_cast<float>(*std::max_element(want[c].begin(), want[c].end()));
     for (int t = 0; t < kRates; ++t) {
-      const float got = skyforge::kernels::learning_rate(s, static_cast<uint64_t>(t));
+      const float got = skyforge::learning_rate(s, static_cast<uint64_t>(t));
       const float keras = static_cast<float>(want[c][t]);
       exact += got == keras;
       ++total;

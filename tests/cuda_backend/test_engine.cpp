@@ -938,3 +938,70 @@ TEST(CudaEngine, ProfileTimesEveryLayerOfEagerStepsAndChangesNoResult) {
             std::string::npos)
       << said;
 }
+
+// Learning-rate schedules and gradient clipping (docs/compute-backends.md, "Learning-rate
+// schedules", "Gradient clipping"): the rate comes from the device's step counter, the clipped
+// mean gradient from the cpu engine's sums (clip.hpp). Each schedule type, each clipping norm
+// (small enough to clip every step), in lockstep with the cpu backend: the step travels with the
+// state, so the schedule runs on where the cpu engine's is.
+namespace {
+ModelSpec scheduled(uint64_t seed, const char* optimizer, std::initializer_list<std::pair<const char*, const char*>> options) {
+  ModelSpec m = mlp(seed);
+  m.optimizer = optimizer;
+  m.optimizer_options = opts(options);
+  return m;
+}
+}  // namespace
+
+TEST(CudaEngine, CosineDecayWithWarmupAndGlobalClipnormTrainLikeCpu) {
+  expect_agreement("mlp adam, cosine_decay with warmup, global_clipnorm",
+                   scheduled(21, "adam",
+                             {{"learning_rate_schedule", "cosine_decay"},
+                              {"learning_rate_schedule.initial_learning_rate", "0"},
+                              {"learning_rate_schedule.decay_steps", "12"},
+                              {"learning_rate_schedule.warmup_target", "0.002"},
+                              {"learning_rate_schedule.warmup_steps", "5"},
+                              {"global_clipnorm", "0.5"}}),
+                   64, kParamTol);
+}
+
+TEST(CudaEngine, ExponentialDecayAndClipnormTrainLikeCpu) {
+  expect_agreement("mlp sgd, exponential_decay staircase, clipnorm",
+                   scheduled(22, "sgd",
+                             {{"momentum", "0.9"},
+                              {"learning_rate_schedule", "exponential_decay"},
+                              {"learning_rate_schedule.initial_learning_rate", "0.1"},
+                              {"learning_rate_schedule.decay_steps", "3"},
+                              {"learning_rate_schedule.decay_rate", "0.5"},
+                              {"learning_rate_schedule.staircase", "true"},
+                              {"clipnorm", "0.2"}}),
+                   64, kParamTol);
+}
+
+TEST(CudaEngine, PiecewiseConstantDecayTrainsLikeCpu) {
+  for (const char* optimizer : {"rmsprop", "adamw"})
+    expect_agreement((std::string("mlp ") + optimizer + ", piecewise_constant_decay").c_str(),
+                     scheduled(23, optimizer,
+                               {{"learning_rate_schedule", "piecewise_constant_decay"},
+                                {"learning_rate_schedule.boundaries", "4,9"},
+                                {"learning_rate_schedule.values", "0.002,0.001,0.0002"}}),
+                     64, kParamTol);
+}
+
+// Clipping on 2 ranks: each replica clips the same allreduced mean, so both hold the same bits,
+// and they follow the cpu backend on 2 ranks.
+TEST(CudaEngine, ClippedScheduledTwoNodesAreIdentical) {
+  for (const char* norm : {"clipnorm", "global_clipnorm"}) {
+    const ModelSpec m = scheduled(24, "sgd",
+                                  {{"momentum", "0.9"},
+                                   {"learning_rate_schedule", "exponential_decay"},
+                                   {"learning_rate_schedule.initial_learning_rate", "0.05"},
+                                   {"learning_rate_schedule.decay_steps", "2"},
+                                   {"learning_rate_schedule.decay_rate", "0.8"},
+                                   {norm, "0.3"}});
+    const auto [gl, gp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cu::make_engine(s, c); }, 32, 6);
+    const auto [cl, cp] = train_two(m, [](const ModelSpec& s, Communicator c) { return cpu::make_engine(s, c); }, 32, 6);
+    for (size_t s = 0; s < gl[0].size(); ++s) EXPECT_NEAR(gl[0][s], cl[0][s], kLossTol * cl[0][s]) << norm;
+    EXPECT_LE(max_abs_diff(gp[0], cp[0]), kParamTol) << norm;
+  }
+}

@@ -50,8 +50,9 @@ TEST(BoundData, FillAndAccumulateKeepRunningSums) {
   EXPECT_THROW(sk::accumulate(acc, nullptr, 3), std::invalid_argument);
 }
 
-// The scale read from a device count and Adam's iteration read from a device StepState equal
-// the host's float(1 / samples) and iteration bit for bit, for Adam and for SGD with momentum;
+// The scale read from a device count, and Adam's iteration and the learning rate read from a
+// device StepState (learning_rate_step writes a constant schedule's rate) equal the host's
+// float(1 / samples), iteration and rate bit for bit, for Adam and for SGD with momentum;
 // advance_step counts the updates.
 TEST(BoundData, OptimizerStateOnTheDeviceEqualsTheHostArguments) {
   const size_t n = 4099;
@@ -65,13 +66,15 @@ TEST(BoundData, OptimizerStateOnTheDeviceEqualsTheHostArguments) {
       const std::vector<float> g = kref::randn(n, 10 + static_cast<uint32_t>(step), 30.f);
       sk::OptimTensor a{pa.data(), g.data(), ma.data(), va.data(), n}, b{pb.data(), g.data(), mb.data(), vb.data(), n};
       if (opt == 0) {
+        sk::learning_rate_step(skyforge::LrSchedule{.rate = adam.learning_rate}, &state);
         sk::adam_update(&a, 1, adam, step, scale);
         sk::adam_update(&b, 1, adam, &state, &samples);
         EXPECT_EQ(state.alpha, sk::adam_alpha(adam, step));
       } else {
         const sk::SgdConfig c{0.05, 0.9, true};
+        sk::learning_rate_step(skyforge::LrSchedule{.rate = c.learning_rate}, &state);
         sk::sgd_update(&a, 1, c, scale);
-        sk::sgd_update(&b, 1, c, &samples);
+        sk::sgd_update(&b, 1, c, &state, &samples);
       }
       sk::advance_step(&state);
     }
@@ -81,7 +84,8 @@ TEST(BoundData, OptimizerStateOnTheDeviceEqualsTheHostArguments) {
   }
   sk::OptimTensor t{};
   sk::StepState st{};
-  EXPECT_THROW(sk::adam_update(&t, 1, sk::AdamConfig{}, &st, nullptr), std::invalid_argument);
+  EXPECT_THROW(sk::adam_update(&t, 1, sk::AdamConfig{}, nullptr, nullptr), std::invalid_argument);
+  EXPECT_THROW(sk::learning_rate_step(skyforge::LrSchedule{}, nullptr), std::invalid_argument);
 }
 
 // Dropout keyed by a device StepState draws the mask of the key with that step.

@@ -1,4 +1,6 @@
-// The CUDA build of launch.hpp's optimizer and batch-normalization calls (docs/kernels.md).
+// The CUDA build of launch.hpp's optimizer, gradient-clipping and batch-normalization calls
+// (docs/kernels.md).
 #include "for_n.cuh"
 
+#include "../clip.inl"
 #include "../train.inl"

@@ -31,6 +31,7 @@ const char* build_name() { return "host"; }
 
 }  // namespace skyforge::kernels
 
+#include "../clip.inl"
 #include "../data.inl"
 #include "../dense.inl"
 #include "../train.inl"

@@ -14,7 +14,7 @@
 // learning-rate schedule in place of its learning_rate: the option learning_rate_schedule names
 // the schedule (schedules(): Keras' CosineDecay, ExponentialDecay, PiecewiseConstantDecay), its
 // arguments follow as learning_rate_schedule.<argument> (Keras' names; lists comma-separated),
-// the keys [train.learning_rate_schedule] writes. kernels/schedule.hpp holds the formula.
+// the keys [train.learning_rate_schedule] writes. skyforge/lr_schedule.hpp holds the formula.
 //
 // Header-only, C++20, no dependency beyond the standard library. Errors are OptimizerError (a
 // std::invalid_argument), messages like
@@ -149,7 +149,7 @@ struct ScheduleDef {
 inline constexpr std::string_view kScheduleOption = "learning_rate_schedule";
 inline std::string schedule_key(std::string_view argument) { return std::string(kScheduleOption) + "." + std::string(argument); }
 
-// piecewise_constant_decay's boundaries, at most (kernels::kMaxScheduleBoundaries).
+// piecewise_constant_decay's boundaries, at most (lr_schedule.hpp's kMaxScheduleBoundaries).
 inline constexpr size_t kMaxBoundaries = 32;
 
 inline std::span<const ScheduleDef> schedules() {

@@ -10,6 +10,7 @@
 // pointers' memory (reduce.hpp); kernels that take one overwrite it.
 #pragma once
 
+#include "clip.hpp"
 #include "data.hpp"
 #include "hd.hpp"
 #include "philox.hpp"
@@ -127,17 +128,29 @@ void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, 
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s = {});
 void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, float grad_scale, Stream s = {});
 // The same with grad_scale = float(1 / *samples), *samples read on the device when the update
-// runs: a step's global sample count that the host has not waited for; Adam's iteration is
-// state->iteration, read there too (its alpha written to state->alpha first). Nothing the
-// host knows of the step is an argument, so a captured step replays as the step it is
-// (step.hpp, docs/kernels.md "Graphs").
+// runs: a step's global sample count that the host has not waited for (null: the gradient is
+// the mean already, clip_gradients made it); the learning rate is state->lr (learning_rate_step
+// writes it; config.learning_rate is not read) and Adam's iteration state->iteration, read
+// there too (its alpha written to state->alpha first). Nothing the host knows of the step is
+// an argument, so a captured step replays as the step it is (step.hpp, docs/kernels.md "Graphs").
 void adam_update(const OptimTensor* tensors, size_t count, const AdamConfig& c, StepState* state,
                  const double* samples, Stream s = {});
-void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const double* samples, Stream s = {});
-void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, const double* samples,
-                    Stream s = {});
+void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, const StepState* state,
+                const double* samples, Stream s = {});
+void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfig& c, const StepState* state,
+                    const double* samples, Stream s = {});
+// state->lr = learning_rate_wide(schedule, state->iteration) (skyforge/lr_schedule.hpp): before a step's update.
+void learning_rate_step(const LrSchedule& schedule, StepState* state, Stream s = {});
 // ++state->iteration: after a step's update.
 void advance_step(StepState* state, Stream s = {});
+
+// ---- gradient clipping (clip.hpp) -------------------------------------------------------------------
+// grad <- grad * float(1 / *samples) (the mean), then Keras' clipping of each variable of
+// `layout` (clipnorm > 0) or of all of them (global_clipnorm > 0), the norms summed as clip.hpp
+// sums them. ws: clip_workspace(layout) doubles. Then the update runs with samples = null.
+size_t clip_workspace(const ClipLayout& layout);
+void clip_gradients(float* grad, const ClipLayout& layout, const ClipConfig& c, const double* samples, double* ws,
+                    Stream s = {});
 
 // ---- dropout -------------------------------------------------------------------------------------
 // Inverted dropout (philox.hpp): out[i] = in[i] * (kept ? 1 / (1 - rate) : 0), the mask a pure

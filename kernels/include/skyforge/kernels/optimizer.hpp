@@ -48,7 +48,11 @@ SF_HD inline float grad_scale_of(float scale, const double* samples) {
 // Keras' decoupled weight decay (AdamW), before the optimizer's step: p -= p * weight_decay * lr.
 SF_HD inline void decoupled_decay(float& p, float weight_decay, float lr) { p -= p * weight_decay * lr; }
 
-// With `state` (device memory) alpha is state->alpha, read when the update runs.
+// With `state` (device memory) the rules' lr is float(state->lr) (step.hpp), read when the
+// update runs.
+SF_HD inline float rate_of(float lr, const StepState* state) { return state ? static_cast<float>(state->lr) : lr; }
+
+// With `state` alpha is state->alpha and lr state->lr, read when the update runs.
 struct AdamRule {
   float b1c, b2c, alpha, eps, scale;  // b1c = 1 - beta_1, b2c = 1 - beta_2
   const double* samples = nullptr;
@@ -57,7 +61,7 @@ struct AdamRule {
   SF_HD void operator()(float& p, float g, float* s0, float* s1, float*) const {
     const float gi = g * grad_scale_of(scale, samples);
     const float a = state ? state->alpha : alpha;
-    if (weight_decay != 0.f) decoupled_decay(p, weight_decay, lr);
+    if (weight_decay != 0.f) decoupled_decay(p, weight_decay, rate_of(lr, state));
     float m = *s0, v = *s1;
     m += (gi - m) * b1c;
     v += (gi * gi - v) * b2c;
@@ -73,15 +77,17 @@ struct SgdRule {
   float lr, momentum, scale;
   bool nesterov;
   const double* samples = nullptr;
+  const StepState* state = nullptr;
   SF_HD void operator()(float& p, float g, float* s0, float*, float*) const {
     const float gi = g * grad_scale_of(scale, samples);
+    const float r = rate_of(lr, state);
     if (momentum == 0.f) {
-      p -= lr * gi;
+      p -= r * gi;
       return;
     }
-    const float v = *s0 * momentum - lr * gi;
+    const float v = *s0 * momentum - r * gi;
     *s0 = v;
-    p += nesterov ? v * momentum - lr * gi : v;
+    p += nesterov ? v * momentum - r * gi : v;
   }
 };
 
@@ -92,6 +98,7 @@ struct RmspropRule {
   float lr, rho, rho_c, momentum, eps, scale;  // rho_c = 1 - rho
   bool centered;
   const double* samples = nullptr;
+  const StepState* state = nullptr;
   SF_HD void operator()(float& p, float g, float* s0, float* s1, float* s2) const {
     const float gi = g * grad_scale_of(scale, samples);
     const float v = rho * *s0 + rho_c * (gi * gi);
@@ -102,7 +109,7 @@ struct RmspropRule {
       *s2 = a;
       d = v - a * a + eps;
     }
-    const float step = lr * gi / ::sqrtf(d);
+    const float step = rate_of(lr, state) * gi / ::sqrtf(d);
     if (momentum > 0.f) {
       const float m = momentum * *s1 + step;
       *s1 = m;

@@ -1,10 +1,12 @@
 // A training step's counter in device memory (docs/kernels.md, "Graphs"): the kernels that
-// depend on the step (Adam's bias correction, dropout's Philox key) read it there when they
-// run, so a step captured once as a CUDA graph and replayed runs as the step it is, not as
-// the step it was captured at. The engine advances it after each update.
+// depend on the step (the scheduled learning rate, Adam's bias correction, dropout's Philox key)
+// read it there when they run, so a step captured once as a CUDA graph and replayed runs as the
+// step it is, not as the step it was captured at. The engine advances it after each update.
 #pragma once
 
 #include "hd.hpp"
+
+#include <skyforge/lr_schedule.hpp>
 
 #include <cmath>
 
@@ -13,16 +15,26 @@ namespace skyforge::kernels {
 struct StepState {
   uint64_t iteration = 0;  // updates applied so far (Keras' optimizer.iterations)
   float alpha = 0.f;       // Adam's step size for the update in progress (adam_update writes it)
+  // The learning rate of the update in progress, learning_rate_wide(schedule, iteration)
+  // (skyforge/lr_schedule.hpp; learning_rate_step writes it): float(lr) is every rule's rate.
+  double lr = 0.0;
 };
 
-// alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), t = iteration + 1, in double: the host's
-// adam_alpha, computed where the update runs.
+// state->lr = the schedule's rate at state->iteration.
+struct ScheduledRate {
+  StepState* state;
+  LrSchedule schedule;
+  SF_HD void operator()(size_t) const { state->lr = learning_rate_wide(schedule, state->iteration); }
+};
+
+// alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), t = iteration + 1, lr = state->lr, in
+// double: the host's adam_alpha, computed where the update runs.
 struct AdamAlpha {
   StepState* state;
-  double learning_rate, beta_1, beta_2;
+  double beta_1, beta_2;
   SF_HD void operator()(size_t) const {
     const double t = static_cast<double>(state->iteration + 1);
-    state->alpha = static_cast<float>(learning_rate * ::sqrt(1.0 - ::pow(beta_2, t)) / (1.0 - ::pow(beta_1, t)));
+    state->alpha = static_cast<float>(state->lr * ::sqrt(1.0 - ::pow(beta_2, t)) / (1.0 - ::pow(beta_1, t)));
   }
 };
 

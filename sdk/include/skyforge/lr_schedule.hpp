@@ -1,18 +1,25 @@
 // Learning-rate schedules (docs/compute-backends.md, "Learning-rate schedules"): Keras 3's
 // CosineDecay (with its linear warmup), ExponentialDecay and PiecewiseConstantDecay as one plain
-// struct and one formula, used by every engine: the cpu engine per update on the host, the cuda
-// engine's kernels on the device from the step counter (step.hpp), so a captured graph replays
-// the rate of the step it runs as. schedule_of.hpp fills the struct from the optimizer schema.
+// struct and one formula, used everywhere a rate is computed: the cpu engine per update on the
+// host, the cuda engine's kernels on the device from the step counter (kernels/step.hpp), so a
+// captured graph replays the rate of the step it runs as, and keras.hpp's TensorBoard
+// (epoch_learning_rate). Plain C++17 that nvcc compiles for the device too (SKYFORGE_HD).
+// lr_schedule_of.hpp fills the struct from the optimizer schema.
 //
 // The rate of update t is schedule(optimizer.iterations before it), computed as Keras computes
 // it: in float32, the step converted to float first.
 #pragma once
 
-#include "hd.hpp"
-
 #include <cmath>
+#include <cstdint>
 
-namespace skyforge::kernels {
+#if defined(__CUDACC__)
+#define SKYFORGE_HD __host__ __device__
+#else
+#define SKYFORGE_HD
+#endif
+
+namespace skyforge {
 
 // piecewise_constant_decay's boundaries, at most (the struct travels by value into a kernel).
 inline constexpr uint32_t kMaxScheduleBoundaries = 32;
@@ -37,7 +44,7 @@ struct LrSchedule {
 
 namespace detail {
 // Keras' CosineDecay._decay_function: from * ((1 - alpha) * 0.5 * (1 + cos(pi * step / decay_steps)) + alpha).
-SF_HD inline float cosine_decayed(const LrSchedule& s, float step, float from) {
+SKYFORGE_HD inline float cosine_decayed(const LrSchedule& s, float step, float from) {
   const float pi = 3.14159265358979323846f;
   const float cosine = 0.5f * (1.0f + ::cosf(pi * (step / s.decay_steps)));
   return from * (s.one_minus_alpha * cosine + s.alpha);
@@ -45,7 +52,7 @@ SF_HD inline float cosine_decayed(const LrSchedule& s, float step, float from) {
 }  // namespace detail
 
 // The learning rate of the update that follows `iteration` updates (Keras' optimizer.iterations).
-SF_HD inline float learning_rate(const LrSchedule& s, uint64_t iteration) {
+SKYFORGE_HD inline float learning_rate(const LrSchedule& s, uint64_t iteration) {
   switch (s.kind) {
     case ScheduleKind::constant:
       return static_cast<float>(s.rate);
@@ -73,8 +80,8 @@ SF_HD inline float learning_rate(const LrSchedule& s, uint64_t iteration) {
 }
 
 // The same where Adam's alpha is computed in double: a constant rate as given, unrounded.
-SF_HD inline double learning_rate_wide(const LrSchedule& s, uint64_t iteration) {
+SKYFORGE_HD inline double learning_rate_wide(const LrSchedule& s, uint64_t iteration) {
   return s.kind == ScheduleKind::constant ? s.rate : static_cast<double>(learning_rate(s, iteration));
 }
 
-}  // namespace skyforge::kernels
+}  // namespace skyforge

@@ -1,15 +1,16 @@
 // The optimizer schema's learning rate (skyforge/optimizer_schema.hpp: learning_rate, or a
-// learning_rate_schedule) as the engines' LrSchedule (schedule.hpp), each argument rounded to
-// float where Keras rounds it. Host code only (C++20, the SDK's schema): both engines call it.
+// learning_rate_schedule) as an LrSchedule (lr_schedule.hpp), each argument rounded to float
+// where Keras rounds it. Host code only (C++20, the SDK's schema): both engines and keras.hpp
+// call it.
 #pragma once
 
-#include "schedule.hpp"
+#include <skyforge/lr_schedule.hpp>
 
 #include <skyforge/optimizer_schema.hpp>
 
 #include <algorithm>
 
-namespace skyforge::kernels {
+namespace skyforge {
 
 inline LrSchedule schedule_of(const schema::OptimizerConfig& c) {
   static_assert(schema::kMaxBoundaries == kMaxScheduleBoundaries);
@@ -43,4 +44,4 @@ inline LrSchedule schedule_of(const schema::OptimizerConfig& c) {
   return s;
 }
 
-}  // namespace skyforge::kernels
+}  // namespace skyforge
