@@ -19,6 +19,12 @@
 //                                                             .resume = true}});
 //   K::EvalResult r = model.evaluate(test.x, test.y, 256);
 //
+// Or Keras' functional form (keras_layers.hpp): calls of layers on tensors, then Model:
+//   auto inputs = K::Input({28, 28, 1});
+//   auto x = K::Conv2D(16, 3, {.padding = "same", .name = "stem"})(inputs);
+//   auto y = K::Conv2D(16, 3, {.padding = "same"})(K::ReLU()(x));
+//   K::Model model(inputs, K::Dense(10)(K::GlobalAveragePooling2D()(K::Add()({x, y}))));
+//
 // The model is a list of sf_layer_spec (abi.h) handed to the backend's engine_create; every
 // step goes through the sf_compute_hooks C table, so any backend (cpu, cuda, third-party) works.
 //
@@ -42,8 +48,11 @@
 
 #include <skyforge/abi.h>
 #include <skyforge/keras_callbacks.hpp>
+#include <skyforge/keras_functional.hpp>
+#include <skyforge/keras_layers.hpp>
 #include <skyforge/keras_schedules.hpp>
 #include <skyforge/layer_schema.hpp>
+#include <skyforge/lr_schedule_of.hpp>
 #include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
 #include <skyforge/tfevents.hpp>
@@ -73,130 +82,6 @@
 #include <unistd.h>
 
 namespace skyforge::keras {
-
-// ---- layers ---------------------------------------------------------------------------------
-// A square size from one integer, or (height, width); the layer schema's (layer_schema.hpp).
-using Size2 = schema::Size2;
-
-// A builder's optional size argument: 3, {3, 5}, Size2(3), or left out ({} / std::nullopt).
-struct OptionalSize2 : std::optional<Size2> {
-  OptionalSize2() = default;
-  OptionalSize2(std::nullopt_t) {}                                                   // NOLINT
-  OptionalSize2(uint32_t s) : std::optional<Size2>(Size2(s)) {}                      // NOLINT
-  OptionalSize2(uint32_t h, uint32_t w) : std::optional<Size2>(Size2(h, w)) {}      // NOLINT
-  OptionalSize2(Size2 s) : std::optional<Size2>(s) {}                                // NOLINT
-};
-
-// One layer as the user wrote it: a type and the options given (text, the schema's canonical
-// forms). The schema (skyforge/layer_schema.hpp, docs/layers.md) holds the defaults, ranges and
-// shape rules; compile() hands the backend every option with the defaults filled in.
-// type "input" is Input().
-struct Layer {
-  std::string type;
-  std::vector<std::pair<std::string, std::string>> options;
-  std::vector<uint32_t> shape;  // Input only
-
-  std::string option(const std::string& key, const std::string& fallback = "") const {
-    for (const auto& [k, v] : options)
-      if (k == key) return v;
-    return fallback;
-  }
-};
-
-namespace detail {
-inline std::string num(double v) { return format_double(v); }
-inline std::string boolean(bool b) { return b ? "true" : "false"; }
-
-// Builds a Layer from the arguments a builder was given; arguments left out stay out (the
-// schema's default applies).
-class LayerArgs {
- public:
-  explicit LayerArgs(const char* type) : layer_{type, {}, {}} {}
-  LayerArgs& set(const char* key, uint32_t v) { return put(key, std::to_string(v)); }
-  LayerArgs& set(const char* key, const Size2& v) { return put(key, v.text()); }
-  LayerArgs& set(const char* key, double v) { return put(key, num(v)); }
-  LayerArgs& set(const char* key, bool v) { return put(key, boolean(v)); }
-  LayerArgs& set(const char* key, const std::string& v) { return v.empty() ? *this : put(key, v); }
-  template <class T>
-  LayerArgs& set(const char* key, const std::optional<T>& v) {
-    return v ? set(key, *v) : *this;
-  }
-  Layer done() { return std::move(layer_); }
-
- private:
-  LayerArgs& put(const char* key, std::string text) {
-    layer_.options.emplace_back(key, std::move(text));
-    return *this;
-  }
-  Layer layer_;
-};
-
-// The schema's LayerError as the Keras API's Error (SF_ERR_INVALID).
-template <class F>
-auto schema_call(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const schema::LayerError& e) {
-    throw Error(e.what(), SF_ERR_INVALID);
-  }
-}
-// The layer checked against the schema, defaults filled in; `index` names it in messages.
-inline schema::LayerConfig config(const Layer& l, size_t index) {
-  return schema_call([&] { return schema::parse(l.type, l.options, index); });
-}
-// The schema's shape rule: output shape and parameter counts.
-inline schema::LayerShape infer(const schema::LayerConfig& c, const std::vector<uint32_t>& in) {
-  return schema_call([&] { return c.infer(in); });
-}
-}  // namespace detail
-
-// Builders, named after Keras' layers; option keys are Keras' argument names, and an argument
-// left out takes the schema's default (Keras' own). Each is also reachable as
-// skyforge::keras::layers::X.
-inline namespace layers {
-inline Layer Input(std::vector<uint32_t> shape) { return Layer{"input", {}, std::move(shape)}; }
-inline Layer Dense(uint32_t units, std::optional<std::string> activation = {}, std::optional<bool> use_bias = {}) {
-  return detail::LayerArgs("dense").set("units", units).set("activation", activation).set("use_bias", use_bias).done();
-}
-inline Layer Conv2D(uint32_t filters, Size2 kernel_size, OptionalSize2 strides = {},
-                    std::optional<std::string> padding = {}, std::optional<bool> use_bias = {},
-                    std::optional<std::string> activation = {}) {
-  return detail::LayerArgs("conv2d")
-      .set("filters", filters)
-      .set("kernel_size", kernel_size)
-      .set("strides", strides)
-      .set("padding", padding)
-      .set("use_bias", use_bias)
-      .set("activation", activation)
-      .done();
-}
-// synchronized: statistics over every replica's batch (docs/layers.md).
-inline Layer BatchNormalization(std::optional<double> momentum = {}, std::optional<double> epsilon = {},
-                                std::optional<bool> center = {}, std::optional<bool> scale = {},
-                                std::optional<bool> synchronized = {}) {
-  return detail::LayerArgs("batch_normalization")
-      .set("momentum", momentum)
-      .set("epsilon", epsilon)
-      .set("center", center)
-      .set("scale", scale)
-      .set("synchronized", synchronized)
-      .done();
-}
-inline Layer ReLU() { return Layer{"relu", {}, {}}; }
-inline Layer Softmax() { return Layer{"softmax", {}, {}}; }
-inline Layer Dropout(double rate) { return detail::LayerArgs("dropout").set("rate", rate).done(); }
-inline Layer Flatten() { return Layer{"flatten", {}, {}}; }
-inline Layer GlobalAveragePooling2D() { return Layer{"global_average_pooling2d", {}, {}}; }
-// strides default to pool_size, as in Keras.
-inline Layer MaxPooling2D(OptionalSize2 pool_size = {}, OptionalSize2 strides = {},
-                          std::optional<std::string> padding = {}) {
-  return detail::LayerArgs("max_pooling2d")
-      .set("pool_size", pool_size)
-      .set("strides", strides)
-      .set("padding", padding)
-      .done();
-}
-}  // namespace layers
 
 // ---- optimizers, backend, options -------------------------------------------------------------
 // Keras' optimizers, Keras' defaults: both from the optimizer schema (optimizer_schema.hpp),
@@ -561,73 +446,52 @@ inline bool is_tty(std::FILE* f) { return f && ::isatty(::fileno(f)) == 1; }
 }  // namespace detail
 
 // ---- the model ---------------------------------------------------------------------------------
-class Sequential {
+// Keras' Model: a functional model, Model(inputs, outputs), from the tensors its layers were
+// called on (keras_layers.hpp); Sequential below is the list form. Both hand the backend the
+// layer list (layer_schema.hpp's graph: a functional model's layers carry `name` and `inputs`).
+class Model {
  public:
-  Sequential() = default;
-  Sequential(std::initializer_list<Layer> layers) {
-    for (const Layer& l : layers) add(l);
+  // The layers `outputs` depends on, in the order they were called, named as Keras names them.
+  // One input and one output; a layer is called once (no shared layers).
+  Model(const Tensor& inputs, const Tensor& outputs, std::string name = "functional")
+      : name_(std::move(name)), functional_(true) {
+    detail::Functional f = detail::functional(inputs, outputs);
+    input_shape_ = std::move(f.input_shape);
+    layers_ = std::move(f.layers);
   }
-  explicit Sequential(const std::vector<Layer>& layers) {
-    for (const Layer& l : layers) add(l);
-  }
-  Sequential(Sequential&&) noexcept = default;
-  Sequential& operator=(Sequential&&) noexcept = default;
+  Model(Model&&) noexcept = default;
+  Model& operator=(Model&&) noexcept = default;
 
-  // Appends a layer; an Input (only first) sets the sample shape.
-  Sequential& add(const Layer& l) {
-    if (compiled_) throw Error("keras: add() after compile(); build the model first", SF_ERR_INVALID);
-    if (l.type == "input") {
-      if (!layers_.empty() || !input_shape_.empty())
-        throw Error("keras: Input must come first and only once", SF_ERR_INVALID);
-      if (l.shape.empty()) throw Error("keras: Input needs a shape, e.g. Input({28, 28, 1})", SF_ERR_INVALID);
-      for (uint32_t d : l.shape)
-        if (d == 0) throw Error("keras: Input shape " + detail::shape_text(l.shape) + " has a zero", SF_ERR_INVALID);
-      input_shape_ = l.shape;
-      return *this;
-    }
-    layers_.push_back(l);
-    return *this;
-  }
-
+  const std::string& name() const { return name_; }
   const std::vector<uint32_t>& input_shape() const { return input_shape_; }
   const std::vector<Layer>& layers() const { return layers_; }
 
   // Output shape of one sample (Keras' shape rules); throws naming the first bad layer.
   std::vector<uint32_t> output_shape() const {
-    std::vector<uint32_t> s = require_input();
-    for (size_t i = 0; i < layers_.size(); ++i) s = detail::infer(detail::config(layers_[i], i), s).output;
-    return s;
+    const schema::Graph g = graph();
+    return g.shapes[g.output].output;
   }
   uint64_t num_classes() const { return detail::product(output_shape()); }
 
-  // Keras-style summary table.
-  std::string summary(const std::string& name = "sequential") const {
-    std::vector<uint32_t> s = require_input();
-    std::string out = "Model: \"" + name + "\"\n";
-    char buf[256];
-    const std::string rule(65, '_'), dbl(65, '=');
-    std::snprintf(buf, sizeof buf, "%-28s%-26s%s\n", " Layer (type)", "Output Shape", "Param #");
-    out += rule + "\n" + buf + dbl + "\n";
+  // Keras' summary table, titled `name` (default: the model's). A functional model lists its
+  // input first and, unless it is a chain, what each layer is connected to.
+  std::string summary(const std::string& name = "") const {
+    const schema::Graph g = graph();
+    const std::vector<std::string> names = detail::layer_names(layers_);
+    std::vector<detail::SummaryRow> rows;
+    if (functional_) rows.push_back({std::string(schema::kModelInputName) + " (InputLayer)", detail::shape_text(input_shape_), 0, {}});
     uint64_t trainable = 0, non_trainable = 0;
-    std::map<std::string, int> seen;
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const schema::LayerConfig config = detail::config(layers_[i], i);
-      const schema::LayerShape li = detail::infer(config, s);
-      const int n = seen[layers_[i].type]++;
-      const std::string lname = layers_[i].type + (n ? "_" + std::to_string(n) : "") + " (" +
-                                std::string(config.def().keras_name) + ")";
-      std::snprintf(buf, sizeof buf, " %-27s%-26s%llu\n", lname.c_str(), detail::shape_text(li.output).c_str(),
-                    static_cast<unsigned long long>(li.trainable + li.non_trainable));
-      out += buf;
-      out += (i + 1 < layers_.size() ? rule : dbl) + "\n";
-      trainable += li.trainable;
-      non_trainable += li.non_trainable;
-      s = li.output;
+    for (size_t i : g.order) {
+      detail::SummaryRow row{names[i] + " (" + std::string(schema::find(layers_[i].type)->keras_name) + ")",
+                             detail::shape_text(g.shapes[i].output), g.shapes[i].trainable + g.shapes[i].non_trainable, {}};
+      for (size_t j : g.inputs[i])
+        row.connected.push_back((j == schema::Graph::kInput ? std::string(schema::kModelInputName) : names[j]) + "[0][0]");
+      rows.push_back(std::move(row));
+      trainable += g.shapes[i].trainable;
+      non_trainable += g.shapes[i].non_trainable;
     }
-    out += "Total params: " + std::to_string(trainable + non_trainable) + "\n";
-    out += "Trainable params: " + std::to_string(trainable) + "\n";
-    out += "Non-trainable params: " + std::to_string(non_trainable) + "\n";
-    return out;
+    return detail::summary_table(name.empty() ? name_ : name, rows, functional_ && !g.sequential(), trainable,
+                                 non_trainable);
   }
 
   // Checks the model, builds its sf_model_spec and, given a backend, creates the engine (a
@@ -793,8 +657,10 @@ class Sequential {
       }
     }
 
-    // Rank 0's writers.
+    // Rank 0's writers. TensorBoard's train writer also gets epoch_learning_rate, as Keras'
+    // callback writes it: the rate of the next update (the History and the CSV do not).
     std::optional<tfevents::EventWriter> tb_train, tb_val;
+    const LrSchedule lr_schedule = schedule_of(schema::parse_optimizer(spec_->optimizer, spec_->optimizer_options));
     detail::on_rank0(comm_, [&] {
       if (!cb.tensorboard.empty()) {
         tb_train.emplace(std::filesystem::path(cb.tensorboard) / "train");
@@ -965,6 +831,7 @@ class Sequential {
           std::vector<std::pair<std::string, float>> v;
           for (const auto& [k, val] : logs)
             if (k.rfind("val_", 0) != 0) v.emplace_back("epoch_" + k, static_cast<float>(val));
+          v.emplace_back("epoch_learning_rate", skyforge::learning_rate(lr_schedule, global_step));
           tb_train->add_scalars(v, epoch, wall);
           tb_train->flush();
         }
@@ -1094,10 +961,23 @@ class Sequential {
     return ck;
   }
 
+ protected:
+  explicit Model(std::string name) : name_(std::move(name)) {}
+
+  std::string name_;
+  bool functional_ = false;
+  std::vector<uint32_t> input_shape_;
+  std::vector<Layer> layers_;
+  bool compiled_ = false;
+
  private:
-  const std::vector<uint32_t>& require_input() const {
+  // The layers' graph (layer_schema.hpp): run order, inputs, shapes; throws naming a bad layer.
+  schema::Graph graph() const {
     if (input_shape_.empty()) throw Error("keras: the model has no Input({...}) shape", SF_ERR_INVALID);
-    return input_shape_;
+    if (layers_.empty()) throw Error("keras: the model has no layers", SF_ERR_INVALID);
+    std::vector<schema::LayerConfig> configs;
+    for (size_t i = 0; i < layers_.size(); ++i) configs.push_back(detail::config(layers_[i], i));
+    return detail::schema_call([&] { return schema::graph(input_shape_, configs); });
   }
   void require_compiled() const {
     if (!compiled_) throw Error("keras: call compile() first", SF_ERR_INVALID);
@@ -1313,9 +1193,6 @@ class Sequential {
                    y.size(), comm_.size());
   }
 
-  std::vector<uint32_t> input_shape_;
-  std::vector<Layer> layers_;
-  bool compiled_ = false;
   std::unique_ptr<detail::CompiledSpec> spec_;
   std::unique_ptr<detail::EngineHandle> engine_;
   Communicator comm_;
@@ -1323,6 +1200,31 @@ class Sequential {
   std::vector<std::string> accuracy_names_;
   std::string spec_text_;
   std::string ck_path_;
+};
+
+// Keras' Sequential: each layer takes the previous one's output; Input({...}) first.
+class Sequential : public Model {
+ public:
+  Sequential() : Model("sequential") {}
+  Sequential(std::initializer_list<Layer> layers) : Sequential() {
+    for (const Layer& l : layers) add(l);
+  }
+  explicit Sequential(const std::vector<Layer>& layers) : Sequential() {
+    for (const Layer& l : layers) add(l);
+  }
+
+  // Appends a layer; an Input (only first) sets the sample shape.
+  Sequential& add(const Layer& l) {
+    if (compiled_) throw Error("keras: add() after compile(); build the model first", SF_ERR_INVALID);
+    if (l.type == "input") {
+      if (!layers_.empty() || !input_shape_.empty())
+        throw Error("keras: Input must come first and only once", SF_ERR_INVALID);
+      input_shape_ = l.shape;
+      return *this;
+    }
+    layers_.push_back(l);
+    return *this;
+  }
 };
 
 }  // namespace skyforge::keras
