@@ -5,11 +5,13 @@
 // in this static library (skyforge_cpu_engine) so tests drive it without a host; the plugin
 // (cpu_plugin.cpp) is a thin ComputeBackend around make_engine().
 //
-// Layout: every trainable parameter lives in one flat buffer (layer order, each layer's
-// kernel before its bias, BN gamma before beta), its gradient in a parallel flat buffer. That
-// makes get/set_params a copy, the optimizer one vectorised loop and gradient buckets
-// contiguous slices (reverse layer order = from the end of the buffer).
+// Layout: every trainable parameter lives in one flat buffer (layers in the graph's run order,
+// each layer's kernel before its bias, BN gamma before beta), its gradient in a parallel flat
+// buffer. That makes get/set_params a copy, the optimizer one vectorised loop and gradient
+// buckets contiguous slices (reverse run order = from the end of the buffer).
 #pragma once
+
+#include "graph_plan.hpp"
 
 #include <skyforge/engine_state.hpp>
 #include <skyforge/lr_schedule.hpp>
@@ -19,9 +21,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+namespace skyforge::schema {
+class LayerConfig;
+}
 
 namespace skyforge::cpu {
 
@@ -94,6 +101,16 @@ class Layer {
   // layer) and the layer's parameter gradients, which are OVERWRITTEN (not accumulated) with the
   // sum over the batch of dL/dparam. x and y are the buffers of the last training forward.
   virtual void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) = 0;
+  // The same for a layer of several inputs (add, concatenate): xs[k] is input k's buffer and
+  // dxs[k] its gradient (nullptr: not needed), in the order the layer's `inputs` name them. A
+  // layer of one input keeps forward/backward above, which these call.
+  virtual void forward_inputs(std::span<const float* const> xs, float* y, uint32_t batch, bool training) {
+    forward(xs[0], y, batch, training);
+  }
+  virtual void backward_inputs(std::span<const float* const> xs, const float* y, float* dy,
+                               std::span<float* const> dxs, uint32_t batch) {
+    backward(xs[0], y, dy, dxs[0], batch);
+  }
   // Non-trainable state (BN moving statistics: mean, then variance) for state_dict, and the
   // reader of version-1 cpu states (ByteReader).
   virtual void moving(std::vector<std::vector<float>*>& /*out*/) {}
@@ -120,11 +137,18 @@ class Layer {
   Exec exec_;
 };
 
-// Builds layer `index` from its spec for input shape `in`; validates options and shapes,
-// throwing Error(SF_ERR_INVALID) "layer <index> (<type>): ...". seed/rank feed dropout's
-// generator.
-std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t index, uint64_t seed,
+// Builds layer `index` (its position in the listing) from its spec for its inputs' shapes `in`
+// (one per input; a merge layer takes two or more); validates options and shapes, throwing
+// Error(SF_ERR_INVALID) "layer <index> (<type>): ...". seed/rank feed dropout's generator. The
+// layer's in_shape is its first input's.
+std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const std::vector<Shape>& in, size_t index, uint64_t seed,
                                   uint32_t rank);
+inline std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t index, uint64_t seed,
+                                         uint32_t rank) {
+  return make_layer(spec, std::vector<Shape>{in}, index, seed, rank);
+}
+// add and concatenate (layers_merge.cpp), for make_layer: `config` parsed, `in` checked by the schema.
+std::unique_ptr<Layer> make_merge_layer(const schema::LayerConfig& config, const std::vector<Shape>& in);
 
 // Test hook: dropout with a frozen mask (a forward in training mode reuses the last mask
 // instead of drawing a new one). Throws unless `layer` is a dropout layer.
@@ -225,9 +249,14 @@ class CpuEngine : public Engine {
   void ensure_capacity(uint32_t batch);
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
   EngineState shape_of_state();  // this engine's state, sized, with no values
+  std::vector<std::vector<float>*> moving_state() const;  // non-trainable state, in run order
   void load_state_v1(std::string_view bytes);
+  // The buffer layer j's output is in (j: a listing index, or GraphPlan::kInput for x).
+  float* output_of(size_t j, const float* x, bool training);
   // prof: where to add this call's times (train_step's calls only; null otherwise).
   const float* forward(const float* x, uint32_t batch, bool training, Profile* prof = nullptr);
+  // The backward of GraphPlan::backward from the loss's gradient, the buckets' allreduce with it.
+  void backward(const float* x, uint32_t batch, Profile* prof);
   StepResult compute(const float* x, const int32_t* y, uint32_t batch, bool training, bool backward,
                      Profile* prof = nullptr);
 
@@ -235,20 +264,24 @@ class CpuEngine : public Engine {
   Exec exec_;
   EngineOptions eopt_;
   Shape input_shape_;
+  // The model graph (schema::graph): layers in listing order, run in order_.
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<size_t> param_offset_;  // per layer
-  size_t first_trainable_ = 0;        // backward stops at this layer
+  std::vector<std::vector<size_t>> inputs_;  // per layer: its producers (GraphPlan::kInput: x)
+  std::vector<size_t> order_;
+  size_t output_ = 0;                 // the model's output layer
+  std::vector<size_t> param_offset_;  // per layer: its parameters in the flat buffers (run order)
+  GraphPlan plan_;
   uint32_t classes_ = 0;
   std::vector<float> params_, grads_;
   std::unique_ptr<Optimizer> opt_;
   uint64_t step_ = 0;
   uint64_t seed_ = 0;  // the run's seed: dropout masks (from the spec, or from a loaded state)
   uint32_t capacity_ = 0;
-  std::vector<std::vector<float>> acts_;  // acts_[i]: output of layer i (empty when fused away)
-  std::vector<float*> out_;               // where layer i's output lives
-  std::vector<uint8_t> fused_;            // layer i is a relu fused into layer i - 1
-  std::vector<uint8_t> view_;             // layer i is a view: out_[i] is its input (read-only)
-  std::vector<float> gbuf_[2];            // ping-pong gradient buffers
+  std::vector<std::vector<float>> act_slots_, grad_slots_;  // plan_'s slots, batch * width each
+  std::vector<const float*> xs_;                     // one layer's input buffers
+  std::vector<float*> dxs_;                          // one layer's input gradients
+  std::vector<uint8_t> fused_;            // layer i is a relu fused into its input (batch_normalization)
+  std::vector<uint8_t> view_;             // layer i is a view: its output is its input's buffer
   std::string arch_;                      // schema::architecture_text: what a state must match
   std::string legacy_arch_;               // describe() of every layer + optimizer: version-1 states
   std::unique_ptr<Profile> prof_;         // SKYFORGE_CPU_PROFILE

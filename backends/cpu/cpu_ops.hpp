@@ -222,4 +222,12 @@ inline void copy(const float* src, float* dst, size_t n, const Exec& ex) {
   }
 }
 
+// dst[i] += src[i] over [0, n): elementwise, so the split changes no bit.
+inline void add_into(float* dst, const float* src, size_t n, const Exec& ex) {
+  for_range(n, ex, [&](size_t b, size_t e) {
+#pragma omp simd
+    for (size_t i = b; i < e; ++i) dst[i] += src[i];
+  });
+}
+
 }  // namespace skyforge::cpu::k

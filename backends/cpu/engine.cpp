@@ -136,57 +136,65 @@ CpuEngine::CpuEngine(const ModelSpec& spec, const Communicator& comm, const Engi
   }
   const OptimizerConfig ocfg = parse_optimizer(spec.optimizer, spec.optimizer_options);
 
-  Shape shape = input_shape_;
-  size_t total = 0;
+  // The model graph (skyforge/layer_schema.hpp): its errors name the layer.
+  std::vector<schema::LayerConfig> configs;
+  schema::Graph g;
+  try {
+    for (size_t i = 0; i < spec.layers.size(); ++i) {
+      const auto& given = spec.layers[i].options.all();
+      configs.push_back(schema::parse(spec.layers[i].type, {given.begin(), given.end()}, i));
+    }
+    g = schema::graph(input_shape_, configs);
+    classes_ = schema::classes_of(g.shapes[g.output].output, g.output, configs[g.output].type());
+  } catch (const schema::LayerError& e) {
+    invalid(e.what());
+  }
+  inputs_ = g.inputs;
+  order_ = g.order;
+  output_ = g.output;
   legacy_arch_ = "input" + shape_str(input_shape_);
   for (size_t i = 0; i < spec.layers.size(); ++i) {
-    auto l = make_layer(spec.layers[i], shape, i, spec.seed, comm_.rank());
+    auto l = make_layer(spec.layers[i], g.in_shapes[i], i, spec.seed, comm_.rank());
     l->set_exec(exec_);
     l->set_communicator(comm_);
-    param_offset_.push_back(total);
-    total += l->param_size();
-    shape = l->out_shape;
     legacy_arch_ += ';';
     legacy_arch_ += l->describe();
     layers_.push_back(std::move(l));
   }
-  try {
-    classes_ = schema::classes_of(shape, layers_.size() - 1, layers_.back()->type);
-  } catch (const schema::LayerError& e) {
-    invalid(e.what());
-  }
   legacy_arch_ += ';';
   legacy_arch_ += ocfg.name;
-  std::vector<schema::LayerConfig> configs;  // make_layer checked them: parsing cannot fail now
-  for (size_t i = 0; i < spec.layers.size(); ++i) {
-    const auto& given = spec.layers[i].options.all();
-    configs.push_back(schema::parse(spec.layers[i].type, {given.begin(), given.end()}, i));
-  }
   arch_ = schema::architecture_text(input_shape_, configs, ocfg.name);
 
-  // The SDK's initial weights, every backend's (skyforge/initial_weights.hpp).
+  // Parameters in run order: the SDK's initial weights, every backend's (skyforge/initial_weights.hpp).
+  std::vector<size_t> variables;  // each weight tensor (Keras' variables: clipnorm clips each alone)
+  size_t total = 0;
+  param_offset_.assign(layers_.size(), 0);
+  for (size_t i : order_) {
+    param_offset_[i] = total;
+    total += layers_[i]->param_size();
+    for (uint64_t w : g.shapes[i].weights) variables.push_back(w);
+  }
   params_ = initial_weights(input_shape_, configs, spec.seed);
   if (params_.size() != total) throw std::logic_error("cpu: the layers' parameter counts differ from the layer schema's");
   grads_.assign(total, 0.f);
   for (size_t i = 0; i < layers_.size(); ++i)
     layers_[i]->bind(params_.data() + param_offset_[i], grads_.data() + param_offset_[i]);
-  // A relu right after a layer that can apply it (batch_normalization) is fused into it: no
-  // pass, no buffer, no backward of its own (bit-identical results, fewer memory passes).
+  opt_ = std::make_unique<Optimizer>(ocfg, std::move(variables));
+
+  // A view (flatten, reshape) hands its input's buffer on. A relu whose input is a layer that can
+  // apply it (batch_normalization) feeding nothing else is fused into it: no pass, no buffer, no
+  // backward of its own (bit-identical results, fewer memory passes).
   fused_.assign(layers_.size(), 0);
   view_.assign(layers_.size(), 0);
-  for (size_t i = 0; i < layers_.size(); ++i) view_[i] = eopt_.fuse && layers_[i]->is_view();
-  for (size_t i = 1; i < layers_.size(); ++i)
-    if (eopt_.fuse && layers_[i]->type == "relu" && !fused_[i - 1] && layers_[i - 1]->fuse_relu()) fused_[i] = 1;
-  first_trainable_ = layers_.size() - 1;
-  for (size_t i = 0; i < layers_.size(); ++i)
-    if (layers_[i]->param_size() > 0) {
-      first_trainable_ = i;
-      break;
-    }
-  std::vector<size_t> variables;  // each weight tensor (Keras' variables: clipnorm clips each alone)
-  for (size_t i = 0; i < layers_.size(); ++i)
-    for (uint64_t w : configs[i].infer(layers_[i]->in_shape).weights) variables.push_back(w);
-  opt_ = std::make_unique<Optimizer>(ocfg, std::move(variables));
+  std::vector<PlanLayer> plan(layers_.size());
+  for (size_t i : order_) {
+    const size_t in = inputs_[i][0];
+    view_[i] = eopt_.fuse && layers_[i]->is_view();
+    fused_[i] = eopt_.fuse && layers_[i]->type == "relu" && in != GraphPlan::kInput && !plan[in].alias &&
+                g.consumers[in].size() == 1 && layers_[in]->fuse_relu();
+    plan[i] = {inputs_[i], numel(layers_[i]->out_shape), layers_[i]->param_size() > 0, view_[i] || fused_[i]};
+  }
+  plan_ = plan_graph(plan, order_, output_);
   if (Profile::enabled()) {
     prof_ = std::make_unique<Profile>();
     prof_->fwd.assign(layers_.size(), 0.0);
@@ -204,25 +212,11 @@ void CpuEngine::ensure_capacity(uint32_t batch) {
         static_cast<double>(batch) * static_cast<double>(numel(l->in_shape)) >= 2147483647.0)
       invalid("batch " + std::to_string(batch) + " is too large for layer " + std::to_string(l->index) + " (" +
               l->type + "): its activations would exceed 2^31 elements");
-  size_t widest = 0;
-  acts_.resize(layers_.size());
-  out_.resize(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const size_t n = numel(layers_[i]->out_shape);
-    widest = std::max(widest, n);
-    if (view_[i]) {
-      acts_[i] = {};
-      out_[i] = nullptr;  // set by every forward
-    } else if (fused_[i]) {
-      acts_[i] = {};
-      out_[i] = out_[i - 1];
-    } else {
-      acts_[i].assign(batch * n, 0.f);
-      out_[i] = acts_[i].data();
-    }
-    layers_[i]->reserve(batch);
-  }
-  for (auto& g : gbuf_) g.assign(batch * widest, 0.f);
+  act_slots_.resize(plan_.act_width.size());
+  for (size_t s = 0; s < act_slots_.size(); ++s) act_slots_[s].assign(batch * plan_.act_width[s], 0.f);
+  grad_slots_.resize(plan_.grad_width.size());
+  for (size_t s = 0; s < grad_slots_.size(); ++s) grad_slots_[s].assign(batch * plan_.grad_width[s], 0.f);
+  for (const auto& l : layers_) l->reserve(batch);
   capacity_ = batch;
 }
 
@@ -237,22 +231,63 @@ void CpuEngine::check_batch(const void* x, const int32_t* y, uint32_t batch, con
   }
 }
 
+float* CpuEngine::output_of(size_t j, const float* x, bool training) {
+  const size_t v = j == GraphPlan::kInput ? j : plan_.value[j];
+  // No layer writes to its inputs, so the caller's input may stand in for a layer's output.
+  if (v == GraphPlan::kInput) return const_cast<float*>(x);
+  return act_slots_[(training ? plan_.train_slot : plan_.infer_slot)[v]].data();
+}
+
 const float* CpuEngine::forward(const float* x, uint32_t batch, bool training, Profile* prof) {
-  const float* in = x;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (fused_[i]) continue;  // out_[i] is the previous layer's output, already activated
-    if (view_[i]) {
-      // No layer writes to another's output, so the caller's input may stand in for it.
-      out_[i] = const_cast<float*>(in);
-      continue;
-    }
+  for (size_t i : order_) {
+    if (plan_.value[i] != i) continue;  // a view or a fused relu: its output is its input's buffer
+    xs_.clear();
+    for (size_t j : inputs_[i]) xs_.push_back(output_of(j, x, training));
     const auto t0 = prof ? Profile::clock::now() : Profile::clock::time_point{};
     if (training) layers_[i]->begin_step(seed_, step_);
-    layers_[i]->forward(in, out_[i], batch, training);
+    layers_[i]->forward_inputs(xs_, output_of(i, x, training), batch, training);
     if (prof) prof->fwd[i] += Profile::since(t0);
-    in = out_[i];
   }
-  return in;
+  return output_of(output_, x, training);
+}
+
+// Reverse run order from the loss's gradient (in plan_.output_grad). A layer's output read by
+// several layers gets the sum of their gradients: the first (last to run) writes it, the others'
+// come through a scratch slot added in, in reverse run order: the same order every time.
+void CpuEngine::backward(const float* x, uint32_t batch, Profile* prof) {
+  auto tick = [&] { return prof ? Profile::clock::now() : Profile::clock::time_point{}; };
+  const bool dp = comm_.size() > 1;
+  const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
+  size_t lo = params_.size(), hi = params_.size();  // pending bucket [lo, hi), grows downwards
+  for (const GraphPlan::Step& s : plan_.backward) {
+    const size_t i = s.layer;
+    xs_.clear();
+    dxs_.clear();
+    for (size_t k = 0; k < inputs_[i].size(); ++k) {
+      xs_.push_back(output_of(inputs_[i][k], x, true));
+      dxs_.push_back(s.dx[k] == GraphPlan::kNone ? nullptr : grad_slots_[s.dx[k]].data());
+    }
+    auto t0 = tick();
+    layers_[i]->backward_inputs(xs_, output_of(i, x, true), grad_slots_[s.dy].data(), dxs_, batch);
+    for (size_t k = 0; k < s.sum_into.size(); ++k)
+      if (s.sum_into[k] != GraphPlan::kNone)
+        k::add_into(grad_slots_[s.sum_into[k]].data(), dxs_[k], batch * numel(layers_[inputs_[i][k]]->out_shape),
+                    exec_);
+    if (prof) prof->bwd[i] += Profile::since(t0);
+    if (dp && layers_[i]->param_size() > 0) {
+      lo = param_offset_[i];
+      // Reverse parameter order, as backward produces them: a bucket goes out once it is full.
+      if (hi - lo >= bucket) {
+        t0 = tick();
+        comm_.allreduce(grads_.data() + lo, hi - lo, SF_REDUCE_SUM);
+        if (prof) prof->allreduce += Profile::since(t0);
+        hi = lo;
+      }
+    }
+  }
+  const auto t0 = tick();
+  if (dp && hi > 0) comm_.allreduce(grads_.data(), hi, SF_REDUCE_SUM);
+  if (prof) prof->allreduce += Profile::since(t0);
 }
 
 // One forward (+ backward with bucketed gradient allreduce). Leaves grads_ holding the GLOBAL
@@ -267,38 +302,10 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
   auto tick = [&] { return prof ? Profile::clock::now() : Profile::clock::time_point{}; };
   auto t0 = tick();
   uint64_t correct = 0;
-  const double loss_sum = sparse_xent(logits, y, batch, classes_, backward ? gbuf_[0].data() : nullptr, &correct,
-                                      exec_);
+  float* dlogits = backward && plan_.output_grad != GraphPlan::kNone ? grad_slots_[plan_.output_grad].data() : nullptr;
+  const double loss_sum = sparse_xent(logits, y, batch, classes_, dlogits, &correct, exec_);
   if (prof) prof->loss += Profile::since(t0);
-  if (backward) {
-    const bool dp = comm_.size() > 1;
-    const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
-    size_t lo = params_.size(), hi = params_.size();  // pending bucket [lo, hi), grows downwards
-    int cur = 0;
-    for (size_t i = layers_.size(); i-- > first_trainable_;) {
-      if (fused_[i] || view_[i]) continue;  // fused: the fused layer's business; view: dy is dx
-      const float* in = i == 0 ? x : out_[i - 1];
-      // No gradient flows below the first layer with parameters (flatten of the input, ...).
-      float* dx = i == first_trainable_ ? nullptr : gbuf_[1 - cur].data();
-      t0 = tick();
-      layers_[i]->backward(in, out_[i], gbuf_[cur].data(), dx, batch);
-      if (prof) prof->bwd[i] += Profile::since(t0);
-      cur = 1 - cur;
-      if (dp && layers_[i]->param_size() > 0) {
-        lo = param_offset_[i];
-        // Reverse layer order, as backward produces them: a bucket goes out once it is full.
-        if (hi - lo >= bucket) {
-          t0 = tick();
-          comm_.allreduce(grads_.data() + lo, hi - lo, SF_REDUCE_SUM);
-          if (prof) prof->allreduce += Profile::since(t0);
-          hi = lo;
-        }
-      }
-    }
-    t0 = tick();
-    if (dp && hi > 0) comm_.allreduce(grads_.data(), hi, SF_REDUCE_SUM);
-    if (prof) prof->allreduce += Profile::since(t0);
-  }
+  if (backward) this->backward(x, batch, prof);
   // loss sum, correct and samples of the global batch, in one small collective, after the
   // gradients': a training step meets its peers once (a meeting after the forward too would make
   // every step wait for the slowest forward and then again for the slowest backward).
@@ -366,6 +373,13 @@ void CpuEngine::set_params(const float* in, uint64_t count) {
   if (count) std::memcpy(params_.data(), in, count * sizeof(float));
 }
 
+// The layers' non-trainable state (batch_normalization's moving statistics), in run order.
+std::vector<std::vector<float>*> CpuEngine::moving_state() const {
+  std::vector<std::vector<float>*> moving;
+  for (size_t i : order_) layers_[i]->moving(moving);
+  return moving;
+}
+
 // state_dict: the backend-neutral engine state (skyforge/engine_state.hpp), what the cuda engine
 // writes and reads too, so a checkpoint moves between the two.
 EngineState CpuEngine::shape_of_state() {
@@ -373,9 +387,7 @@ EngineState CpuEngine::shape_of_state() {
   s.architecture = arch_;
   s.params.resize(params_.size());
   s.slots.resize(opt_->slot_count());
-  std::vector<std::vector<float>*> moving;
-  for (const auto& l : layers_) l->moving(moving);
-  for (const auto* m : moving) s.moving.emplace_back(m->size());
+  for (const auto* m : moving_state()) s.moving.emplace_back(m->size());
   return s;
 }
 
@@ -386,9 +398,7 @@ std::string CpuEngine::state_dict() const {
   s.step = step_;
   s.params = params_;
   s.slots.assign(opt_->slots_data(), opt_->slots_data() + opt_->slot_count());
-  std::vector<std::vector<float>*> moving;
-  for (const auto& l : layers_) l->moving(moving);
-  for (const auto* m : moving) s.moving.push_back(*m);
+  for (const auto* m : moving_state()) s.moving.push_back(*m);
   return write_engine_state(s);
 }
 
@@ -405,8 +415,7 @@ void CpuEngine::load_state(std::string_view bytes) {
   seed_ = s.seed;  // dropout masks follow the run, not this engine's spec
   params_ = std::move(s.params);
   if (!s.slots.empty()) std::memcpy(opt_->slots(), s.slots.data(), s.slots.size() * sizeof(float));
-  std::vector<std::vector<float>*> moving;
-  for (const auto& l : layers_) l->moving(moving);
+  const std::vector<std::vector<float>*> moving = moving_state();
   for (size_t i = 0; i < moving.size(); ++i) *moving[i] = std::move(s.moving[i]);
   for (size_t i = 0; i < layers_.size(); ++i)  // params_ was replaced: rebind the layers
     layers_[i]->bind(params_.data() + param_offset_[i], grads_.data() + param_offset_[i]);

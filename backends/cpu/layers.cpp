@@ -510,6 +510,7 @@ class ActivationLayer final : public Layer {
   }
 };
 
+// flatten and reshape: the input's bytes under another shape.
 class Flatten final : public Layer {
  public:
   bool is_view() const override { return true; }
@@ -696,8 +697,8 @@ class MaxPool final : public Layer {
 
 // The layer's options and shape come from the SDK's layer schema (skyforge/layer_schema.hpp,
 // docs/layers.md): this file only turns them into kernels.
-std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t index, uint64_t seed,
-                                  uint32_t rank) {
+std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const std::vector<Shape>& inputs, size_t index,
+                                  uint64_t seed, uint32_t rank) {
   const std::vector<std::pair<std::string, std::string>> options(spec.options.all().begin(),
                                                                   spec.options.all().end());
   // The engine's errors are skyforge::Error with a status (SF_ERR_INVALID for bad input).
@@ -709,7 +710,8 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t
     }
   };
   const schema::LayerConfig c = checked([&] { return schema::parse(spec.type, options, index); });
-  const schema::LayerShape shape = checked([&] { return c.infer(in); });
+  const schema::LayerShape shape = checked([&] { return c.infer_inputs(inputs); });
+  const Shape& in = inputs[0];
   auto activation = [&] {
     const std::string& a = c.choice("activation");
     return a == "relu" ? Activation::relu : a == "softmax" ? Activation::softmax : Activation::linear;
@@ -757,7 +759,9 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const Shape& in, size_t
       c.fail("dropout masks are keyed by layer and rank below 65536");
     l->key = skyforge::kernels::DropoutKey{seed, 0, static_cast<uint32_t>(index), rank};
     layer = std::move(l);
-  } else if (t == "flatten") {
+  } else if (c.def().takes_many()) {
+    layer = make_merge_layer(c, inputs);
+  } else if (t == "flatten" || t == "reshape") {
     layer = std::make_unique<Flatten>();
   } else if (t == "global_average_pooling2d") {
     layer = std::make_unique<GlobalAvgPool>();

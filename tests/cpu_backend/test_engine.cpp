@@ -265,13 +265,17 @@ TEST(Engine, EveryLayerOfTheSchemaIsBuiltWithTheSchemasParameterCount) {
   for (const schema::LayerDef& def : schema::catalogue()) {
     std::vector<std::pair<std::string, std::string>> given;
     for (const schema::OptionDef& o : def.options)
-      if (o.required()) given.emplace_back(o.name, o.kind == schema::OptionKind::real ? "0.5" : "2");
+      if (o.required())
+        given.emplace_back(o.name, o.kind == schema::OptionKind::real   ? "0.5"
+                                   : o.kind == schema::OptionKind::dims ? "-1"
+                                                                        : "2");
     std::vector<sf_kv> kv;
     for (const auto& [k, v] : given) kv.push_back(sf_kv{k.c_str(), v.c_str()});
     const skyforge::LayerSpec spec{std::string(def.type), skyforge::Options(kv.data(), kv.size())};
     std::unique_ptr<Layer> layer;
-    ASSERT_NO_THROW(layer = make_layer(spec, in, 0, 1, 0)) << def.type;
-    const schema::LayerShape shape = schema::parse(def.type, given, 0).infer(in);
+    const std::vector<Shape> inputs(def.takes_many() ? 2 : 1, in);  // a merge layer: two of them
+    ASSERT_NO_THROW(layer = make_layer(spec, inputs, 0, 1, 0)) << def.type;
+    const schema::LayerShape shape = schema::parse(def.type, given, 0).infer_inputs(inputs);
     EXPECT_EQ(layer->param_size(), shape.trainable) << def.type;
     EXPECT_EQ(layer->out_shape, shape.output) << def.type;
   }
