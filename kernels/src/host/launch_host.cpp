@@ -35,4 +35,5 @@ const char* build_name() { return "host"; }
 #include "../data.inl"
 #include "../dense.inl"
 #include "../train.inl"
+#include "../transformer.inl"
 #include "../window.inl"

@@ -228,4 +228,35 @@ void max_pool_backward(const float* dy, const int32_t* arg, float* dx, const Win
 void avg_pool_forward(const float* x, float* y, const WindowShape& g, Stream s = {});
 void avg_pool_backward(const float* dy, float* dx, const WindowShape& g, Stream s = {});
 
+// ---- transformer layers (norm.hpp, attention.hpp, embedding.hpp) ------------------------------------
+// Layer normalization over the last axis of [rows, F]: y = (x - mean) * invstd * gamma + beta per
+// row (gamma, beta may be null), mean and invstd (rows floats each) kept for the backward.
+void layer_norm_forward(const float* x, float* y, size_t rows, size_t F, const float* gamma, const float* beta,
+                        float epsilon, float* mean, float* invstd, Stream s = {});
+// dgamma = sum dy * xhat, dbeta = sum dy over the rows (either may be null; ws:
+// reduce_workspace(rows, F)), and dx (may be null, may equal dy).
+void layer_norm_backward(const float* x, const float* dy, float* dx, size_t rows, size_t F, const float* gamma,
+                         const float* mean, const float* invstd, float* dgamma, float* dbeta, double* ws,
+                         Stream s = {});
+// Attention's layouts: split_heads [batch, seq, heads, dim] -> [batch, heads, seq, dim], and
+// merge_heads back; src and dst must not overlap.
+void split_heads(const float* src, float* dst, size_t batch, size_t seq, size_t heads, size_t dim, Stream s = {});
+void merge_heads(const float* src, float* dst, size_t batch, size_t seq, size_t heads, size_t dim, Stream s = {});
+// Embedding: y[r, :] = table[x[r], :] for x [rows] of indices carried as floats, table
+// [input_dim, dim]; an index that is not an integer in [0, input_dim) gives a zero row and, if
+// invalid is not null, counts in *invalid (ws: reduce_workspace(rows, 1)). rows < 2^31.
+void embedding_forward(const float* x, const float* table, float* y, size_t rows, size_t input_dim, size_t dim,
+                       double* invalid, double* ws, Stream s = {});
+// dtable [input_dim, dim] (overwritten) = for each row v, the sum of dy[r, :] over the rows with
+// index v, in row order (invalid indices add nothing). ws: embedding_backward_workspace(rows).
+inline size_t embedding_backward_workspace(size_t rows) { return 2 * rows; }
+void embedding_backward(const float* x, const float* dy, float* dtable, size_t rows, size_t input_dim, size_t dim,
+                        int32_t* ws, Stream s = {});
+// Position embedding: y [batch, seq, dim] = table[:seq] for every sample; the backward writes
+// the whole table's gradient dtable [length, dim]: the sum over the batch for the first seq
+// rows, 0 after. ws: reduce_workspace(batch, seq * dim).
+void position_embedding_forward(const float* table, float* y, size_t batch, size_t seq, size_t dim, Stream s = {});
+void position_embedding_backward(const float* dy, float* dtable, size_t batch, size_t seq, size_t length, size_t dim,
+                                 double* ws, Stream s = {});
+
 }  // namespace skyforge::kernels
