@@ -75,7 +75,8 @@ class ByteReader {
   size_t pos_ = 0;
 };
 
-enum class Activation { linear, relu, softmax };
+// gelu: Keras' exact x * Phi(x) (erf); gelu_tanh: its tanh approximation (approximate=True).
+enum class Activation { linear, relu, softmax, gelu, gelu_tanh, tanh, sigmoid };
 
 // One layer. Buffers are batch-major: x is batch * numel(in_shape), y batch * numel(out_shape).
 class Layer {

@@ -36,6 +36,19 @@ void for_range(size_t n, const Exec& ex, F&& f) {
   for (size_t c = 0; c < T; ++c) f(n * c / T, n * (c + 1) / T);
 }
 
+// f(begin, end) over [0, rows) rows of `width` floats, split across the threads when the rows
+// hold enough work (each row is independent: the split changes no bit).
+template <class F>
+void for_rows(size_t rows, size_t width, const Exec& ex, F&& f) {
+  if (!par(rows * width, ex) || rows < 2) {
+    f(size_t{0}, rows);
+    return;
+  }
+  const size_t T = std::min(static_cast<size_t>(ex.threads), rows);
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(T))
+  for (size_t t = 0; t < T; ++t) f(rows * t / T, rows * (t + 1) / T);
+}
+
 // How many blocks a GEMM is split into: a function of its shape alone, never of the thread
 // count. OpenBLAS' bits for an element depend on where its block starts (its micro-kernels
 // treat edge tiles their own way: with Debian's 0.3.21 on a Zen 3 core, splitting a 200x128x784
@@ -156,8 +169,40 @@ inline void bias_grad(const float* dy, size_t rows, size_t width, const Exec& ex
   for (size_t j = 0; j < width; ++j) out[j] = static_cast<float>(acc[j]);
 }
 
-// y[r, :] += bias, then the activation, in place over [rows, width].
-inline void bias_activation(float* y, const float* bias, size_t rows, size_t width, Activation act, const Exec& ex) {
+// The elementwise activations and their derivatives (Keras' and jax's formulas). gelu's
+// derivative needs the pre-activation z; tanh's and sigmoid's come from the output y.
+inline constexpr float kSqrtHalf = 0.70710678118654752f, kSqrt2OverPi = 0.79788456080286536f,
+                       kInvSqrt2Pi = 0.39894228040143268f, kGeluCubic = 0.044715f;
+inline bool needs_pre_activation(Activation a) { return a == Activation::gelu || a == Activation::gelu_tanh; }
+inline float apply(Activation a, float z) {
+  switch (a) {
+    case Activation::relu: return z > 0.f ? z : 0.f;
+    case Activation::gelu: return 0.5f * z * std::erfc(-z * kSqrtHalf);
+    case Activation::gelu_tanh: return 0.5f * z * (1.f + std::tanh(kSqrt2OverPi * (z + kGeluCubic * z * z * z)));
+    case Activation::tanh: return std::tanh(z);
+    case Activation::sigmoid: return 1.f / (1.f + std::exp(-z));
+    default: return z;
+  }
+}
+// dy/dz of the elementwise activations (not softmax), from the output y and the input z.
+inline float derivative(Activation a, float y, float z) {
+  switch (a) {
+    case Activation::relu: return y > 0.f ? 1.f : 0.f;
+    case Activation::gelu: return 0.5f * std::erfc(-z * kSqrtHalf) + z * kInvSqrt2Pi * std::exp(-0.5f * z * z);
+    case Activation::gelu_tanh: {
+      const float t = std::tanh(kSqrt2OverPi * (z + kGeluCubic * z * z * z));
+      return 0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * z * z);
+    }
+    case Activation::tanh: return 1.f - y * y;
+    case Activation::sigmoid: return y * (1.f - y);
+    default: return 1.f;
+  }
+}
+
+// y[r, :] += bias, then the activation, in place over [rows, width]. pre (rows * width, may be
+// null) receives the values before the activation: the backward of gelu needs them.
+inline void bias_activation(float* y, const float* bias, size_t rows, size_t width, Activation act, const Exec& ex,
+                            float* pre = nullptr) {
 #pragma omp parallel for schedule(static) num_threads(ex.threads) if (par(rows * width, ex))
   for (size_t r = 0; r < rows; ++r) {
     float* row = y + r * width;
@@ -165,6 +210,7 @@ inline void bias_activation(float* y, const float* bias, size_t rows, size_t wid
 #pragma omp simd
       for (size_t j = 0; j < width; ++j) row[j] += bias[j];
     }
+    if (pre) std::memcpy(pre + r * width, row, width * sizeof(float));
     if (act == Activation::relu) {
 #pragma omp simd
       for (size_t j = 0; j < width; ++j) {
@@ -182,13 +228,16 @@ inline void bias_activation(float* y, const float* bias, size_t rows, size_t wid
       const float inv = 1.f / s;
 #pragma omp simd
       for (size_t j = 0; j < width; ++j) row[j] *= inv;
+    } else if (act != Activation::linear) {
+      for (size_t j = 0; j < width; ++j) row[j] = apply(act, row[j]);
     }
   }
 }
 
-// dy <- dL/d(pre-activation), from the activation's output y, in place over [rows, width].
+// dy <- dL/d(pre-activation), from the activation's output y (and, for gelu, its input pre),
+// in place over [rows, width].
 inline void activation_backward(const float* y, float* dy, size_t rows, size_t width, Activation act,
-                                const Exec& ex) {
+                                const Exec& ex, const float* pre = nullptr) {
   if (act == Activation::linear) return;
 #pragma omp parallel for schedule(static) num_threads(ex.threads) if (par(rows * width, ex))
   for (size_t r = 0; r < rows; ++r) {
@@ -200,11 +249,14 @@ inline void activation_backward(const float* y, float* dy, size_t rows, size_t w
         const float v = d[j];
         d[j] = yr[j] > 0.f ? v : 0.f;
       }
-    } else {
+    } else if (act == Activation::softmax) {
       float dot = 0.f;
       for (size_t j = 0; j < width; ++j) dot += d[j] * yr[j];
 #pragma omp simd
       for (size_t j = 0; j < width; ++j) d[j] = yr[j] * (d[j] - dot);
+    } else {
+      const float* z = pre ? pre + r * width : nullptr;
+      for (size_t j = 0; j < width; ++j) d[j] *= derivative(act, yr[j], z ? z[j] : 0.f);
     }
   }
 }

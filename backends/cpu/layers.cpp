@@ -1,5 +1,6 @@
 // The cpu backend's layers (Keras semantics, NHWC, float32) and the loss.
 #include "cpu_ops.hpp"
+#include "layer_builders.hpp"
 
 #include <skyforge/kernels/philox.hpp>
 #include <skyforge/layer_schema.hpp>
@@ -50,8 +51,31 @@ std::string Layer::describe() const {
 namespace {
 
 const char* act_name(Activation a) {
-  return a == Activation::relu ? "relu" : a == Activation::softmax ? "softmax" : "linear";
+  switch (a) {
+    case Activation::relu: return "relu";
+    case Activation::softmax: return "softmax";
+    case Activation::gelu: return "gelu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::tanh: return "tanh";
+    case Activation::sigmoid: return "sigmoid";
+    default: return "linear";
+  }
 }
+
+// A training forward's values before an activation whose backward needs them (gelu).
+class PreActivation {
+ public:
+  // Where the forward stores them: n floats, or nullptr when the backward needs none.
+  float* keep(Activation act, bool training, size_t n) {
+    if (!training || !k::needs_pre_activation(act)) return nullptr;
+    if (v_.size() < n) v_.resize(n);
+    return v_.data();
+  }
+  const float* data() const { return v_.empty() ? nullptr : v_.data(); }
+
+ private:
+  std::vector<float> v_;
+};
 
 // ---- dense ---------------------------------------------------------------------------------
 // Keras Dense: acts on the last axis (a rank-3 input is a batch of rows).
@@ -64,14 +88,14 @@ class Dense final : public Layer {
 
   size_t param_size() const override { return fin * units + (use_bias ? units : 0); }
   size_t rows(uint32_t batch) const { return batch * (numel(in_shape) / fin); }
-  void forward(const float* x, float* y, uint32_t batch, bool) override {
+  void forward(const float* x, float* y, uint32_t batch, bool training) override {
     const size_t M = rows(batch);
     k::gemm(false, false, M, units, fin, 1.f, x, fin, p_, units, 0.f, y, units, exec_);
-    k::bias_activation(y, use_bias ? p_ + fin * units : nullptr, M, units, act, exec_);
+    k::bias_activation(y, use_bias ? p_ + fin * units : nullptr, M, units, act, exec_, pre_.keep(act, training, M * units));
   }
   void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) override {
     const size_t M = rows(batch);
-    k::activation_backward(y, dy, M, units, act, exec_);
+    k::activation_backward(y, dy, M, units, act, exec_, pre_.data());
     k::gemm(true, false, fin, units, M, 1.f, x, fin, dy, units, 0.f, g_, units, exec_);
     if (use_bias) k::bias_grad(dy, M, units, exec_, g_ + fin * units);
     if (dx) k::gemm(false, true, M, fin, units, 1.f, dy, units, p_, units, 0.f, dx, fin, exec_);
@@ -79,6 +103,9 @@ class Dense final : public Layer {
   std::string describe() const override {
     return Layer::describe() + "/" + act_name(act) + (use_bias ? "/b" : "");
   }
+
+ private:
+  PreActivation pre_;
 };
 
 // ---- conv2d --------------------------------------------------------------------------------
@@ -190,13 +217,14 @@ class Conv2D final : public Layer {
         }
     }
   }
-  void forward(const float* x, float* y, uint32_t batch, bool) override {
+  void forward(const float* x, float* y, uint32_t batch, bool training) override {
     const size_t K = kkc(), P = size_t{Ho} * Wo;
     const float* bias = use_bias ? p_ + K * filters : nullptr;
+    float* pre = pre_.keep(act, training, batch * P * filters);
     reserve(batch);
     if (direct()) {
       k::gemm(false, false, batch * P, filters, K, 1.f, x, K, p_, filters, 0.f, y, filters, exec_);
-      k::bias_activation(y, bias, batch * P, filters, act, exec_);
+      k::bias_activation(y, bias, batch * P, filters, act, exec_, pre);
       return;
     }
     if (const simd::Kernels* sk = simd::kernels()) {
@@ -206,7 +234,8 @@ class Conv2D final : public Layer {
       over(0, batch, T, [&](size_t t, size_t a, size_t b) {
         sk->conv_fwd(g, x, a, b, p_, filters, y, buf + t * pf, pf);
         if (bias || act != Activation::linear)
-          k::bias_activation(y + a * P * filters, bias, (b - a) * P, filters, act, Exec{1});
+          k::bias_activation(y + a * P * filters, bias, (b - a) * P, filters, act, Exec{1},
+                             pre ? pre + a * P * filters : nullptr);
       });
       return;
     }
@@ -216,14 +245,15 @@ class Conv2D final : public Layer {
       float* yc = y + n0 * P * filters;
       im2col(x, n0, n1, col_.data());
       k::gemm(false, false, (n1 - n0) * P, filters, K, 1.f, col_.data(), K, p_, filters, 0.f, yc, filters, exec_);
-      if (bias || act != Activation::linear) k::bias_activation(yc, bias, (n1 - n0) * P, filters, act, exec_);
+      if (bias || act != Activation::linear)
+        k::bias_activation(yc, bias, (n1 - n0) * P, filters, act, exec_, pre ? pre + n0 * P * filters : nullptr);
     }
     col_batch_ = batch <= cs ? batch : 0;
     col_src_ = x;
   }
   void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) override {
     const size_t K = kkc(), P = size_t{Ho} * Wo, M = batch * P;
-    k::activation_backward(y, dy, M, filters, act, exec_);
+    k::activation_backward(y, dy, M, filters, act, exec_, pre_.data());
     if (use_bias) k::bias_grad(dy, M, filters, exec_, g_ + K * filters);
     if (direct()) {
       k::gemm(true, false, K, filters, M, 1.f, x, K, dy, filters, 0.f, g_, filters, exec_);
@@ -278,6 +308,7 @@ class Conv2D final : public Layer {
 
  private:
   std::vector<float> col_, wt_, panel_, wscratch_;
+  PreActivation pre_;
   size_t col_batch_ = 0;  // batch whose col_ is current (one chunk only), 0: stale
   const float* col_src_ = nullptr;
 };
@@ -502,10 +533,10 @@ class ActivationLayer final : public Layer {
       k::bias_activation(y, nullptr, n / w, w, act, exec_);
     }
   }
-  void backward(const float*, const float* y, float* dy, float* dx, uint32_t batch) override {
+  void backward(const float* x, const float* y, float* dy, float* dx, uint32_t batch) override {
     if (!dx) return;
     const size_t n = batch * numel(in_shape), w = in_shape.back();
-    k::activation_backward(y, dy, n / w, w, act, exec_);
+    k::activation_backward(y, dy, n / w, w, act, exec_, x);
     k::copy(dy, dx, n, exec_);
   }
 };
@@ -593,10 +624,11 @@ class Dropout final : public Layer {
   bool has_mask_ = false, active_ = false;
 };
 
+// global_average_pooling2d and 1d: the mean over every axis but the last (channels, features).
 class GlobalAvgPool final : public Layer {
  public:
   void forward(const float* x, float* y, uint32_t batch, bool) override {
-    const size_t HW = size_t{in_shape[0]} * in_shape[1], C = in_shape[2];
+    const size_t C = in_shape.back(), HW = numel(in_shape) / C;
     const float inv = 1.f / static_cast<float>(HW);
 #pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(batch * HW * C, exec_))
     for (size_t n = 0; n < batch; ++n) {
@@ -613,7 +645,7 @@ class GlobalAvgPool final : public Layer {
   }
   void backward(const float*, const float*, float* dy, float* dx, uint32_t batch) override {
     if (!dx) return;
-    const size_t HW = size_t{in_shape[0]} * in_shape[1], C = in_shape[2];
+    const size_t C = in_shape.back(), HW = numel(in_shape) / C;
     const float inv = 1.f / static_cast<float>(HW);
 #pragma omp parallel for schedule(static) num_threads(exec_.threads) if (k::par(batch * HW * C, exec_))
     for (size_t n = 0; n < batch; ++n) {
@@ -714,7 +746,9 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const std::vector<Shape
   const Shape& in = inputs[0];
   auto activation = [&] {
     const std::string& a = c.choice("activation");
-    return a == "relu" ? Activation::relu : a == "softmax" ? Activation::softmax : Activation::linear;
+    for (Activation v : {Activation::relu, Activation::softmax, Activation::gelu, Activation::tanh, Activation::sigmoid})
+      if (a == act_name(v)) return v;
+    return Activation::linear;
   };
   std::unique_ptr<Layer> layer;
   const std::string& t = spec.type;
@@ -748,9 +782,14 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const std::vector<Shape
     l->moving_mean.assign(l->C, 0.f);
     l->moving_var.assign(l->C, 1.f);
     layer = std::move(l);
-  } else if (t == "relu" || t == "softmax") {
+  } else if (t == "relu" || t == "softmax" || t == "tanh" || t == "sigmoid") {
     auto l = std::make_unique<ActivationLayer>();
-    l->act = t == "relu" ? Activation::relu : Activation::softmax;
+    l->act = t == "relu" ? Activation::relu : t == "softmax" ? Activation::softmax : t == "tanh" ? Activation::tanh
+                                                                                                   : Activation::sigmoid;
+    layer = std::move(l);
+  } else if (t == "gelu") {
+    auto l = std::make_unique<ActivationLayer>();
+    l->act = c.flag("approximate") ? Activation::gelu_tanh : Activation::gelu;
     layer = std::move(l);
   } else if (t == "dropout") {
     auto l = std::make_unique<Dropout>();
@@ -763,8 +802,10 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const std::vector<Shape
     layer = make_merge_layer(c, inputs);
   } else if (t == "flatten" || t == "reshape") {
     layer = std::make_unique<Flatten>();
-  } else if (t == "global_average_pooling2d") {
+  } else if (t == "global_average_pooling2d" || t == "global_average_pooling1d") {
     layer = std::make_unique<GlobalAvgPool>();
+  } else if (t == "average_pooling2d") {
+    layer = make_average_pooling2d(c, shape);
   } else if (t == "max_pooling2d") {
     auto l = std::make_unique<MaxPool>();
     const schema::Size2 p = c.size("pool_size"), s = c.size("strides");
@@ -772,6 +813,8 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const std::vector<Shape
     l->same = c.choice("padding") == "same";
     l->pt = shape.rows.pad;
     l->pl = shape.cols.pad;
+    layer = std::move(l);
+  } else if (auto l = checked([&] { return make_transformer_layer(c, in, seed, rank); })) {
     layer = std::move(l);
   } else {
     c.fail("the schema has this layer but the cpu backend has no kernels for it");

@@ -1,0 +1,362 @@
+// The transformer layers of the cpu backend (Keras semantics, float32, row-major):
+// layer_normalization, multi_head_attention (self-attention), embedding, position_embedding.
+// Every sum runs in an order fixed by the shapes, so the thread count changes no bit.
+#include "cpu_ops.hpp"
+#include "layer_builders.hpp"
+
+#include <skyforge/kernels/philox.hpp>
+
+#include <cmath>
+
+namespace skyforge::cpu {
+namespace {
+
+// ---- layer_normalization -------------------------------------------------------------------
+// Keras' LayerNormalization over the last axis: per row, mean and variance = mean((x - mean)^2)
+// (two passes, summed in double), y = (x - mean) / sqrt(var + epsilon) * gamma + beta.
+// The weights: gamma (scale), then beta (center), each only when the layer has it.
+class LayerNorm final : public Layer {
+ public:
+  float epsilon = 1e-3f;
+  bool scale = true, center = true;
+  size_t C = 0;
+
+  size_t param_size() const override { return (scale ? C : 0) + (center ? C : 0); }
+  size_t rows(uint32_t batch) const { return batch * (numel(in_shape) / C); }
+  void forward(const float* x, float* y, uint32_t batch, bool) override {
+    const size_t M = rows(batch);
+    if (mean_.size() < M) mean_.resize(M), invstd_.resize(M);
+    const float* g = scale ? p_ : nullptr;
+    const float* b = center ? p_ + (scale ? C : 0) : nullptr;
+    k::for_rows(M, C, exec_, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r) {
+        const float* xr = x + r * C;
+        float* yr = y + r * C;
+        double s = 0;
+        for (size_t j = 0; j < C; ++j) s += xr[j];
+        const double mean = s / static_cast<double>(C);
+        double v = 0;
+        for (size_t j = 0; j < C; ++j) v += (xr[j] - mean) * (xr[j] - mean);
+        const float m = static_cast<float>(mean);
+        const float is = 1.f / std::sqrt(static_cast<float>(v / static_cast<double>(C)) + epsilon);
+        mean_[r] = m;
+        invstd_[r] = is;
+#pragma omp simd
+        for (size_t j = 0; j < C; ++j) yr[j] = (xr[j] - m) * is * (g ? g[j] : 1.f) + (b ? b[j] : 0.f);
+      }
+    });
+  }
+  // xhat = (x - mean) * invstd; dgamma = sum dy * xhat, dbeta = sum dy over the rows;
+  // dx = invstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma.
+  void backward(const float* x, const float*, float* dy, float* dx, uint32_t batch) override {
+    const size_t M = rows(batch);
+    const float* g = scale ? p_ : nullptr;
+    const float* mu = mean_.data();
+    const float* is = invstd_.data();
+    if (param_size() > 0) {
+      acc_.resize(2 * C);
+      k::reduce_rows(M, 2 * C, exec_, acc_.data(), [&](size_t b, size_t e, double* a) {
+        for (size_t r = b; r < e; ++r) {
+          const float* xr = x + r * C;
+          const float* d = dy + r * C;
+          for (size_t j = 0; j < C; ++j) {
+            a[j] += d[j] * ((xr[j] - mu[r]) * is[r]);
+            a[C + j] += d[j];
+          }
+        }
+      });
+      float* out = g_;
+      if (scale)
+        for (size_t j = 0; j < C; ++j) *out++ = static_cast<float>(acc_[j]);
+      if (center)
+        for (size_t j = 0; j < C; ++j) *out++ = static_cast<float>(acc_[C + j]);
+    }
+    if (!dx) return;
+    k::for_rows(M, C, exec_, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r) {
+        const float* xr = x + r * C;
+        const float* d = dy + r * C;
+        float* o = dx + r * C;
+        double s1 = 0, s2 = 0;
+        for (size_t j = 0; j < C; ++j) {
+          const float dh = d[j] * (g ? g[j] : 1.f);
+          s1 += dh;
+          s2 += dh * ((xr[j] - mu[r]) * is[r]);
+        }
+        const float m1 = static_cast<float>(s1 / static_cast<double>(C)), m2 = static_cast<float>(s2 / static_cast<double>(C));
+#pragma omp simd
+        for (size_t j = 0; j < C; ++j)
+          o[j] = is[r] * (d[j] * (g ? g[j] : 1.f) - m1 - (xr[j] - mu[r]) * is[r] * m2);
+      }
+    });
+  }
+  std::string describe() const override {
+    return Layer::describe() + (scale ? "/scale" : "") + (center ? "/center" : "");
+  }
+
+ private:
+  std::vector<float> mean_, invstd_;  // per row, of the last forward
+  std::vector<double> acc_;
+};
+
+// ---- embedding -----------------------------------------------------------------------------
+// Keras' Embedding: each input value, an integer index carried as a float, becomes its row of
+// the (input_dim, output_dim) table. A value that is not an integer in [0, input_dim) is the
+// caller's error (SF_ERR_INVALID naming the layer and the sample). No gradient reaches the input.
+class Embedding final : public Layer {
+ public:
+  uint32_t input_dim = 0, output_dim = 0;
+  std::string label;  // "layer 0 (embedding 'tokens')", for messages
+
+  size_t param_size() const override { return size_t{input_dim} * output_dim; }
+  void forward(const float* x, float* y, uint32_t batch, bool) override {
+    const size_t per = numel(in_shape), n = batch * per, D = output_dim;
+    for (size_t i = 0; i < n; ++i)
+      if (!(x[i] >= 0.f && x[i] < static_cast<float>(input_dim) && x[i] == std::floor(x[i])))
+        throw Error(label + ": sample " + std::to_string(i / per) + " holds " + schema::detail::number_text(x[i]) +
+                        " at position " + std::to_string(i % per) + "; expected an integer index in [0, " +
+                        std::to_string(input_dim) + ")",
+                    SF_ERR_INVALID);
+    k::for_rows(n, D, exec_, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) std::memcpy(y + i * D, p_ + static_cast<size_t>(x[i]) * D, D * sizeof(float));
+    });
+  }
+  void backward(const float* x, const float*, float* dy, float* dx, uint32_t batch) override {
+    const size_t n = batch * numel(in_shape), D = output_dim;
+    std::fill(g_, g_ + param_size(), 0.f);
+    for (size_t i = 0; i < n; ++i) {  // in input order: a row's sum never depends on the threads
+      float* row = g_ + static_cast<size_t>(x[i]) * D;
+      const float* d = dy + i * D;
+#pragma omp simd
+      for (size_t j = 0; j < D; ++j) row[j] += d[j];
+    }
+    if (dx) std::fill(dx, dx + n, 0.f);
+  }
+};
+
+// ---- position_embedding --------------------------------------------------------------------
+// keras_hub's PositionEmbedding: the first `sequence` rows of a learned (sequence_length,
+// features) table, the same for every sample; the input gives only the shape and gets no
+// gradient.
+class PositionEmbedding final : public Layer {
+ public:
+  uint32_t length = 0;
+
+  size_t param_size() const override { return size_t{length} * in_shape[1]; }
+  void forward(const float*, float* y, uint32_t batch, bool) override {
+    const size_t n = numel(in_shape);
+    k::for_rows(batch, n, exec_, [&](size_t b, size_t e) {
+      for (size_t s = b; s < e; ++s) std::memcpy(y + s * n, p_, n * sizeof(float));
+    });
+  }
+  void backward(const float*, const float*, float* dy, float* dx, uint32_t batch) override {
+    const size_t n = numel(in_shape);
+    k::bias_grad(dy, batch, n, exec_, g_);
+    std::fill(g_ + n, g_ + param_size(), 0.f);  // rows past the sequence
+    if (dx) std::fill(dx, dx + batch * n, 0.f);
+  }
+};
+
+// ---- multi_head_attention ------------------------------------------------------------------
+// Keras' MultiHeadAttention(query=x, value=x) on (T, D) samples, h heads:
+//   Q = (x Wq + bq) / sqrt(key_dim), K = x Wk + bk, V = x Wv + bv    (rows of h heads)
+//   per sample and head: P = softmax(Q K^T) over the keys, A = dropout(P), O = A V
+//   y = O Wo + bo                                                     (O: the heads side by side)
+// The projections are one GEMM each over every row of the batch; the per-(sample, head) GEMMs are
+// shared out over the threads, each through the engine's gemm on one thread. Dropout on P
+// (training, rate > 0) is the dropout layer's Philox mask (kernels::DropoutApply) of (seed, step,
+// this layer's index, rank) over the batch's (sample, head, query, key) elements, so the backward
+// redraws it instead of storing it.
+class MultiHeadAttention final : public Layer {
+ public:
+  uint32_t heads = 1, kd = 1, vd = 1;
+  float rate = 0.f;
+  bool use_bias = true;
+  std::string label;        // "layer 3 (multi_head_attention 'att')", for messages
+  kernels::DropoutKey key;  // layer and rank set at creation; seed and step by begin_step
+
+  // Offsets of the weights in the layer's parameters (Keras' order); biases only with use_bias.
+  struct Offsets {
+    size_t wq, bq, wk, bk, wv, bv, wo, bo, total;
+  };
+  Offsets offsets() const {
+    const size_t D = in_shape[1], HK = size_t{heads} * kd, HV = size_t{heads} * vd;
+    Offsets o{};
+    size_t at = 0;
+    auto take = [&](size_t& where, size_t n) { where = at, at += n; };
+    take(o.wq, D * HK);
+    if (use_bias) take(o.bq, HK);
+    take(o.wk, D * HK);
+    if (use_bias) take(o.bk, HK);
+    take(o.wv, D * HV);
+    if (use_bias) take(o.bv, HV);
+    take(o.wo, HV * D);
+    if (use_bias) take(o.bo, D);
+    o.total = at;
+    return o;
+  }
+  size_t param_size() const override { return offsets().total; }
+  void begin_step(uint64_t seed, uint64_t step) override {
+    key.seed = seed;
+    key.step = step;
+  }
+
+  void forward(const float* x, float* y, uint32_t batch, bool training) override {
+    const size_t T = in_shape[0], D = in_shape[1], M = batch * T, HK = size_t{heads} * kd, HV = size_t{heads} * vd;
+    const size_t pairs = size_t{batch} * heads, TT = T * T;
+    const Offsets w = offsets();
+    q_.resize(M * HK), k_.resize(M * HK), v_.resize(M * HV), o_.resize(M * HV), probs_.resize(pairs * TT);
+    project(x, M, D, w.wq, w.bq, HK, q_.data());
+    project(x, M, D, w.wk, w.bk, HK, k_.data());
+    project(x, M, D, w.wv, w.bv, HV, v_.data());
+    const float inv = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kd)));
+    float* q = q_.data();
+    k::for_range(M * HK, exec_, [&](size_t b, size_t e) {
+#pragma omp simd
+      for (size_t i = b; i < e; ++i) q[i] *= inv;
+    });
+    over_pairs(batch, T * T * (kd + vd), [&](size_t n, size_t h, size_t pair) {
+      float* s = probs_.data() + pair * TT;
+      k::gemm(false, true, T, T, kd, 1.f, q + n * T * HK + h * kd, HK, k_.data() + n * T * HK + h * kd, HK, 0.f, s, T,
+              kOne);
+      k::bias_activation(s, nullptr, T, T, Activation::softmax, kOne);
+    });
+    dropped_ = training && rate > 0.f;
+    if (dropped_) {
+      if (pairs * TT > kernels::kDropoutMaxElements)
+        throw Error(label + ": " + std::to_string(pairs * TT) + " attention weights in one batch; dropout's masks cover " +
+                        std::to_string(kernels::kDropoutMaxElements),
+                    SF_ERR_INVALID);
+      drop_.resize(pairs * TT);
+      dropout(probs_.data(), drop_.data(), pairs * TT);
+    }
+    const float* a = dropped_ ? drop_.data() : probs_.data();
+    over_pairs(batch, TT * vd, [&](size_t n, size_t h, size_t pair) {
+      k::gemm(false, false, T, vd, T, 1.f, a + pair * TT, T, v_.data() + n * T * HV + h * vd, HV, 0.f,
+              o_.data() + n * T * HV + h * vd, HV, kOne);
+    });
+    k::gemm(false, false, M, D, HV, 1.f, o_.data(), HV, p_ + w.wo, D, 0.f, y, D, exec_);
+    k::bias_activation(y, use_bias ? p_ + w.bo : nullptr, M, D, Activation::linear, exec_);
+  }
+
+  void backward(const float* x, const float*, float* dy, float* dx, uint32_t batch) override {
+    const size_t T = in_shape[0], D = in_shape[1], M = batch * T, HK = size_t{heads} * kd, HV = size_t{heads} * vd;
+    const size_t pairs = size_t{batch} * heads, TT = T * T;
+    const Offsets w = offsets();
+    dq_.resize(M * HK), dk_.resize(M * HK), dv_.resize(M * HV), do_.resize(M * HV), dprobs_.resize(pairs * TT);
+    // Output projection.
+    k::gemm(true, false, HV, D, M, 1.f, o_.data(), HV, dy, D, 0.f, g_ + w.wo, D, exec_);
+    if (use_bias) k::bias_grad(dy, M, D, exec_, g_ + w.bo);
+    k::gemm(false, true, M, HV, D, 1.f, dy, D, p_ + w.wo, D, 0.f, do_.data(), HV, exec_);
+    // dA = dO V^T, dV = A^T dO per (sample, head).
+    const float* a = dropped_ ? drop_.data() : probs_.data();
+    over_pairs(batch, TT * vd, [&](size_t n, size_t h, size_t pair) {
+      const size_t at = n * T * HV + h * vd;
+      k::gemm(false, true, T, T, vd, 1.f, do_.data() + at, HV, v_.data() + at, HV, 0.f, dprobs_.data() + pair * TT,
+              T, kOne);
+      k::gemm(true, false, T, vd, T, 1.f, a + pair * TT, T, do_.data() + at, HV, 0.f, dv_.data() + at, HV, kOne);
+    });
+    if (dropped_) dropout(dprobs_.data(), dprobs_.data(), pairs * TT);
+    // Through the softmax, then dQ = dS K, dK = dS^T Q (Q scaled).
+    over_pairs(batch, TT * 2 * kd, [&](size_t n, size_t h, size_t pair) {
+      float* ds = dprobs_.data() + pair * TT;
+      k::activation_backward(probs_.data() + pair * TT, ds, T, T, Activation::softmax, kOne);
+      const size_t at = n * T * HK + h * kd;
+      k::gemm(false, false, T, kd, T, 1.f, ds, T, k_.data() + at, HK, 0.f, dq_.data() + at, HK, kOne);
+      k::gemm(true, false, T, kd, T, 1.f, ds, T, q_.data() + at, HK, 0.f, dk_.data() + at, HK, kOne);
+    });
+    const float inv = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kd)));
+    float* dq = dq_.data();
+    k::for_range(M * HK, exec_, [&](size_t b, size_t e) {
+#pragma omp simd
+      for (size_t i = b; i < e; ++i) dq[i] *= inv;
+    });
+    // Input projections: weights, biases, and dx = dQ Wq^T + dK Wk^T + dV Wv^T.
+    project_backward(x, M, D, w.wq, w.bq, HK, dq_.data(), dx, false);
+    project_backward(x, M, D, w.wk, w.bk, HK, dk_.data(), dx, true);
+    project_backward(x, M, D, w.wv, w.bv, HV, dv_.data(), dx, true);
+  }
+  std::string describe() const override {
+    return Layer::describe() + "/h" + std::to_string(heads) + "/k" + std::to_string(kd) + "/v" + std::to_string(vd) +
+           "/r" + std::to_string(rate) + (use_bias ? "/b" : "");
+  }
+
+ private:
+  static constexpr Exec kOne{1};  // a GEMM inside a (sample, head) task: on that task's thread
+
+  // out[M, width] = x[M, D] W + b (W at p_ + wk, b at p_ + bk when use_bias).
+  void project(const float* x, size_t M, size_t D, size_t wk, size_t bk, size_t width, float* out) const {
+    k::gemm(false, false, M, width, D, 1.f, x, D, p_ + wk, width, 0.f, out, width, exec_);
+    k::bias_activation(out, use_bias ? p_ + bk : nullptr, M, width, Activation::linear, exec_);
+  }
+  // The gradients of one projection from d[M, width]; dx (when wanted) gets d W^T, added to it
+  // when accumulate.
+  void project_backward(const float* x, size_t M, size_t D, size_t wk, size_t bk, size_t width, const float* d,
+                        float* dx, bool accumulate) {
+    k::gemm(true, false, D, width, M, 1.f, x, D, d, width, 0.f, g_ + wk, width, exec_);
+    if (use_bias) k::bias_grad(d, M, width, exec_, g_ + bk);
+    if (dx) k::gemm(false, true, M, D, width, 1.f, d, width, p_ + wk, width, accumulate ? 1.f : 0.f, dx, D, exec_);
+  }
+  // f(sample, head, pair index) for every pair of the batch, shared out over the threads when
+  // the pairs hold enough work (`work` multiply-adds each).
+  template <class F>
+  void over_pairs(uint32_t batch, size_t work, F&& f) const {
+    const size_t pairs = size_t{batch} * heads;
+#pragma omp parallel for schedule(static) num_threads(exec_.threads) if (pairs > 1 && k::par(pairs * work, exec_))
+    for (size_t pair = 0; pair < pairs; ++pair) f(pair / heads, pair % heads, pair);
+  }
+  // out = in * the mask of this step (in place allowed), over n attention weights.
+  void dropout(const float* in, float* out, size_t n) const {
+    const kernels::DropoutApply apply{in, out, n, key, kernels::dropout_cut(rate), 1.f / (1.f - rate)};
+    k::for_range((n + 3) / 4, exec_, [&](size_t b, size_t e) {
+      for (size_t j = b; j < e; ++j) apply(j);
+    });
+  }
+
+  std::vector<float> q_, k_, v_, o_, probs_, drop_;  // of the last forward
+  std::vector<float> dq_, dk_, dv_, do_, dprobs_;
+  bool dropped_ = false;  // the last forward applied dropout
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_transformer_layer(const schema::LayerConfig& c, const Shape& in, uint64_t seed,
+                                              uint32_t rank) {
+  const std::string_view t = c.type();
+  if (t == "layer_normalization") {
+    auto l = std::make_unique<LayerNorm>();
+    l->epsilon = static_cast<float>(c.real("epsilon"));
+    l->scale = c.flag("scale");
+    l->center = c.flag("center");
+    l->C = in.back();
+    return l;
+  }
+  if (t == "embedding") {
+    auto l = std::make_unique<Embedding>();
+    l->input_dim = c.count("input_dim");
+    l->output_dim = c.count("output_dim");
+    l->label = c.label();
+    return l;
+  }
+  if (t == "position_embedding") {
+    auto l = std::make_unique<PositionEmbedding>();
+    l->length = c.count("sequence_length");
+    return l;
+  }
+  if (t == "multi_head_attention") {
+    auto l = std::make_unique<MultiHeadAttention>();
+    l->heads = c.count("num_heads");
+    l->kd = c.count("key_dim");
+    l->vd = c.count("value_dim");
+    l->rate = static_cast<float>(c.real("dropout"));
+    l->use_bias = c.flag("use_bias");
+    l->label = c.label();
+    if (c.index() >= kernels::kDropoutMaxLayer || rank >= kernels::kDropoutMaxRank)
+      c.fail("dropout masks are keyed by layer and rank below 65536");
+    l->key = kernels::DropoutKey{seed, 0, static_cast<uint32_t>(c.index()), rank};
+    return l;
+  }
+  return nullptr;
+}
+
+}  // namespace skyforge::cpu
