@@ -253,6 +253,11 @@ TEST(KerasFit, WritesCsvTensorBoardAndCheckpoints) {
   EXPECT_EQ(val_acc[2].second, static_cast<float>(h["val_accuracy"][2]));
   EXPECT_EQ(batch_loss.size(), 6u);  // 24 steps, every 4th
   EXPECT_EQ(batch_loss[0].first, 4);
+  // Keras' TensorBoard callback adds the optimizer's rate to the train writer (SGD(0.3) here),
+  // and neither History nor the CSV has it.
+  EXPECT_EQ(scalars_in(dir.path / "logs" / "train", "epoch_learning_rate"),
+            (std::vector<std::pair<int64_t, float>>{{0, 0.3f}, {1, 0.3f}, {2, 0.3f}}));
+  EXPECT_EQ(h.history.count("learning_rate"), 0u);
 
   // ... and with the real tensorboard package.
   const std::string py = venv_python_or_skip();
@@ -269,6 +274,22 @@ TEST(KerasFit, WritesCsvTensorBoardAndCheckpoints) {
   EXPECT_EQ(run_command(py + " " + CHECK_TFEVENTS_PY + " " + (dir.path / "logs" / "validation").string() +
                         expect("epoch_loss", "val_loss") + expect("epoch_accuracy", "val_accuracy")),
             0);
+}
+
+// With a schedule, epoch_learning_rate is the rate of the next update: ExponentialDecay(0.1, 8,
+// 0.5) after 8 and 16 updates (8 steps an epoch) is 0.05 and 0.025.
+TEST(KerasFit, TensorBoardLogsTheScheduledLearningRate) {
+  TempDir dir("fit_lr");
+  SpiedCpu b;
+  K::Sequential m = small_model();
+  m.compile(K::SGD{.learning_rate = K::ExponentialDecay{.initial_learning_rate = 0.1, .decay_steps = 8, .decay_rate = 0.5}},
+            "sparse_categorical_crossentropy", {"accuracy"}, bind(b));
+  const Synthetic d = make_data(128, 3);
+  K::FitOptions o = quiet_fit(2, 16);
+  o.callbacks.tensorboard = (dir.path / "logs").string();
+  m.fit(d.x, d.y, o);
+  EXPECT_EQ(scalars_in(dir.path / "logs" / "train", "epoch_learning_rate"),
+            (std::vector<std::pair<int64_t, float>>{{0, 0.05f}, {1, 0.025f}}));
 }
 
 // Training 4 epochs straight == training 2, stopping, and resuming to 4 from the checkpoint:
