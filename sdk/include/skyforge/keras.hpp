@@ -53,6 +53,7 @@
 #include <skyforge/keras_schedules.hpp>
 #include <skyforge/layer_schema.hpp>
 #include <skyforge/lr_schedule_of.hpp>
+#include <skyforge/model_summary.hpp>
 #include <skyforge/optimizer_schema.hpp>
 #include <skyforge/sdk.hpp>
 #include <skyforge/tfevents.hpp>
@@ -454,7 +455,7 @@ class Model {
   // The layers `outputs` depends on, in the order they were called, named as Keras names them.
   // One input and one output; a layer is called once (no shared layers).
   Model(const Tensor& inputs, const Tensor& outputs, std::string name = "functional")
-      : name_(std::move(name)), functional_(true) {
+      : name_(std::move(name)) {
     detail::Functional f = detail::functional(inputs, outputs);
     input_shape_ = std::move(f.input_shape);
     layers_ = std::move(f.layers);
@@ -473,25 +474,11 @@ class Model {
   }
   uint64_t num_classes() const { return detail::product(output_shape()); }
 
-  // Keras' summary table, titled `name` (default: the model's). A functional model lists its
-  // input first and, unless it is a chain, what each layer is connected to.
+  // Keras' summary table (skyforge/model_summary.hpp), titled `name` (default: the model's). A
+  // model that is not a chain lists its input first and what each layer is connected to.
   std::string summary(const std::string& name = "") const {
-    const schema::Graph g = graph();
-    const std::vector<std::string> names = detail::layer_names(layers_);
-    std::vector<detail::SummaryRow> rows;
-    if (functional_) rows.push_back({std::string(schema::kModelInputName) + " (InputLayer)", detail::shape_text(input_shape_), 0, {}});
-    uint64_t trainable = 0, non_trainable = 0;
-    for (size_t i : g.order) {
-      detail::SummaryRow row{names[i] + " (" + std::string(schema::find(layers_[i].type)->keras_name) + ")",
-                             detail::shape_text(g.shapes[i].output), g.shapes[i].trainable + g.shapes[i].non_trainable, {}};
-      for (size_t j : g.inputs[i])
-        row.connected.push_back((j == schema::Graph::kInput ? std::string(schema::kModelInputName) : names[j]) + "[0][0]");
-      rows.push_back(std::move(row));
-      trainable += g.shapes[i].trainable;
-      non_trainable += g.shapes[i].non_trainable;
-    }
-    return detail::summary_table(name.empty() ? name_ : name, rows, functional_ && !g.sequential(), trainable,
-                                 non_trainable);
+    const std::vector<schema::LayerConfig> c = configs();
+    return detail::schema_call([&] { return schema::summary(input_shape_, c, name.empty() ? name_ : name); });
   }
 
   // Checks the model, builds its sf_model_spec and, given a backend, creates the engine (a
@@ -965,7 +952,6 @@ class Model {
   explicit Model(std::string name) : name_(std::move(name)) {}
 
   std::string name_;
-  bool functional_ = false;
   std::vector<uint32_t> input_shape_;
   std::vector<Layer> layers_;
   bool compiled_ = false;
@@ -973,11 +959,16 @@ class Model {
  private:
   // The layers' graph (layer_schema.hpp): run order, inputs, shapes; throws naming a bad layer.
   schema::Graph graph() const {
+    const std::vector<schema::LayerConfig> c = configs();
+    return detail::schema_call([&] { return schema::graph(input_shape_, c); });
+  }
+  // The layers checked against the schema, after the model's own checks.
+  std::vector<schema::LayerConfig> configs() const {
     if (input_shape_.empty()) throw Error("keras: the model has no Input({...}) shape", SF_ERR_INVALID);
     if (layers_.empty()) throw Error("keras: the model has no layers", SF_ERR_INVALID);
-    std::vector<schema::LayerConfig> configs;
-    for (size_t i = 0; i < layers_.size(); ++i) configs.push_back(detail::config(layers_[i], i));
-    return detail::schema_call([&] { return schema::graph(input_shape_, configs); });
+    std::vector<schema::LayerConfig> c;
+    for (size_t i = 0; i < layers_.size(); ++i) c.push_back(detail::config(layers_[i], i));
+    return c;
   }
   void require_compiled() const {
     if (!compiled_) throw Error("keras: call compile() first", SF_ERR_INVALID);

@@ -1,6 +1,6 @@
-// skyforge/keras_functional.hpp — what keras.hpp's models share about their layers: a functional
-// model's layer list from its tensors (each layer's `name` and `inputs`, in call order), Keras'
-// names for the layers left unnamed, and Keras' summary table.
+// skyforge/keras_functional.hpp — a functional model's layer list from its tensors (keras.hpp's
+// Model(inputs, outputs)): each layer's `name` (Keras' for the layers left unnamed) and
+// `inputs`, in call order.
 #pragma once
 
 #include <skyforge/keras_layers.hpp>
@@ -100,49 +100,6 @@ inline Functional functional(const Tensor& inputs, const Tensor& outputs) {
     options.emplace_back("inputs", from);
   }
   return f;
-}
-
-// One row of Keras' summary table; `connected` only in a model that is not a chain.
-struct SummaryRow {
-  std::string layer;  // "conv2d (Conv2D)"
-  std::string shape;
-  uint64_t params = 0;
-  std::vector<std::string> connected;  // "conv2d[0][0]"
-};
-
-// Keras' summary: "Layer (type) | Output Shape | Param #" and, for a model that is not a chain,
-// "Connected to" (one entry a line). A cell too wide for its column goes on below, name
-// and class apart.
-inline std::string summary_table(const std::string& model, const std::vector<SummaryRow>& rows, bool connected,
-                                 uint64_t trainable, uint64_t non_trainable) {
-  const size_t w_layer = connected ? 32 : 28, w_shape = 26, w_params = connected ? 11 : 0;
-  const size_t width = connected ? 98 : 65;
-  auto cell = [](std::string text, size_t w) { return w ? text.append(text.size() < w ? w - text.size() : 1, ' ') : text; };
-  auto line = [&](const std::string& a, const std::string& b, const std::string& c, const std::string& d) {
-    std::string l = cell(a, w_layer) + cell(b, w_shape) + cell(c, w_params) + d;
-    while (!l.empty() && l.back() == ' ') l.pop_back();
-    return l + "\n";
-  };
-  const std::string rule(width, '_'), dbl(width, '=');
-  std::string out = "Model: \"" + model + "\"\n" + rule + "\n" +
-                    line(" Layer (type)", "Output Shape", "Param #", connected ? "Connected to" : "") + dbl + "\n";
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const SummaryRow& row = rows[r];
-    std::vector<std::string> first{" " + row.layer};
-    if (first[0].size() >= w_layer && row.layer.find(" (") != std::string::npos)
-      first = {" " + row.layer.substr(0, row.layer.find(" (")), " " + row.layer.substr(row.layer.find(" (") + 1)};
-    std::vector<std::string> conn = connected ? row.connected : std::vector<std::string>{};
-    if (connected && conn.empty()) conn = {"-"};
-    for (size_t k = 0; k + 1 < conn.size(); ++k) conn[k] += ",";
-    for (size_t k = 0; k < std::max(first.size(), conn.size()); ++k)
-      out += line(k < first.size() ? first[k] : "", k ? "" : row.shape, k ? "" : std::to_string(row.params),
-                  k < conn.size() ? conn[k] : "");
-    out += (r + 1 < rows.size() ? rule : dbl) + "\n";
-  }
-  out += "Total params: " + std::to_string(trainable + non_trainable) + "\n";
-  out += "Trainable params: " + std::to_string(trainable) + "\n";
-  out += "Non-trainable params: " + std::to_string(non_trainable) + "\n";
-  return out;
 }
 
 }  // namespace skyforge::keras::detail
