@@ -7,6 +7,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "problems.hpp"
 
@@ -57,36 +59,30 @@ TEST(TrainSchedule, EachTypeBecomesConfigKeys) {
 }
 
 TEST(TrainSchedule, ErrorsNameTheLineAndWhatWasExpected) {
-  auto p = problems_of("[train]\nlearning_rate = 0.1\n[train.learning_rate_schedule]\ntype = \"cosine_decy\"\n" + kLayers);
-  ASSERT_EQ(p.size(), 2u) << ::testing::PrintToString(p);
-  EXPECT_EQ(p[0], "job.toml:2:17: [train] learning_rate: give it or [train.learning_rate_schedule], not both (the schedule is the learning rate)");
-  EXPECT_EQ(p[1], "job.toml:4:8: [train.learning_rate_schedule] type: expected one of cosine_decay, exponential_decay, "
-                  "piecewise_constant_decay (did you mean 'cosine_decay'?), got a string (\"cosine_decy\")");
-  p = problems_of("[train.learning_rate_schedule]\ntype = \"cosine_decay\"\ninitial_learning_rate = 0.1\n" + kLayers);
-  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
-  EXPECT_EQ(p[0], "job.toml:1:1: [train.learning_rate_schedule] (cosine_decay): option 'decay_steps' is required");
-  p = problems_of("[train.learning_rate_schedule]\ntype = \"cosine_decay\"\ninitial_learning_rate = 0.1\ndecay_steps = 0\n"
-                  "alpha = 2\nwarmup_steps = 5\ndecay_rate = 1\n" + kLayers);
-  ASSERT_EQ(p.size(), 3u) << ::testing::PrintToString(p);
-  EXPECT_EQ(p[0], "job.toml:4:15: [train.learning_rate_schedule] (cosine_decay) decay_steps: expected a number > 0, got 0");
-  EXPECT_EQ(p[1], "job.toml:5:9: [train.learning_rate_schedule] (cosine_decay) alpha: expected a number in [0, 1], got 2");
-  EXPECT_EQ(p[2], "job.toml:7:1: unknown key 'decay_rate' in [train.learning_rate_schedule] (cosine_decay) (known: type, "
-                  "initial_learning_rate, decay_steps, alpha, warmup_target, warmup_steps)");
-  p = problems_of("[train.learning_rate_schedule]\ntype = \"cosine_decay\"\ninitial_learning_rate = 0.1\ndecay_steps = 10\n"
-                  "warmup_steps = 5\n" + kLayers);
-  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
-  EXPECT_EQ(p[0], "job.toml:1:1: [train.learning_rate_schedule] (cosine_decay): warmup_steps needs warmup_target (the rate the warmup ends at)");
-  p = problems_of("[train.learning_rate_schedule]\ntype = \"piecewise_constant_decay\"\nboundaries = [200, 100]\n"
-                  "values = [0.1, 0.01, 1e-3]\n" + kLayers);
-  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
-  EXPECT_EQ(p[0], "job.toml:3:14: [train.learning_rate_schedule] (piecewise_constant_decay): boundaries: expected increasing steps, got 200,100");
-  p = problems_of("[train.learning_rate_schedule]\ntype = \"piecewise_constant_decay\"\nboundaries = [100]\nvalues = [0.1]\n" + kLayers);
-  ASSERT_EQ(p.size(), 1u) << ::testing::PrintToString(p);
-  EXPECT_EQ(p[0], "job.toml:4:10: [train.learning_rate_schedule] (piecewise_constant_decay): values: expected one more than boundaries (2), got 1");
-  p = problems_of("[train.learning_rate_schedule]\ntype = \"piecewise_constant_decay\"\nboundaries = [1.5]\nvalues = [0.1, \"x\"]\n" + kLayers);
-  ASSERT_EQ(p.size(), 2u) << ::testing::PrintToString(p);
-  EXPECT_EQ(p[0], "job.toml:3:14: [train.learning_rate_schedule] (piecewise_constant_decay) boundaries: expected an array of steps (integers >= 0), got an array");
-  EXPECT_EQ(p[1], "job.toml:4:10: [train.learning_rate_schedule] (piecewise_constant_decay) values: expected an array of numbers, got an array");
+  const std::string schedule = "[train.learning_rate_schedule]\ntype = ";  // lines 1-2
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"[train]\nlearning_rate = 0.1\n[train.learning_rate_schedule]\ntype = \"cosine_decy\"\n",
+       {"job.toml:2:17: [train] learning_rate: give it or [train.learning_rate_schedule], not both (the schedule is the learning rate)",
+        "job.toml:4:8: [train.learning_rate_schedule] type: expected one of cosine_decay, exponential_decay, "
+        "piecewise_constant_decay (did you mean 'cosine_decay'?), got a string (\"cosine_decy\")"}},
+      {schedule + "\"cosine_decay\"\ninitial_learning_rate = 0.1\n",
+       {"job.toml:1:1: [train.learning_rate_schedule] (cosine_decay): option 'decay_steps' is required"}},
+      {schedule + "\"cosine_decay\"\ninitial_learning_rate = 0.1\ndecay_steps = 0\nalpha = 2\nwarmup_steps = 5\ndecay_rate = 1\n",
+       {"job.toml:4:15: [train.learning_rate_schedule] (cosine_decay) decay_steps: expected a number > 0, got 0",
+        "job.toml:5:9: [train.learning_rate_schedule] (cosine_decay) alpha: expected a number in [0, 1], got 2",
+        "job.toml:7:1: unknown key 'decay_rate' in [train.learning_rate_schedule] (cosine_decay) (known: type, "
+        "initial_learning_rate, decay_steps, alpha, warmup_target, warmup_steps)"}},
+      {schedule + "\"cosine_decay\"\ninitial_learning_rate = 0.1\ndecay_steps = 10\nwarmup_steps = 5\n",
+       {"job.toml:1:1: [train.learning_rate_schedule] (cosine_decay): warmup_steps needs warmup_target (the rate the warmup ends at)"}},
+      {schedule + "\"piecewise_constant_decay\"\nboundaries = [200, 100]\nvalues = [0.1, 0.01, 1e-3]\n",
+       {"job.toml:3:14: [train.learning_rate_schedule] (piecewise_constant_decay): boundaries: expected increasing steps, got 200,100"}},
+      {schedule + "\"piecewise_constant_decay\"\nboundaries = [100]\nvalues = [0.1]\n",
+       {"job.toml:4:10: [train.learning_rate_schedule] (piecewise_constant_decay): values: expected one more than boundaries (2), got 1"}},
+      {schedule + "\"piecewise_constant_decay\"\nboundaries = [1.5]\nvalues = [0.1, \"x\"]\n",
+       {"job.toml:3:14: [train.learning_rate_schedule] (piecewise_constant_decay) boundaries: expected an array of steps (integers >= 0), got an array",
+        "job.toml:4:10: [train.learning_rate_schedule] (piecewise_constant_decay) values: expected an array of numbers, got an array"}},
+  };
+  for (const auto& [toml, want] : cases) EXPECT_EQ(problems_of(toml + kLayers), want) << toml;
 }
 
 // A grid may vary the clipping norms, checked as [train] checks them; not a schedule's
