@@ -87,6 +87,8 @@ K::Layer layer_from(const TrainConfig& c, uint64_t i) {
   const skyforge::schema::LayerDef* def = skyforge::schema::find(layer.type);
   if (!def) throw Error("train: layer " + std::to_string(i) + " has unknown type '" + layer.type + "'", SF_ERR_INVALID);
   layer.options = options_from(c, *def, keys::train_layer(i, ""));
+  for (const char* graph_key : {"name", "inputs"})  // the model graph's (layer_schema.hpp)
+    if (auto v = c(keys::train_layer(i, graph_key))) layer.options.emplace_back(graph_key, *v);
   return layer;
 }
 

@@ -27,20 +27,30 @@ inline std::string summary(const std::vector<uint32_t>& input_shape, const std::
   std::vector<std::string> names;  // per layer, listing order
   std::map<std::string, int> seen;
   for (const LayerConfig& c : layers) {
+    if (!c.name().empty()) {
+      names.push_back(c.name());
+      continue;
+    }
     const int n = seen[std::string(c.type())]++;
-    names.push_back(!c.name().empty() ? c.name() : std::string(c.type()) + (n ? "_" + std::to_string(n) : ""));
+    names.push_back(std::string(c.type()) + (n ? "_" + std::to_string(n) : ""));
   }
   const size_t width = functional ? 98 : 65;
   const std::string rule(width, '_'), dbl(width, '=');
   std::string out = "Model: \"" + model_name + "\"\n" + rule + "\n";
   char buf[512];
-  auto row = [&](const std::string& name, const std::string& shape, uint64_t params, const std::string& connected) {
+  // One row; a "name (Class)" too wide for its column puts the class on a line below.
+  auto row = [&](std::string name, const std::string& shape, uint64_t params, const std::string& connected) {
+    std::string below;
+    if (const size_t paren = name.find(" ("); name.size() >= 27 && paren != std::string::npos) {
+      below = " " + name.substr(paren + 1) + "\n";
+      name.resize(paren);
+    }
     if (functional)
       std::snprintf(buf, sizeof buf, " %-27s%-26s%-12llu%s\n", name.c_str(), shape.c_str(),
                     static_cast<unsigned long long>(params), connected.c_str());
     else
       std::snprintf(buf, sizeof buf, " %-27s%-26s%llu\n", name.c_str(), shape.c_str(), static_cast<unsigned long long>(params));
-    out += buf;
+    out += buf + below;
   };
   if (functional)
     std::snprintf(buf, sizeof buf, "%-28s%-26s%-12s%s\n", " Layer (type)", "Output Shape", "Param #", "Connected to");
