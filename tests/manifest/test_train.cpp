@@ -162,7 +162,8 @@ TEST(Train, AdamWSgdNesterovAndRmspropOptions) {
 }
 
 TEST(Train, ExamplesParse) {
-  for (const char* name : {"fashion-mnist.toml", "fashion-mnist-convnet.toml", "fashion-mnist-resnet.toml", "fashion-mnist-vit.toml"}) {
+  for (const char* name : {"fashion-mnist.toml", "fashion-mnist-convnet.toml", "fashion-mnist-resnet.toml", "fashion-mnist-vit.toml",
+                           "fashion-mnist-schedule.toml"}) {
     const fs::path p = fs::path(SKYFORGE_SOURCE_DIR) / "examples" / name;
     if (!fs::exists(p)) continue;
     Manifest m = load_manifest(p.string());

@@ -1,8 +1,9 @@
 // The model-graph examples (examples/fashion-mnist-resnet.toml, examples/fashion-mnist-vit.toml)
-// cut to a few steps on 2 local nodes (real workers, Gloo, the cpu backend): every layer of a
+// and the schedule example (examples/fashion-mnist-schedule.toml) cut to a few steps on 2 local nodes (real workers, Gloo, the cpu backend): every layer of a
 // residual net and of a transformer trains data-parallel, and the replicas end bit-identical.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -46,6 +47,22 @@ TEST_F(GraphExamplesE2E, ResNetTrainsAFewStepsWithIdenticalReplicas) {
   EXPECT_NE(o.out.find("[node 0] 3/3 ["), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("b2_shortcut"), std::string::npos) << "the summary lists the model";
   EXPECT_EQ(hash_of(o.out, 0, "weights_fnv1a64"), hash_of(o.out, 1, "weights_fnv1a64"));
+}
+
+// examples/fashion-mnist-schedule.toml: a cosine schedule with warmup and global_clipnorm on
+// 2 nodes; TensorBoard's train log gets the rate of the next update.
+TEST_F(GraphExamplesE2E, ScheduleExampleTrainsAFewStepsWithIdenticalReplicas) {
+  const Output o = three_steps("fashion-mnist-schedule");
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("[node 0] 3/3 ["), std::string::npos) << o.out;
+  EXPECT_EQ(hash_of(o.out, 0, "state_fnv1a64"), hash_of(o.out, 1, "state_fnv1a64"));
+  bool logged = false;
+  for (const auto& f : std::filesystem::directory_iterator(root_ / "tensorboard" / "train")) {
+    std::ifstream in(f.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    logged |= bytes.find("epoch_learning_rate") != std::string::npos;
+  }
+  EXPECT_TRUE(logged);
 }
 
 TEST_F(GraphExamplesE2E, VitTrainsAFewStepsWithIdenticalReplicas) {
