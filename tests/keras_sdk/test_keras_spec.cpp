@@ -51,7 +51,7 @@ TEST(KerasLayers, CompileHandsTheBackendEveryOptionWithTheSchemasDefaults) {
   };
   EXPECT_EQ(options(0), (Opts{{"filters", "4"}, {"kernel_size", "3"}, {"strides", "1"}, {"padding", "valid"},
                               {"use_bias", "true"}, {"activation", "linear"}}));
-  EXPECT_EQ(options(1), (Opts{{"momentum", "0.99"}, {"epsilon", "0.001"}, {"center", "true"}, {"scale", "true"}}));
+  EXPECT_EQ(options(1), (Opts{{"momentum", "0.99"}, {"epsilon", "0.001"}, {"center", "true"}, {"scale", "true"}, {"synchronized", "false"}}));
   EXPECT_EQ(options(2), (Opts{{"pool_size", "2"}, {"strides", "2"}, {"padding", "valid"}}));
   EXPECT_TRUE(options(3).empty());
   EXPECT_EQ(options(4), (Opts{{"units", "3"}, {"activation", "linear"}, {"use_bias", "true"}}));  // none = linear
