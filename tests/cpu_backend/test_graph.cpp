@@ -15,12 +15,19 @@ using namespace cpu_test;
 
 namespace {
 
+ModelSpec model(std::vector<uint32_t> input_shape, std::vector<LayerSpec> layers, uint64_t seed) {
+  ModelSpec m;
+  m.input_shape = std::move(input_shape);
+  m.layers = std::move(layers);
+  m.seed = seed;
+  m.threads = 1;
+  return m;
+}
+
 // A conv stem, then conv -> bn -> relu -> conv added back to the stem (a residual block); the
 // stem feeds both the block and the add.
 ModelSpec residual(const char* synchronized = "false") {
-  ModelSpec m;
-  m.input_shape = {6, 6, 2};
-  m.layers = {
+  return model({6, 6, 2}, {
       layer("conv2d", {{"name", "stem"}, {"filters", "4"}, {"kernel_size", "3"}, {"padding", "same"}}),
       layer("conv2d", {{"filters", "4"}, {"kernel_size", "3"}, {"padding", "same"}, {"use_bias", "false"}}),
       layer("batch_normalization", {{"synchronized", synchronized}}),
@@ -29,18 +36,13 @@ ModelSpec residual(const char* synchronized = "false") {
       layer("add", {{"inputs", "stem,c2"}}),
       layer("global_average_pooling2d"),
       layer("dense", {{"units", "3"}}),
-  };
-  m.seed = 11;
-  m.threads = 1;
-  return m;
+  }, 11);
 }
 
 // Two branches of the input, reshaped to (2, 3) and (3, 3) and joined along axis 1 (the rows),
 // then a dense branch joined on the last axis.
 ModelSpec concatenating() {
-  ModelSpec m;
-  m.input_shape = {12};
-  m.layers = {
+  return model({12}, {
       layer("dense", {{"name", "a"}, {"units", "6"}, {"activation", "relu"}}),
       layer("reshape", {{"name", "ra"}, {"target_shape", "2,3"}}),
       layer("dense", {{"name", "b"}, {"units", "9"}, {"inputs", "input"}}),
@@ -50,27 +52,18 @@ ModelSpec concatenating() {
       layer("dense", {{"name", "c"}, {"units", "5"}, {"inputs", "input"}}),
       layer("concatenate", {{"inputs", "flat,c"}}),
       layer("dense", {{"units", "4"}}),
-  };
-  m.seed = 12;
-  m.threads = 1;
-  return m;
+  }, 12);
 }
 
-// A trunk feeding two heads, summed; the second head reads the trunk twice (add(h2, trunk, trunk)
-// through the same name).
+// A trunk feeding two heads and, twice, the add that sums them: its gradient sums four layers'.
 ModelSpec two_heads() {
-  ModelSpec m;
-  m.input_shape = {5};
-  m.layers = {
+  return model({5}, {
       layer("dense", {{"name", "trunk"}, {"units", "6"}, {"activation", "relu"}}),
       layer("dense", {{"name", "h1"}, {"units", "6"}}),
       layer("dense", {{"name", "h2"}, {"units", "6"}, {"inputs", "trunk"}}),
       layer("add", {{"inputs", "h1,h2,trunk,trunk"}}),
       layer("dense", {{"units", "3"}}),
-  };
-  m.seed = 13;
-  m.threads = 1;
-  return m;
+  }, 13);
 }
 
 struct Batch {
@@ -151,6 +144,18 @@ TEST(Graph, ConcatenateGradientsMatchFiniteDifferences) { check_gradients(concat
 
 // The trunk's gradient is the sum of what its consumers send back, a name repeated included.
 TEST(Graph, FanOutGradientsAreSummed) { check_gradients(two_heads(), 6); }
+
+// A layer may name one listed after it: the layers run (and their parameters lie) in the graph's
+// order, the trunk first here.
+TEST(Graph, ALayerListedBeforeItsInputRunsAfterIt) {
+  ModelSpec m = two_heads();
+  m.layers[0] = layer("dense", {{"name", "h2"}, {"units", "6"}, {"inputs", "trunk"}});
+  m.layers[1] = layer("dense", {{"name", "h1"}, {"units", "6"}, {"inputs", "trunk"}});
+  m.layers[2] = layer("dense", {{"name", "trunk"}, {"units", "6"}, {"activation", "relu"}, {"inputs", "input"}});
+  CpuEngine e(m, skyforge::Communicator());
+  EXPECT_EQ(params_of(e), params_of(CpuEngine(two_heads(), skyforge::Communicator())));  // trunk, h2, h1, ...
+  check_gradients(m, 6);
+}
 
 // A Sequential model whose layers name their inputs explicitly is the same graph: the same bits,
 // in training, evaluation and state_dict (the architecture text included).
