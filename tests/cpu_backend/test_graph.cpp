@@ -183,6 +183,24 @@ TEST(Graph, SequentialWithNamedInputsGivesTheSameBits) {
   EXPECT_EQ(a.state_dict(), b.state_dict());
 }
 
+// The sums of a fan-out and the merge layers split their loops over the threads elementwise:
+// the thread count changes no bit (batches large enough for the loops to be split).
+TEST(Graph, ThreadCountChangesNoBit) {
+  for (const ModelSpec& base : {residual(), concatenating()}) {
+    std::vector<float> params[2];
+    for (uint32_t threads : {1u, 3u}) {
+      ModelSpec m = base;
+      m.threads = threads;
+      CpuEngine e(m, skyforge::Communicator());
+      const uint32_t batch = 3000 / (m.input_shape.size() == 1 ? 1 : 10);
+      const Batch d(m, batch, e.classes(), 4);
+      for (int s = 0; s < 2; ++s) e.train_step(d.x.data(), d.y.data(), batch);
+      params[threads == 1 ? 0 : 1] = params_of(e);
+    }
+    EXPECT_EQ(params[0], params[1]);
+  }
+}
+
 // Replicas stay bit-identical and match one engine on the global batch (synchronized BatchNorm:
 // the statistics of the global batch too).
 TEST(Graph, TwoReplicasMatchOneOnTheGlobalBatch) {
