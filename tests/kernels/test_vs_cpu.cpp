@@ -60,14 +60,16 @@ void optimizer_case(const cpu::OptimizerConfig& cfg) {
   const std::vector<size_t> sizes = {100, 10, 7, 2000};
   size_t n = 0;
   for (size_t s : sizes) n += s;
-  cpu::Optimizer opt(cfg, n);
+  cpu::OptimizerConfig constant = cfg;
+  constant.schedule.rate = cfg.learning_rate;  // the cpu optimizer's rate is its schedule's
+  cpu::Optimizer opt(constant, n);
   auto p_c = kref::randn(n, 5), p_k = p_c;
   std::vector<float> m(n, 0.f), v(n, 0.f), a(n, 0.f);
   std::vector<sk::OptimTensor> tensors;
   for (size_t off = 0, i = 0; i < sizes.size(); off += sizes[i++])
     tensors.push_back({p_k.data() + off, nullptr, m.data() + off, v.data() + off, sizes[i], a.data() + off});
   for (uint64_t step = 0; step < 6; ++step) {
-    const auto g = kref::randn(n, 100 + static_cast<uint32_t>(step));
+    auto g = kref::randn(n, 100 + static_cast<uint32_t>(step));  // apply() clips in place (not here)
     size_t off = 0;
     for (auto& t : tensors) {
       t.grad = g.data() + off;
