@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <vector>
 #include <ostream>
 
 #include "catalog.hpp"
@@ -88,14 +89,20 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
 
   Tally t;
   const keras::Backend b = subject->backend;
+  const keras::Backend* ref = reference ? &reference->backend : nullptr;
+  auto check_harness = [&](const std::string& name, const Harness& h) {
+    run_check(out, t, name, [&] { return harness(b, h, ref, o.against); });
+  };
   for (const schema::LayerDef& def : schema::catalogue()) {
     const std::string type(def.type);
-    run_check(out, t, "layer " + type, [&] {
-      const std::optional<Model> m = harness(type);
-      if (!m) throw Failure("the suite has no model for this layer of the schema (backends/check/models.cpp)");
-      return type == "dropout" ? dropout(b, *m) : gradients(b, *m);
-    });
+    const std::vector<Harness> hs = harnesses(type);
+    if (hs.empty())
+      run_check(out, t, "layer " + type, []() -> std::string {
+        throw Failure("the suite has no model for this layer of the schema (backends/check/models.cpp)");
+      });
+    for (const Harness& h : hs) check_harness("layer " + type + (h.variant.empty() ? "" : " (" + h.variant + ")"), h);
   }
+  for (const Harness& h : graph_blocks()) check_harness("model " + h.variant, h);
   run_check(out, t, "data parallel", [&] { return data_parallel(b); });
   run_check(out, t, "synchronized batch_normalization", [&] { return synchronized_batchnorm(b); });
   run_check(out, t, "state", [&] { return state(b); });
@@ -103,8 +110,7 @@ int run(const Options& o, std::ostream& out, std::ostream& err) {
   run_check(out, t, "bound data", [&] { return bound_data(b); });
   for (const schema::OptimizerDef& def : schema::optimizers()) {
     const std::string name(def.name);
-    run_check(out, t, "optimizer " + name,
-              [&] { return optimizer(b, name, reference ? &reference->backend : nullptr, o.against); });
+    run_check(out, t, "optimizer " + name, [&] { return optimizer(b, name, ref, o.against); });
   }
   if (reference) {
     run_check(out, t, "agrees with " + o.against, [&] { return agreement(b, reference->backend, o.against); });

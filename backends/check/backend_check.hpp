@@ -2,9 +2,10 @@
 // backend"), run by `skyforge-backend-check NAME` and `skyforge backend-check NAME`. It loads the
 // backend's .so as a node does (the host's catalogue and loader) and drives it through the C ABI
 // only — no backend internals, no pool — so a third party's backend is checked exactly like `cpu`:
-//   - gradients: every layer of the schema (skyforge/layer_schema.hpp) in a small model, the
-//     gradient one SGD step applies against central finite differences of the training loss;
-//     dropout: inference is the identity, training is not;
+//   - layers: every layer of the schema (skyforge/layer_schema.hpp) in small models, and the
+//     examples' residual and transformer blocks: the gradient one SGD step applies against central
+//     finite differences of the training loss, dropout the identity at inference only, 2 ranks
+//     following 1, the state resuming bit for bit, and agreement and checkpoints with the reference;
 //   - data parallel: rank 0's initial weights reach every rank, ranks stay bit-identical, and
 //     2 ranks follow 1 rank on the same global batch (skyforge/thread_group.hpp);
 //   - synchronized batch_normalization: 2 ranks on unequal shares follow 1 rank and hold the

@@ -70,7 +70,7 @@ std::string state_of(keras::Backend b, const Model& m, const Model& other_model)
   std::string why_other;
   if (c.try_load(other.state(), &why_other) == SF_OK) throw Failure("another model's state was accepted");
   if (c.params() != before) throw Failure("a refused load_state changed the engine");
-  return "resumes bit for bit; refused a truncated state (\"" + why + "\") and another model's";
+  return "resumes bit for bit, refused a truncated state (\"" + why + "\") and another model's";
 }
 
 // Bound data (abi.h, ABI 1.8), where the backend keeps data: steps on a bound set's samples by
@@ -124,8 +124,6 @@ std::string bound_data_of(keras::Backend b, const Model& m) {
          " steps, deferred and not); refused an index past the set (\"" + why + "\") and a released set";
 }
 
-}  // namespace
-
 // The gradient one SGD step (learning rate 1) applies, against central differences of the
 // training loss (an engine with learning rate 1e-30 evaluates it without moving). float32
 // throughout: |numeric - analytic| <= 2e-3 + 5e-2 * max(|numeric|, |analytic|), h = 1e-3.
@@ -159,11 +157,9 @@ std::string gradients(keras::Backend b, const Model& base) {
          num(worst) + ")";
 }
 
-// Dropout: inference is the identity (the same model without it gives the same loss); training
-// applies a mask (the loss differs).
-std::string dropout(keras::Backend b, const Model& with) {
-  Model without = with;
-  without.layers.erase(without.layers.begin() + 1);
+// Dropout: inference is the identity (the same model with dropout off gives the same loss);
+// training applies a mask (the loss differs).
+std::string dropout(keras::Backend b, const Model& with, const Model& without) {
   const Batch d = batch_of(with, 8, 5);
   Engine e(b, with, 3), plain(b, without, 3);
   plain.set_params(e.params());
@@ -175,8 +171,6 @@ std::string dropout(keras::Backend b, const Model& with) {
   if (train_with == train_without) throw Failure("training with rate 0.5 gives the loss of the model without dropout");
   return "the identity at inference, a mask in training";
 }
-
-namespace {
 
 // `m` trained on `batches` by 1 rank (seed 21) and by 2 (seeds 21 and seed1) over
 // skyforge::ThreadGroup, rank 0 on the first `split` samples of each batch and rank 1 on the
@@ -249,20 +243,22 @@ std::string two_follow_one(const OneAndTwo& r) {
          " (held-out loss) after " + std::to_string(r.one_loss.size()) + " SGD steps";
 }
 
-}  // namespace
-
 // Rank 0's initial weights reach rank 1 (created with another seed), the replicas stay
 // bit-identical, and 2 ranks on halves of a global batch follow 1 rank on all of it. SGD: an
 // update linear in the gradient, so float-order differences stay as small as they are (Adam's
 // first steps are ~lr * sign(g) and would magnify them on near-zero gradients).
-std::string data_parallel(keras::Backend b) {
-  const Model m = with_sgd(mlp(), "0.1");
+std::string ranks(keras::Backend b, const Model& given) {
+  const Model m = with_sgd(given, "0.1");
   std::vector<Batch> batches;
   for (int s = 0; s < 3; ++s) batches.push_back(batch_of(m, 8, 100 + s));
   const OneAndTwo r = one_and_two(b, m, batches, batch_of(m, 8, 110), 4, 99);
   if (r.initial[0] != r.initial[1]) throw Failure("rank 1's initial weights are not rank 0's (created with seeds 21 and 99)");
-  return "replicas bit-identical; " + two_follow_one(r);
+  return "replicas bit-identical, " + two_follow_one(r);
 }
+
+}  // namespace
+
+std::string data_parallel(keras::Backend b) { return ranks(b, mlp()); }
 
 // batch_normalization with synchronized = true: 2 ranks on unequal shares (5 and 3) of each
 // global batch of 8 normalise with the global batch's statistics, so they hold bit-identical
@@ -397,6 +393,42 @@ std::string optimizer(keras::Backend b, const std::string& name, const keras::Ba
     out += "; " + agrees_on(b, *ref, ref_name, name, m);
     out += "; " + checkpoint_on(b, *ref, ref_name, name, m);
   }
+  return out;
+}
+
+namespace {
+
+// "name: " and fn()'s result; its Failure's message prefixed likewise (which part failed).
+std::string part(const std::string& name, const std::function<std::string()>& fn) {
+  try {
+    return name + ": " + fn();
+  } catch (const Failure& f) {
+    throw Failure(name + ": " + f.what());
+  }
+}
+
+}  // namespace
+
+// A backend that refuses the harness's model gets Skip (from the gradients, the first part); a
+// part that every rank refuses (one GPU), or the reference does, is said skipped in the line.
+// A failure names its part, but the gradients' (which name the parameter).
+std::string harness(keras::Backend b, const Harness& h, const keras::Backend* ref, const std::string& ref_name) {
+  std::string out = gradients(b, h.model);
+  if (h.dropout_on) out += "; " + part("dropout", [&] { return dropout(b, *h.dropout_on, h.model); });
+  if (h.ranks_follow) try {
+      out += "; " + part("1 rank vs 2", [&] { return ranks(b, h.model); });
+    } catch (const Skip& s) {
+      out += std::string("; 1 rank vs 2 skipped: ") + s.what();
+    }
+  out += "; " + part("state", [&] { return state_of(b, h.dropout_on.value_or(h.model), mlp()); });
+  if (ref) try {
+      out += "; " + part("with " + ref_name, [&] {
+        const std::string agreed = agrees_on(b, *ref, ref_name, "10 steps", with_sgd(h.model, "0.1"));
+        return agreed + ", checkpoint " + checkpoint_on(b, *ref, ref_name, "checkpoint", h.model);
+      });
+    } catch (const Skip& s) {
+      out += "; not compared with " + ref_name + ", which refuses the model: " + s.what();
+    }
   return out;
 }
 

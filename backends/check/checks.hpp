@@ -11,10 +11,11 @@
 
 namespace skyforge::backend_check {
 
-// The layer in `model` (harness()): gradients against central finite differences.
-std::string gradients(keras::Backend b, const Model& model);
-// The harness of dropout: the identity at inference, a mask in training.
-std::string dropout(keras::Backend b, const Model& with);
+// Everything a harness (models.hpp) is held to: gradients against central finite differences;
+// dropout the identity at inference and a mask in training; 2 ranks following 1; its state
+// resuming bit for bit; with `ref`, its initial weights, 10 steps and checkpoints both ways against
+// the reference's.
+std::string harness(keras::Backend b, const Harness& h, const keras::Backend* ref, const std::string& ref_name);
 std::string data_parallel(keras::Backend b);
 // batch_normalization with synchronized = true, 1 rank vs 2 on unequal shares.
 std::string synchronized_batchnorm(keras::Backend b);

@@ -1,5 +1,6 @@
-// The suite's models and data: a small model around each layer type of the schema (harness), the
-// MLP and convnet that the whole-model checks train, and deterministic batches for them.
+// The suite's models and data: small models around each layer type of the schema (harnesses) and
+// around the model graph's blocks, the MLP and convnet that the whole-model checks train, and
+// deterministic batches for them.
 #pragma once
 
 #include <skyforge/keras.hpp>
@@ -22,6 +23,7 @@ struct Model {
   std::vector<uint32_t> input;
   std::vector<keras::Layer> layers;
   uint32_t classes = 3;  // units of the last dense layer
+  uint32_t indices = 0;  // > 0: the inputs are integer indices in [0, indices) (embedding)
   std::string optimizer = "adam";
   Kv optimizer_options = {{"learning_rate", "0.01"}};
 };
@@ -32,7 +34,8 @@ Model with_sgd(Model m, const char* learning_rate);
 // momentum; rmsprop: momentum and centered; adamw: a weight decay).
 Model optimizer_model(const std::string& name);
 
-// Deterministic samples: x uniform in [-1, 1), labels cycling through the classes.
+// Deterministic samples: x uniform in [-1, 1) (or indices, uniform in [0, m.indices)), labels
+// cycling through the classes.
 struct Batch {
   Vec x;
   std::vector<int32_t> y;
@@ -42,9 +45,21 @@ Batch batch_of(const Model& m, uint32_t n, uint64_t seed);
 // Samples [from, from + n) of b.
 Batch slice(const Batch& b, uint32_t from, uint32_t n);
 
-// A small model around each layer type of the schema, its gradient flowing through the layer.
-// None for a layer type the suite does not know.
-std::optional<Model> harness(std::string_view type);
+// A small model around a layer type of the schema (or a block of layers), its gradient flowing
+// through the layer, and what the suite holds it to (checks.hpp, harness()).
+struct Harness {
+  std::string variant;              // what tells it from the type's other harnesses; "" for the first
+  Model model;                      // dropout off
+  std::optional<Model> dropout_on;  // the same parameters with dropout on, for a layer that has dropout
+  // 2 ranks on halves of a batch follow 1 rank on all of it: false where the loss mixes samples
+  // in a way replicas do not share (per-replica batch statistics).
+  bool ranks_follow = true;
+};
+// The harnesses of a layer type; none for a layer type the suite does not know.
+std::vector<Harness> harnesses(std::string_view type);
+// Blocks of the model graph as the examples build them: a residual block (with synchronized
+// batch_normalization) and a transformer block (patches, position embedding, attention, MLP).
+std::vector<Harness> graph_blocks();
 
 Model mlp();
 // The convnet example's layers, small (no dropout: see agreement()).

@@ -32,14 +32,33 @@ int count(const std::string& text, const std::string& what) {
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
 }
+// The lines of the harnesses' checks (a layer type's, the graph blocks') that begin with `verdict`.
+int harness_lines(const std::string& text, const std::string& verdict) {
+  return count(text, verdict + "  layer ") + count(text, verdict + "  model ");
+}
+// The suite's harnesses (backends/check/models.cpp): 29 around the 21 layer types, 2 graph blocks.
+constexpr int kHarnesses = 31;
+constexpr const char* kBlocks[] = {"residual block", "transformer block"};
 
 }  // namespace
 
 TEST(BackendCheck, CpuPassesEveryCheckAndEveryLayerOfTheSchemaIsChecked) {
   Output o = check({"cpu"});
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  // Every harness passes every part: gradients, 1 rank vs 2 (but batch_normalization's, whose
+  // replicas keep their own statistics), state.
   for (const auto& def : skyforge::schema::catalogue())
     EXPECT_NE(o.out.find("PASS  layer " + std::string(def.type) + ": "), std::string::npos) << def.type << "\n" << o.out;
+  for (const char* block : kBlocks)
+    EXPECT_NE(o.out.find("PASS  model " + std::string(block) + ": "), std::string::npos) << block << "\n" << o.out;
+  EXPECT_EQ(harness_lines(o.out, "PASS"), kHarnesses) << o.out;
+  EXPECT_EQ(count(o.out, "; 1 rank vs 2: replicas bit-identical, 2 ranks follow 1 rank"), kHarnesses - 1) << o.out;
+  EXPECT_EQ(count(o.out, "; state: resumes bit for bit"), kHarnesses) << o.out;
+  EXPECT_NE(o.out.find("PASS  layer dropout: 40 of 53 parameters' gradients agree with finite differences "
+                       "(max error "),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("; dropout: the identity at inference, a mask in training; "), std::string::npos) << o.out;
   for (const auto& def : skyforge::schema::optimizers())  // every optimizer too, its state resuming bit for bit
     EXPECT_NE(o.out.find("PASS  optimizer " + std::string(def.name) + ": resumes bit for bit"), std::string::npos)
         << def.name << "\n" << o.out;
@@ -58,6 +77,14 @@ TEST(BackendCheck, CpuPassesEveryCheckAndEveryLayerOfTheSchemaIsChecked) {
 TEST(BackendCheck, TheCudaEnginesHostBuildPassesAndAgreesWithCpu) {
   Output o = check_fixture({"cuda_host"});
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  // Every harness: the same initial weights as cpu, 10 steps within 1e-4, checkpoints both ways.
+  for (const auto& def : skyforge::schema::catalogue())
+    EXPECT_TRUE(std::regex_search(o.out, std::regex("PASS  layer " + std::string(def.type) +
+                                                    ": [^\n]*; with cpu: same initial weights, loss \\S+, "
+                                                    "weights \\S+, checkpoint resumes to cpu \\S+, from cpu \\S+\n")))
+        << def.type << "\n" << o.out;
+  EXPECT_EQ(harness_lines(o.out, "PASS"), kHarnesses) << o.out;
+  EXPECT_EQ(count(o.out, "; with cpu: same initial weights"), kHarnesses) << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex("PASS  agrees with cpu: after 10 steps, mlp: same initial weights, "
                                                   "loss \\S+, weights \\S+; convnet: same initial weights, loss \\S+, "
                                                   "weights \\S+\n")))
@@ -92,7 +119,12 @@ TEST(BackendCheck, EachDefectFailsTheCheckThatCoversIt) {
   EXPECT_NE(o.out.find("FAIL  checkpoint with cpu: mlp: the weights differ after a load from cpu"), std::string::npos)
       << o.out;
   EXPECT_NE(o.out.find("FAIL  optimizer rmsprop: a resumed engine's loss differs"), std::string::npos) << o.out;
-  EXPECT_EQ(count(o.out, "FAIL"), 2 + static_cast<int>(skyforge::schema::optimizers().size())) << o.out;
+  for (const auto& def : skyforge::schema::catalogue())  // every harness's state round trip
+    EXPECT_NE(o.out.find("FAIL  layer " + std::string(def.type) + ": state: a resumed engine's loss differs\n"),
+              std::string::npos)
+        << def.type << "\n" << o.out;
+  EXPECT_EQ(harness_lines(o.out, "FAIL"), kHarnesses) << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 2 + static_cast<int>(skyforge::schema::optimizers().size()) + kHarnesses) << o.out;
 
   // Rank 1 throws while rank 0 waits for it in the engine's first broadcast: the suite reports
   // it instead of hanging (the ThreadGroup's collectives fail once a rank has left).
@@ -100,14 +132,21 @@ TEST(BackendCheck, EachDefectFailsTheCheckThatCoversIt) {
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   EXPECT_NE(o.out.find("FAIL  data parallel: rank 0: "), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("FAIL  synchronized batch_normalization: rank 0: "), std::string::npos) << o.out;
-  EXPECT_EQ(count(o.out, "rank 1: keras: engine_create failed: defective: rank 1 makes no engine"), 2) << o.out;
-  EXPECT_EQ(count(o.out, "FAIL"), 2) << o.out;
+  EXPECT_NE(o.out.find("FAIL  layer dense: 1 rank vs 2: rank 0: "), std::string::npos) << o.out;
+  // Every harness's 2 ranks but batch_normalization's, which has no such part.
+  EXPECT_EQ(harness_lines(o.out, "FAIL"), kHarnesses - 1) << o.out;
+  EXPECT_NE(o.out.find("PASS  layer batch_normalization: "), std::string::npos) << o.out;
+  EXPECT_EQ(count(o.out, "rank 1: keras: engine_create failed: defective: rank 1 makes no engine"), 2 + kHarnesses - 1)
+      << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 2 + kHarnesses - 1) << o.out;
 
   o = check_fixture({"defective", "-o", "defect=unsynchronized"});
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
   EXPECT_NE(o.out.find("FAIL  synchronized batch_normalization: the replicas' states differ"), std::string::npos)
       << o.out;
-  EXPECT_EQ(count(o.out, "FAIL"), 1) << o.out;
+  // The residual block's batch_normalization is synchronized too: its 2 ranks drift from 1.
+  EXPECT_NE(o.out.find("FAIL  model residual block: 1 rank vs 2: 2 ranks drift from 1 rank"), std::string::npos) << o.out;
+  EXPECT_EQ(count(o.out, "FAIL"), 2) << o.out;
 
   o = check_fixture({"defective", "-o", "defect=labels"});
   EXPECT_EQ(o.exit_code, 1) << o.out << o.err;
