@@ -82,6 +82,12 @@ class Device {
   void gemm(bool trans_a, bool trans_b, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
             const float* B, size_t ldb, float beta, float* C, size_t ldc);
 
+  // `batch` such GEMMs, matrix i's operands at A + i * stride_a, B + i * stride_b and
+  // C + i * stride_c (cublasSgemmStridedBatched in the CUDA build, a loop in the host build).
+  void gemm_strided_batched(bool trans_a, bool trans_b, size_t M, size_t N, size_t K, float alpha, const float* A,
+                            size_t lda, size_t stride_a, const float* B, size_t ldb, size_t stride_b, float beta,
+                            float* C, size_t ldc, size_t stride_c, size_t batch);
+
   // Row-major C[M, N] = act(A[M, K] B[K, N] + bias) (bias: N floats, or null): a layer's
   // forward GEMM with its epilogue. The CUDA build fuses the bias and a ReLU into the GEMM
   // (cuBLASLt's epilogues), so the output is written once; the host build, softmax, and shapes

@@ -30,6 +30,18 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
         "cublasSgemm");
 }
 
+// Swapped operands as in gemm().
+void Device::gemm_strided_batched(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A,
+                                  size_t lda, size_t stride_a, const float* B, size_t ldb, size_t stride_b, float beta,
+                                  float* C, size_t ldc, size_t stride_c, size_t batch) {
+  check(cublasSgemmStridedBatched(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B,
+                                  static_cast<int>(ldb), static_cast<long long>(stride_b), A, static_cast<int>(lda),
+                                  static_cast<long long>(stride_a), &beta, C, static_cast<int>(ldc),
+                                  static_cast<long long>(stride_c), static_cast<int>(batch)),
+        "cublasSgemmStridedBatched");
+}
+
 // Column-major, as gemm(): C^T[N, M] = B^T[N, K] A^T[K, M], the bias one value per row of C^T
 // (a unit), which is what cuBLASLt's BIAS epilogues add (a vector of the output's rows).
 void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const float* B, const float* bias,

@@ -72,6 +72,17 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
   });
 }
 
+void Device::gemm_strided_batched(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A,
+                                  size_t lda, size_t stride_a, const float* B, size_t ldb, size_t stride_b, float beta,
+                                  float* C, size_t ldc, size_t stride_c, size_t batch) {
+  kernels::run_or_record(stream_, [=] {
+    for (size_t i = 0; i < batch; ++i)
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+                  static_cast<int>(N), static_cast<int>(K), alpha, A + i * stride_a, static_cast<int>(lda),
+                  B + i * stride_b, static_cast<int>(ldb), beta, C + i * stride_c, static_cast<int>(ldc));
+  });
+}
+
 void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const float* B, const float* bias,
                            kernels::Activation act, float* C) {
   gemm(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N);

@@ -3,6 +3,8 @@
 // through the kernels' launch API, so this file is compiled for both builds.
 #include "engine.hpp"
 
+#include "attention.hpp"
+
 #include <skyforge/initial_weights.hpp>
 #include <skyforge/kernels/activation.hpp>
 #include <skyforge/lr_schedule_of.hpp>
@@ -32,9 +34,16 @@ namespace {
 size_t numel(const Shape& s) { return std::accumulate(s.begin(), s.end(), size_t{1}, std::multiplies<>()); }
 using schema::detail::shape_text;  // "(None, 28, 28, 1)"
 
+// A step's sums (sums_, pending_): loss, correct count, samples, and the embedding layers'
+// invalid indices (a count, so that every rank sees every rank's after the allreduce).
+constexpr size_t kSums = 4;
+
 }  // namespace
 
-enum class Kind { dense, conv2d, activation, view, dropout, batchnorm, global_avg_pool, max_pool, avg_pool, add, concat };
+enum class Kind {
+  dense, conv2d, activation, view, dropout, batchnorm, global_avg_pool, max_pool, avg_pool, add, concat,
+  layer_norm, attention, embedding, position_embedding
+};
 
 // Where a layer's backward puts the gradient of one of its inputs: nowhere (the model's input,
 // or a producer that needs none), or a gradient slot (CudaEngine::gslots_), written or, when an
@@ -72,6 +81,11 @@ struct Layer {
   bool synchronized = false;  // statistics over every replica's batch
   Buffer<float> mean, var, invstd, moving_mean, moving_var;
   Buffer<double> sums;  // synchronized: the 2C + 1 sums the replicas add (kernels' BnSums)
+  // layer_normalization: C features, epsilon, scale, center as above; mean and invstd per row
+  // embedding: fin = input_dim, units = output_dim; position_embedding: units = sequence_length
+  Buffer<int32_t> order;   // embedding: the backward's workspace
+  Buffer<double> invalid;  // embedding: the forward's count of invalid indices
+  std::unique_ptr<Attention> attention;  // multi_head_attention
   // concatenate: per input, its floats per row; a row is everything from the axis on
   std::vector<size_t> widths;
   size_t row_width = 0, rows_per_sample = 0;
@@ -92,6 +106,12 @@ struct Layer {
     return batch * (numel(in) / w);
   }
 };
+
+// A layer's dropout mask key (docs/kernels.md, "Dropout"); the kernels read its step from the
+// device's StepState.
+k::DropoutKey dropout_key(const Layer& l, uint64_t seed, uint32_t rank) {
+  return k::DropoutKey{seed, 0, static_cast<uint32_t>(l.index), rank};
+}
 
 // One train step's timing marks by what they enclose, summed over the profiled steps.
 struct CudaProfile {
@@ -237,11 +257,31 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
         l->scale = c.flag("scale");
         l->center = c.flag("center");
         l->synchronized = c.flag("synchronized");
+      } else if (t == "layer_normalization") {
+        l->kind = Kind::layer_norm;
+        l->C = shape.back();
+        l->epsilon = static_cast<float>(c.real("epsilon"));
+        l->scale = c.flag("scale");
+        l->center = c.flag("center");
+      } else if (t == "multi_head_attention") {
+        l->kind = Kind::attention;
+        l->attention = std::make_unique<Attention>(
+            Attention::Shape{shape[0], shape[1], c.count("num_heads"), c.count("key_dim"), c.count("value_dim"),
+                             c.flag("use_bias"), static_cast<float>(c.real("dropout"))});
+      } else if (t == "embedding") {
+        l->kind = Kind::embedding;
+        l->fin = c.count("input_dim");
+        l->units = c.count("output_dim");
+        l->invalid = Buffer<double>(*dev_, 1);
+      } else if (t == "position_embedding") {
+        l->kind = Kind::position_embedding;
+        l->units = c.count("sequence_length");
       } else {
         throw Error(c.where() + ": the cuda engine has no kernels for this layer yet (it has: dense, conv2d, relu, "
                                 "softmax, gelu, tanh, sigmoid, flatten, reshape, dropout, batch_normalization, "
                                 "global_average_pooling1d, global_average_pooling2d, max_pooling2d, "
-                                "average_pooling2d, add, concatenate)",
+                                "average_pooling2d, add, concatenate, layer_normalization, multi_head_attention, "
+                                "embedding, position_embedding)",
                     SF_ERR_UNSUPPORTED);
       }
     } catch (const schema::LayerError& e) {
@@ -295,9 +335,9 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   n_slots_ = slots_per_param_ * n_params_;
   slots_ = Buffer<float>(*dev_, n_slots_);
   dev_->zero(slots_.get(), n_slots_ * sizeof(float));
-  sums_ = Buffer<double>(*dev_, 3);
-  pending_ = Buffer<double>(*dev_, 3);
-  dev_->zero(pending_.get(), 3 * sizeof(double));
+  sums_ = Buffer<double>(*dev_, kSums);
+  pending_ = Buffer<double>(*dev_, kSums);
+  dev_->zero(pending_.get(), kSums * sizeof(double));
   state_ = Buffer<k::StepState>(*dev_, 1);
   const k::StepState start{};
   dev_->upload(state_.get(), &start, sizeof start);
@@ -468,6 +508,20 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
       if (k::thin_window(g)) ws = std::max(ws, k::conv_filter_grad_workspace(g, l->units));
     }
     if (l->kind == Kind::max_pool) l->arg = Buffer<int32_t>(*dev_, size_t{batch} * n);
+    if (l->kind == Kind::layer_norm) {
+      l->mean = Buffer<float>(*dev_, l->rows(batch));
+      l->invstd = Buffer<float>(*dev_, l->rows(batch));
+      ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->C));
+    }
+    if (l->kind == Kind::attention) {
+      l->attention->reserve(*dev_, batch);
+      ws = std::max(ws, l->attention->workspace(batch));
+    }
+    if (l->kind == Kind::embedding) {
+      l->order = Buffer<int32_t>(*dev_, k::embedding_backward_workspace(size_t{batch} * numel(l->in)));
+      ws = std::max(ws, k::reduce_workspace(size_t{batch} * numel(l->in), 1));
+    }
+    if (l->kind == Kind::position_embedding) ws = std::max(ws, k::reduce_workspace(batch, n));
   }
   x_ = Buffer<float>(*dev_, size_t{batch} * numel(input_shape_));
   gslots_.clear();
@@ -585,8 +639,7 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
         l.dropped = training && l.rate > 0.f;
         if (l.dropped) {
           // The mask is a function of (seed, step, layer, rank): docs/kernels.md, "Dropout".
-          k::dropout(in, y, n, l.rate, k::DropoutKey{seed_, 0, static_cast<uint32_t>(l.index), comm_.rank()},
-                     state_.get(), s);
+          k::dropout(in, y, n, l.rate, dropout_key(l, seed_, comm_.rank()), state_.get(), s);
         } else {
           dev_->copy(y, in, n * sizeof(float));
         }
@@ -616,6 +669,22 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
                                    l.momentum, s);
         break;
       }
+      case Kind::layer_norm:
+        k::layer_norm_forward(in, y, l.rows(batch), l.C, l.scale ? p : nullptr,
+                              l.center ? p + (l.scale ? l.C : 0) : nullptr, l.epsilon, l.mean.get(), l.invstd.get(), s);
+        break;
+      case Kind::attention:
+        l.attention->forward(*dev_, in, p, y, batch, training, dropout_key(l, seed_, comm_.rank()), state_.get());
+        break;
+      case Kind::embedding:
+        // An index that is not an integer in [0, input_dim) counts in the step's sums
+        // (sums_[3]), reported when the step's results are read (check_indices).
+        k::embedding_forward(in, p, y, n, l.fin, l.units, l.invalid.get(), ws_.get(), s);
+        k::accumulate(sums_.get() + 3, l.invalid.get(), 1, s);
+        break;
+      case Kind::position_embedding:
+        k::position_embedding_forward(p, y, batch, l.in[0], l.in[1], s);
+        break;
       case Kind::view: break;
     }
     if (profiling_) prof_->spans.push_back({CudaProfile::Part::forward, l.index, m0, mark()});
@@ -650,6 +719,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     if (profiling_) prof_->spans.push_back({part, layer, from, mark()});
   };
   const size_t start = mark();
+  k::fill(sums_.get() + 3, 1, 0.0, s);  // the embeddings' invalid indices, counted by the forward
   const float* logits = forward(x_.get(), batch, train);
   size_t m = mark();
   k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(),                  train ? gslots_[layers_[output_]->dy_slot].get() : nullptr, s);
@@ -657,7 +727,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   k::reduce_sum(hit_.get(), batch, sums_.get() + 1, ws_.get(), s);
   k::fill(sums_.get() + 2, 1, static_cast<double>(batch), s);
   span(Part::loss, 0, m);
-  if (dp) dev_->allreduce_sum(sums_.get(), 3);  // overlaps the backward below
+  if (dp) dev_->allreduce_sum(sums_.get(), kSums);  // overlaps the backward below
   if (train) {
     const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
     size_t lo = n_params_, hi = n_params_;  // pending bucket [lo, hi), grows downwards
@@ -740,8 +810,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
         case Kind::dropout:
           if (dx) {
             if (l.dropped)
-              k::dropout(dy, dx, n, l.rate, k::DropoutKey{seed_, 0, static_cast<uint32_t>(l.index), comm_.rank()},
-                         state_.get(), s);
+              k::dropout(dy, dx, n, l.rate, dropout_key(l, seed_, comm_.rank()), state_.get(), s);
             else
               dev_->copy(dx, dy, n * sizeof(float));
           }
@@ -766,6 +835,22 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
                                    l.invstd.get(), l.sums.get(), s);
           break;
         }
+        case Kind::layer_norm:
+          k::layer_norm_backward(in, dy, dx, l.rows(batch), l.C, l.scale ? p : nullptr, l.mean.get(), l.invstd.get(),
+                                 l.scale ? g : nullptr, l.center ? g + (l.scale ? l.C : 0) : nullptr, ws_.get(), s);
+          break;
+        case Kind::attention:
+          l.attention->backward(*dev_, in, p, dy, g, dx, batch, ws_.get(), dropout_key(l, seed_, comm_.rank()),
+                                state_.get());
+          break;
+        case Kind::embedding:  // indices: no gradient reaches the input
+          k::embedding_backward(in, dy, g, n, l.fin, l.units, l.order.get(), s);
+          if (dx) dev_->zero(dx, n * sizeof(float));
+          break;
+        case Kind::position_embedding:  // the input gives only the shape
+          k::position_embedding_backward(dy, g, batch, l.in[0], l.units, l.in[1], ws_.get(), s);
+          if (dx) dev_->zero(dx, n * sizeof(float));
+          break;
         case Kind::view: break;
       }
       // A fan-out's later dx: added to what the consumers after this one wrote (merges add their own).
@@ -819,7 +904,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     k::advance_step(state_.get(), s);
   }
   span(Part::optimizer, 0, m);
-  if (deferred) k::accumulate(pending_.get(), sums_.get(), 3, s);
+  if (deferred) k::accumulate(pending_.get(), sums_.get(), kSums, s);
   span(Part::step, 0, start);
   if (profiling_) {
     profiling_ = false;
@@ -827,10 +912,23 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   }
 }
 
+// An embedding layer met an index outside its table in the steps whose sums these are: the
+// input's error, found on the device and reported once the step is done (every rank alike).
+void CudaEngine::check_indices(double count) const {
+  if (count == 0) return;
+  std::string layers;
+  for (const auto& l : layers_)
+    if (l->kind == Kind::embedding)
+      layers += (layers.empty() ? "" : ", ") + std::string("layer ") + std::to_string(l->index) + " (embedding)";
+  invalid(std::to_string(static_cast<uint64_t>(count)) + " input value(s) of " + layers +
+          " are not integer indices in [0, input_dim): their rows were zeros in this step");
+}
+
 StepResult CudaEngine::read_sums() {
   StepResult r;
-  double sums[3];
+  double sums[kSums];
   dev_->download(sums, sums_.get(), sizeof(sums));
+  check_indices(sums[3]);
   r.samples = static_cast<uint64_t>(sums[2]);
   r.correct = static_cast<uint64_t>(std::llround(sums[1]));
   r.loss = sums[0] / sums[2];
@@ -967,9 +1065,10 @@ StepResult CudaEngine::eval_step_indexed(uint64_t data, const uint64_t* idx, uin
 
 StepResult CudaEngine::take_results() {
   dev_->make_current();
-  double p[3];
+  double p[kSums];
   dev_->download(p, pending_.get(), sizeof(p));  // waits for every deferred step
   dev_->zero(pending_.get(), sizeof(p));
+  check_indices(p[3]);
   StepResult r;
   r.samples = static_cast<uint64_t>(p[2]);
   r.correct = static_cast<uint64_t>(std::llround(p[1]));
@@ -983,7 +1082,11 @@ void CudaEngine::predict(const float* x, uint32_t batch, float* logits) {
   if (!logits) invalid("predict: logits is NULL");
   ensure_capacity(batch);
   dev_->upload(x_.get(), x, size_t{batch} * numel(input_shape_) * sizeof(float));
+  k::fill(sums_.get() + 3, 1, 0.0, dev_->stream());
   dev_->download(logits, forward(x_.get(), batch, false), size_t{batch} * classes_ * sizeof(float));
+  double count = 0;
+  dev_->download(&count, sums_.get() + 3, sizeof count);
+  check_indices(count);
 }
 
 void CudaEngine::get_params(float* out, uint64_t count) const {

@@ -130,6 +130,7 @@ class CudaEngine : public Engine {
   // step to step, so it can be captured as a graph.
   void enqueue(uint32_t batch, bool train, bool deferred);
   StepResult read_sums();  // waits for the step
+  void check_indices(double count) const;  // throws SF_ERR_INVALID for invalid embedding indices
   // SKYFORGE_CUDA_PROFILE: a timing mark when this step is profiled (see CudaProfile), else 0.
   size_t mark() const { return profiling_ ? dev_->mark() : 0; }
   void profile_step(uint32_t batch);  // waits for the step, adds its spans, clears the marks
@@ -165,7 +166,7 @@ class CudaEngine : public Engine {
   Buffer<int32_t> labels_;
   Buffer<uint64_t> idx_;
   Buffer<double> ws_;
-  Buffer<double> sums_;     // this step's loss sum, correct count and samples (global after the allreduce)
+  Buffer<double> sums_;     // this step's loss sum, correct count, samples, invalid indices (kSums; global after the allreduce)
   Buffer<double> pending_;  // the deferred steps' sums since the last take_results
   Buffer<kernels::StepState> state_;  // the step counter and Adam's alpha, on the device
   std::map<uint64_t, BoundSet> data_;

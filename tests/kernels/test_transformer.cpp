@@ -58,7 +58,8 @@ void layer_norm_case(const LnCase& p) {
                           p.gamma ? dgamma.data() : nullptr, p.beta ? dbeta.data() : nullptr, ws.data());
   const auto w = kref::to_double(wf);
   auto loss = [&] { return kref::dot(w, layer_norm_ref(x, rows, F, g, b, eps)); };
-  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(dx[i], kref::fd(x, i, loss), 2e-4 * (1 + std::abs(dx[i]))) << "dx " << i;
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_NEAR(dx[i], kref::fd(x, i, loss), 2e-4 * (1 + std::abs(dx[i]))) << "dx " << i;
   for (size_t j = 0; j < F; ++j) {
     if (p.gamma) EXPECT_NEAR(dgamma[j], kref::fd(g, j, loss), 2e-4 * (1 + std::abs(dgamma[j]))) << "dgamma " << j;
     else EXPECT_EQ(dgamma[j], -7.f);
