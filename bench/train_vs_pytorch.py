@@ -3,17 +3,25 @@
 
 Run with Debian's interpreter (the one PyTorch imports under):
 
-    /usr/bin/python3 bench/train_vs_pytorch.py [--models mlp,convnet] [--epochs-mlp 5]
-        [--epochs-convnet 1] [--rounds 1] [--skyforge build/bin/skyforge] [--json FILE]
-        [--backend cpu|cuda] [--seeds 1,2,3,7,42]
+    /usr/bin/python3 bench/train_vs_pytorch.py [--models mlp,convnet,resnet,vit] [--epochs-mlp 5]
+        [--epochs-convnet 1] [--epochs-resnet 1] [--epochs-vit 1] [--steps N] [--rounds 1]
+        [--skyforge build/bin/skyforge] [--json FILE] [--backend cpu|cuda] [--seeds 1,2,3,7,42]
+    /usr/bin/python3 bench/train_vs_pytorch.py --check [--models ...] [--steps 1]
 
 (--backend cuda: the GPU table, bench/train_vs_pytorch_cuda.py.)
 
 or `cmake --build build --target bench_train`.
 
-For each model (mlp = examples/fashion-mnist.toml, convnet = examples/fashion-mnist-convnet.toml)
-it runs four configurations on the same data, global batch 64, Adam(1e-3), sparse categorical
-cross-entropy from logits, inputs scaled to [0, 1], the same number of epochs:
+For each model (mlp = examples/fashion-mnist.toml, convnet = examples/fashion-mnist-convnet.toml,
+resnet = examples/fashion-mnist-resnet.toml, vit = examples/fashion-mnist-vit.toml) it runs the
+configurations below on the same data, global batch 64, sparse categorical cross-entropy from
+logits, inputs scaled to [0, 1], the same number of epochs (--steps: at most N steps per epoch).
+The PyTorch model is the example's twin (bench/torch_twins.py: built from its model graph with
+Keras' semantics), starting from skyforge's exact initial weights for the seed, trained on
+skyforge's exact data order (each epoch's permutation, each rank's share of a global batch) with
+the example's optimizer (Adam or AdamW with Keras' epsilon placement) and learning-rate schedule.
+Only the dropout masks differ. --check runs 1 node and 1 process for 1 epoch of --steps (default
+1) steps and prints both training and test losses: after 1 step they agree to ~1e-7.
 
   skyforge 1 node   `skyforge run` of a temporary manifest derived from the example: nodes = 1,
                     threads = 1, epochs; history/tensorboard/checkpoint removed (no file I/O).
@@ -24,7 +32,7 @@ cross-entropy from logits, inputs scaled to [0, 1], the same number of epochs:
                     32 / 32 by rank (what DistributedSampler + batch 32 amounts to).
 
 Figures per configuration:
-  samples/s    global (whole pool): 60000 x epochs / training-loop wall time. skyforge: fit()'s
+  samples/s    global (whole pool): samples trained (60000 x epochs) / training-loop wall time. skyforge: fit()'s
                train_seconds from the result line of each node (the slowest node); PyTorch: the
                timed loop of each rank (the slowest rank). Data loading, model construction,
                process start and evaluation are outside the timed region on both sides.
@@ -41,8 +49,8 @@ reports each figure as the median (min-max) over the rounds; every ratio is take
 between runs made minutes apart, then summarised the same way. On a shared VM whose speed drifts
 by tens of percent over minutes, 3 rounds say more than one.
 
---seeds S1,S2,... gives round i the seed Si on both sides (skyforge's keras plugin `seed`, PyTorch's
-manual_seed and data permutation; default 42 in every round) and implies --rounds len(seeds): the
+--seeds S1,S2,... gives round i the seed Si on both sides (skyforge's keras plugin `seed`: the
+initial weights and data order of both; default 42 in every round) and implies --rounds len(seeds): the
 test accuracy column is then the median over seeds and the note lists each seed's with their mean.
 One seed's test accuracy after 1 epoch says little: with BatchNorm's momentum 0.99 it moves by
 several points from seed to seed on both sides (docs/performance.md, "BatchNorm after one epoch").
@@ -53,6 +61,7 @@ Stdlib + numpy + torch only.
 import argparse
 import gzip
 import json
+import math
 import os
 import platform
 import re
@@ -67,33 +76,20 @@ import time
 import tomllib
 from pathlib import Path
 
+import torch_twins
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
 EXAMPLES = {"mlp": REPO / "examples" / "fashion-mnist.toml",
-            "convnet": REPO / "examples" / "fashion-mnist-convnet.toml"}
+            "convnet": REPO / "examples" / "fashion-mnist-convnet.toml",
+            "resnet": REPO / "examples" / "fashion-mnist-resnet.toml",
+            "vit": REPO / "examples" / "fashion-mnist-vit.toml"}
+INPUT_SHAPE = (28, 28, 1)  # Keras' shape of one sample
 GLOBAL_BATCH = 64
-LEARNING_RATE = 1e-3
+LEARNING_RATE = 1e-3  # the cuda table's Adam (bench/train_vs_pytorch_cuda.py); the cpu table takes each example's
 SEED = 42
 TRAIN_SAMPLES = 60000
-
-# The layers the PyTorch models below implement; the examples are checked against these so that
-# an edited example cannot silently be compared with a different PyTorch model.
-EXPECTED_LAYERS = {
-    "mlp": [{"type": "flatten"}, {"type": "dense", "units": 128, "activation": "relu"},
-            {"type": "dense", "units": 10}],
-    "convnet": [
-        {"type": "conv2d", "filters": 12, "kernel_size": 3, "padding": "same", "use_bias": False},
-        {"type": "batch_normalization"}, {"type": "relu"},
-        {"type": "conv2d", "filters": 24, "kernel_size": 6, "strides": 2, "use_bias": False},
-        {"type": "batch_normalization"}, {"type": "relu"},
-        {"type": "conv2d", "filters": 32, "kernel_size": 6, "strides": 2, "padding": "same"},
-        {"type": "batch_normalization"}, {"type": "relu"},
-        {"type": "global_average_pooling2d"},
-        {"type": "dense", "units": 256, "activation": "relu"},
-        {"type": "dropout", "rate": 0.5},
-        {"type": "dense", "units": 10}],
-}
 
 CONFIGS = [  # (key, label, kind, processes)
     ("sky1", "skyforge 1 node x 1 thread", "skyforge", 1),
@@ -105,6 +101,13 @@ CONFIGS = [  # (key, label, kind, processes)
     # still fall short of 2x show how much of a 2-node shortfall the cores themselves cause
     # (shared SMT siblings, memory bandwidth, other tenants of a VM).
     ("sky2ind", "skyforge 2 nodes, no allreduce", "skyforge", 2),
+]
+RATIOS = [  # (name, title, width, numerator, denominator, factor of the denominator, unit): samples/s
+    ("skyforge_over_pytorch_1", "skyforge/PyTorch 1 proc", 24, "sky1", "torch1", 1, "x"),
+    ("skyforge_over_pytorch_2", "skyforge/PyTorch 2 procs", 25, "sky2", "torch2", 1, "x"),
+    ("scaling_efficiency_skyforge", "2-node eff. skyforge", 21, "sky2", "sky1", 2, ""),
+    ("scaling_efficiency_pytorch", "2-proc eff. PyTorch", 20, "torch2", "torch1", 2, ""),
+    ("scaling_efficiency_no_communication", "2 nodes, no comm.", 18, "sky2ind", "sky1", 2, ""),
 ]
 
 
@@ -141,62 +144,41 @@ def load_fashion_mnist():
 
 
 # ---- the PyTorch side (runs in --_torch-rank processes) -----------------------------------------
-def build_torch_model(name):
-    import torch.nn as nn
-    import torch.nn.functional as F
+def example(name):
+    """The example's manifest as a table."""
+    return tomllib.loads(EXAMPLES[name].read_text())
 
-    class KerasConv2d(nn.Conv2d):
-        """Conv2d with Keras' padding: 'valid', or 'same' = TF's pad, the odd pixel bottom/right."""
 
-        def __init__(self, cin, cout, k, stride=1, padding="valid", bias=True):
-            super().__init__(cin, cout, k, stride=stride, padding=0, bias=bias)
-            self.keras_padding = padding
-            self.pads = {}  # (H, W) -> (left, right, top, bottom)
+def build_torch_model(name, seed=SEED):
+    """The PyTorch twin of the example's model graph, holding skyforge's initial weights for `seed`."""
+    layers = example(name)["train"]["layers"]
+    return torch_twins.build(layers, INPUT_SHAPE, torch_twins.initial_weights(layers, INPUT_SHAPE, seed))
 
-        @staticmethod
-        def same_pad(size, k, s):
-            out = -(-size // s)
-            total = max((out - 1) * s + k - size, 0)
-            return total // 2, total - total // 2
 
-        def forward(self, x):
-            if self.keras_padding != "same":
-                return super().forward(x)
-            hw = (x.shape[2], x.shape[3])
-            if hw not in self.pads:
-                t, b = self.same_pad(hw[0], self.kernel_size[0], self.stride[0])
-                l, r = self.same_pad(hw[1], self.kernel_size[1], self.stride[1])
-                self.pads[hw] = (l, r, t, b)
-            l, r, t, b = self.pads[hw]
-            if l == r and t == b:  # symmetric: let the convolution pad (no extra copy)
-                return F.conv2d(x, self.weight, self.bias, self.stride, (t, l))
-            return F.conv2d(F.pad(x, (l, r, t, b)), self.weight, self.bias, self.stride)
-
-    class GlobalAvgPool(nn.Module):
-        def forward(self, x):
-            return x.mean(dim=(2, 3))
-
-    def bn(c):  # Keras BatchNormalization(momentum=0.99, epsilon=1e-3)
-        return nn.BatchNorm2d(c, eps=1e-3, momentum=0.01)
-
-    if name == "mlp":
-        model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
-    elif name == "convnet":
-        model = nn.Sequential(
-            KerasConv2d(1, 12, 3, padding="same", bias=False), bn(12), nn.ReLU(),
-            KerasConv2d(12, 24, 6, stride=2, padding="valid", bias=False), bn(24), nn.ReLU(),
-            KerasConv2d(24, 32, 6, stride=2, padding="same", bias=True), bn(32), nn.ReLU(),
-            GlobalAvgPool(),
-            nn.Linear(32, 256), nn.ReLU(), nn.Dropout(0.5), nn.Linear(256, 10))
+def torch_optimizer(params, train, updates):
+    """The example's optimizer (adam or adamw, Keras' defaults) and the (lr, eps) of each of `updates`
+    updates. Keras adds epsilon to sqrt(v) where PyTorch adds it to sqrt(v / (1 - beta_2^t)): PyTorch's
+    eps of update t is Keras' epsilon / sqrt(1 - beta_2^t), so both take the same step."""
+    import torch
+    kind = train.get("optimizer", "adam")
+    beta_2, eps = train.get("beta_2", 0.999), train.get("epsilon", 1e-7)
+    args = dict(lr=0.0, betas=(train.get("beta_1", 0.9), beta_2), eps=eps)
+    if kind == "adamw":  # PyTorch's AdamW: p *= 1 - lr * weight_decay, then Adam's step (Keras' order)
+        opt = torch.optim.AdamW(params, weight_decay=train.get("weight_decay", 0.004), **args)
     else:
-        raise ValueError(name)
-    # Keras' initialisers: glorot_uniform kernels, zero biases (BatchNorm: gamma 1, beta 0).
-    for m in model.modules():
-        if isinstance(m, (nn.Linear, nn.Conv2d)):
-            nn.init.xavier_uniform_(m.weight)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-    return model
+        opt = torch.optim.Adam(params, **args)
+    rate = torch_twins.schedule_of(train)
+    return opt, [(rate(t), eps / math.sqrt(1.0 - beta_2 ** (t + 1))) for t in range(updates)]
+
+
+def steps_per_epoch(spec):
+    """Every batch of the training set, or --steps of them."""
+    every = -(-TRAIN_SAMPLES // GLOBAL_BATCH)
+    return min(every, spec["steps"]) if spec.get("steps") else every
+
+
+def trained_samples(spec):
+    return min(TRAIN_SAMPLES, steps_per_epoch(spec) * GLOBAL_BATCH) * spec["epochs"]
 
 
 def share(n, world, rank):
@@ -219,27 +201,26 @@ def torch_rank(spec):
                                 rank=rank, world_size=world)
     xtr, ytr, xte, yte = (torch.from_numpy(a) for a in load_fashion_mnist())
 
-    torch.manual_seed(spec["seed"])  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    net = build_torch_model(spec["model"])
+    torch.manual_seed(spec["seed"])  # dropout masks (the initial weights are skyforge's for the seed)
+    net = build_torch_model(spec["model"], spec["seed"])
     model = net
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
         # BatchNorm statistics per replica, as in skyforge/Keras: no buffer broadcast per step.
         model = DDP(net, broadcast_buffers=False)
-    opt = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999), eps=1e-7)
-
     n = ytr.shape[0]
-    steps = -(-n // GLOBAL_BATCH)
-    gen = torch.Generator().manual_seed(spec["seed"])  # the same permutation on every rank
+    steps = steps_per_epoch(spec)
+    opt, settings = torch_optimizer(model.parameters(), example(spec["model"])["train"], steps * spec["epochs"])
+    # skyforge's data order: epoch e's global batches are permutation(n, seed + e), split by rank.
+    perms = [torch.from_numpy(torch_twins.permutation(n, spec["seed"] + e)) for e in range(spec["epochs"])]
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = torch.zeros((), dtype=torch.int64)
     seen = 0
     if world > 1:
         dist.barrier()
     t0 = time.perf_counter()
-    for _ in range(spec["epochs"]):
+    for epoch, perm in enumerate(perms):
         model.train()
-        perm = torch.randperm(n, generator=gen)
         loss_sum.zero_(), correct.zero_()
         seen = 0
         for s in range(steps):
@@ -247,6 +228,8 @@ def torch_rank(spec):
             lo, hi = share(idx.shape[0], world, rank)
             idx = idx[lo:hi]
             xb, yb = xtr[idx], ytr[idx]
+            for group in opt.param_groups:
+                group["lr"], group["eps"] = settings[epoch * steps + s]
             opt.zero_grad(set_to_none=True)
             logits = model(xb)
             loss = F.cross_entropy(logits, yb)
@@ -259,7 +242,7 @@ def torch_rank(spec):
     train_s = time.perf_counter() - t0
 
     result = {"rank": rank, "train_seconds": train_s, "epochs": spec["epochs"],
-              "samples": n * spec["epochs"],
+              "samples": trained_samples(spec),
               "loss": float(loss_sum) / seen, "accuracy": int(correct) / seen}
     if rank == 0:
         net.eval()
@@ -280,23 +263,23 @@ def torch_rank(spec):
 
 # ---- skyforge manifests ---------------------------------------------------------------------------
 def check_example(model, doc):
-    got = doc["train"]["layers"]
-    want = EXPECTED_LAYERS[model]
-    if got != want:
-        raise SystemExit(f"train_vs_pytorch: {EXAMPLES[model]} layers changed; the PyTorch model here "
-                         f"implements\n  {want}\nbut the example has\n  {got}")
+    """The [train] keys the PyTorch side reproduces (the layers: torch_twins refuses what it lacks)."""
     t = doc["train"]
-    for key, value in (("optimizer", "adam"), ("learning_rate", LEARNING_RATE),
-                       ("batch_size", GLOBAL_BATCH)):
-        if t.get(key, value) != value:
-            raise SystemExit(f"train_vs_pytorch: {EXAMPLES[model]}: train.{key} = {t[key]!r}, expected {value!r}")
+    if t.get("optimizer", "adam") not in ("adam", "adamw"):
+        raise SystemExit(f"train_vs_pytorch: {EXAMPLES[model]}: train.optimizer = {t['optimizer']!r}, expected adam or adamw")
+    if t.get("batch_size", GLOBAL_BATCH) != GLOBAL_BATCH:
+        raise SystemExit(f"train_vs_pytorch: {EXAMPLES[model]}: train.batch_size = {t['batch_size']!r}, expected {GLOBAL_BATCH}")
     if t.get("loss", "sparse_categorical_crossentropy") != "sparse_categorical_crossentropy":
         raise SystemExit(f"train_vs_pytorch: {EXAMPLES[model]}: unexpected loss {t['loss']!r}")
+    for key in ("clipnorm", "global_clipnorm", "amsgrad"):
+        if key in t:
+            raise SystemExit(f"train_vs_pytorch: {EXAMPLES[model]}: train.{key} has no PyTorch side here")
 
 
-def derive_manifest(model, nodes, epochs, independent=False, seed=SEED):
-    """The example's text with nodes, epochs, threads and the keras plugin's seed set and every
-    file output removed; independent: keras' data_parallel = false (every node trains its own replica)."""
+def derive_manifest(model, nodes, epochs, independent=False, seed=SEED, steps=None):
+    """The example's text with nodes, epochs, threads, the keras plugin's seed and steps_per_epoch
+    (steps: --steps) set and every file output removed; independent: keras' data_parallel = false
+    (every node trains its own replica)."""
     text = EXAMPLES[model].read_text()
     check_example(model, tomllib.loads(text))
 
@@ -311,6 +294,8 @@ def derive_manifest(model, nodes, epochs, independent=False, seed=SEED):
     text = setkey(text, "epochs", epochs, "train")
     text = setkey(text, "threads", 1, "train")
     text = setkey(text, "batch_size", GLOBAL_BATCH, "train")
+    if steps:
+        text = setkey(text, "steps_per_epoch", steps, "train")
     text, n = re.subn(r"^seed\s*=.*$", f"seed = {seed}", text, count=1, flags=re.M)
     assert n == 1, "the example's keras plugin table has no seed"
     if independent:
@@ -368,7 +353,8 @@ def run_skyforge(spec):
     with tempfile.TemporaryDirectory(prefix="train_vs_pytorch.") as tmp:
         manifest = Path(tmp) / f"{spec['model']}-{spec['procs']}.toml"
         independent = spec["key"] == "sky2ind"
-        manifest.write_text(derive_manifest(spec["model"], spec["procs"], spec["epochs"], independent, spec["seed"]))
+        manifest.write_text(derive_manifest(spec["model"], spec["procs"], spec["epochs"], independent, spec["seed"],
+                                             spec.get("steps")))
         p = subprocess.run([spec["skyforge"], "run", str(manifest)], cwd=tmp,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     nodes = [json.loads(m.group(2)) for m in re.finditer(r"^\[node (\d+)\] => (\{.*\})\s*$", p.stdout, re.M)]
@@ -378,7 +364,7 @@ def run_skyforge(spec):
     nodes.sort(key=lambda r: r["node"])
     train_s = max(r["train_seconds"] for r in nodes)
     # Data-parallel nodes share each epoch's samples; independent ones each train on all of them.
-    return {"train_seconds": train_s, "samples": TRAIN_SAMPLES * spec["epochs"] * (spec["procs"] if independent else 1),
+    return {"train_seconds": train_s, "samples": trained_samples(spec) * (spec["procs"] if independent else 1),
             "test_accuracy": nodes[0]["test_accuracy"], "test_loss": nodes[0]["test_loss"],
             "train_loss": nodes[0].get("loss"), "train_accuracy": nodes[0].get("accuracy"),
             "skyforge_samples_per_second_reported": min(r["samples_per_second"] for r in nodes),
@@ -460,11 +446,53 @@ def run_cell(spec):
     return json.loads(m.group(1))
 
 
+def check(models, skyforge, steps):
+    """--check: the twins against skyforge, 1 epoch of `steps` steps from the same weights on the same
+    batches. Returns the exit status: 1 when, after 1 step, a model without dropout differs by more
+    than 1e-4 (after more, rounding differences grow: in the ResNet ~1e-5 after 5 steps, ~3e-4 after 20)."""
+    print(f"twin check: skyforge 1 node vs PyTorch 1 process, seed {SEED}, {steps} step{'s' * (steps != 1)} "
+          f"of batch {GLOBAL_BATCH}; train loss: the mean over those steps (the first: the initial weights); "
+          "test loss: after them, on the 10000 test images")
+    hdr = (f"{'model':8s} {'train loss skyforge':>20s} {'PyTorch':>12s} {'|diff|':>9s} "
+           f"{'test loss skyforge':>19s} {'PyTorch':>12s} {'|diff|':>9s}  note")
+    print(hdr)
+    print("-" * len(hdr))
+    status = 0
+    for m in models:
+        r = {}
+        for key, label, kind, procs in CONFIGS:
+            if procs == 1:
+                r[kind] = run_cell({"model": m, "key": key, "label": label, "kind": kind, "procs": 1, "epochs": 1,
+                                    "skyforge": skyforge, "seed": SEED, "steps": steps})
+        dtrain = abs(r["skyforge"]["train_loss"] - r["torch"]["train_loss"])
+        dtest = abs(r["skyforge"]["test_loss"] - r["torch"]["test_loss"])
+        layers = example(m)["train"]["layers"]
+        dropout = any(l["type"] == "dropout" or l.get("dropout", 0) > 0 for l in layers)
+        if dropout:
+            note = "dropout: the masks differ, not compared"
+        elif steps > 1:
+            note = "no verdict after more than 1 step"
+        else:
+            note = "ok" if dtrain <= 1e-4 and dtest <= 1e-4 else "DIFFERS"
+        status |= note == "DIFFERS"
+        print(f"{m:8s} {r['skyforge']['train_loss']:20.7f} {r['torch']['train_loss']:12.7f} {dtrain:9.2e} "
+              f"{r['skyforge']['test_loss']:19.7f} {r['torch']['test_loss']:12.7f} {dtest:9.2e}  {note}", flush=True)
+    return status
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs-mlp", type=int, default=5)
     ap.add_argument("--epochs-convnet", type=int, default=1)
-    ap.add_argument("--models", default="mlp,convnet", help="comma-separated: mlp, convnet")
+    ap.add_argument("--epochs-resnet", type=int, default=1)
+    ap.add_argument("--epochs-vit", type=int, default=1)
+    ap.add_argument("--models", help="comma-separated: " + ", ".join(EXAMPLES) + " (default: all; --backend cuda: "
+                                     "mlp, convnet)")
+    ap.add_argument("--steps", type=int, help="at most this many steps per epoch on both sides (skyforge's "
+                                              "steps_per_epoch); default: every batch")
+    ap.add_argument("--check", action="store_true",
+                    help="only check the twins: skyforge 1 node and PyTorch 1 process, 1 epoch of --steps (default 1) "
+                         "steps, their training and test losses side by side")
     ap.add_argument("--skyforge", default=str(REPO / "build" / "bin" / "skyforge"),
                     help="the skyforge binary (default: build/bin/skyforge under the repository root)")
     ap.add_argument("--rounds", type=int, default=1,
@@ -476,8 +504,8 @@ def main():
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu",
                     help="cpu (this table) or cuda: skyforge's cuda backend vs PyTorch eager and torch.compile on "
                          "the same GPU, batch 64 and 1024 (bench/train_vs_pytorch_cuda.py)")
-    ap.add_argument("--configs", help="--backend cuda: only these configurations (comma-separated keys; "
-                                      "bench/train_vs_pytorch_cuda.py lists them)")
+    ap.add_argument("--configs", help="only these configurations (comma-separated keys; cpu: "
+                                      + ", ".join(c[0] for c in CONFIGS) + "; cuda: bench/train_vs_pytorch_cuda.py lists them)")
     ap.add_argument("--batches", help="--backend cuda: only these global batch sizes (default 64,1024)")
     ap.add_argument("--_cell", help=argparse.SUPPRESS)
     ap.add_argument("--_cuda-cell", dest="cuda_cell", help=argparse.SUPPRESS)
@@ -491,15 +519,18 @@ def main():
     if a.torch_rank:
         return torch_rank(json.loads(a.torch_rank))
 
-    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    models = [m.strip() for m in (a.models or (",".join(EXAMPLES) if a.backend == "cpu" else "mlp,convnet")).split(",")
+              if m.strip()]
     for m in models:
         if m not in EXAMPLES:
-            ap.error(f"unknown model '{m}' (mlp, convnet)")
-    epochs = {"mlp": a.epochs_mlp, "convnet": a.epochs_convnet}
+            ap.error(f"unknown model '{m}' ({', '.join(EXAMPLES)})")
+    epochs = {m: getattr(a, "epochs_" + m) for m in EXAMPLES}
     if any(epochs[m] < 1 for m in models):
         ap.error("epochs must be >= 1")
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
+    if a.steps is not None and a.steps < 1:
+        ap.error("--steps must be >= 1")
     try:
         seeds = [int(v) for v in a.seeds.split(",")] if a.seeds else [SEED] * a.rounds
     except ValueError:
@@ -512,9 +543,20 @@ def main():
         raise SystemExit(f"train_vs_pytorch: {skyforge} is not an executable (build it, or pass --skyforge)")
     for m in models:  # fail early on an edited example
         derive_manifest(m, 1, epochs[m])
-    if a.backend == "cpu" and (a.configs or a.batches):
-        ap.error("--configs and --batches are --backend cuda's")
+        build_torch_model(m)
+    if a.backend == "cpu" and a.batches:
+        ap.error("--batches is --backend cuda's")
+    configs = CONFIGS
+    if a.backend == "cpu" and a.configs:
+        keep = [k.strip() for k in a.configs.split(",") if k.strip()]
+        if set(keep) - {c[0] for c in CONFIGS}:
+            ap.error(f"--configs {a.configs!r}: expected some of " + ", ".join(c[0] for c in CONFIGS))
+        configs = [c for c in CONFIGS if c[0] in keep]
+    if a.check:
+        sys.exit(check(models, skyforge, a.steps or 1))
     if a.backend == "cuda":
+        if a.steps or {"resnet", "vit"} & set(models):
+            ap.error("--backend cuda runs mlp and convnet, every step (bench/train_vs_pytorch_cuda.py)")
         import train_vs_pytorch_cuda
         sys.exit(train_vs_pytorch_cuda.main(sys.modules[__name__], a, models, epochs, skyforge))
 
@@ -528,8 +570,9 @@ def main():
           f"Linux {machine['kernel']}")
     print(f"versions: python {machine['python']}, torch {torch.__version__}, numpy {numpy.__version__}; "
           f"skyforge {skyforge}")
-    print(f"data: {DATA_DIR}, global batch {GLOBAL_BATCH}, Adam({LEARNING_RATE}), sparse CE from logits, "
-          f"x/255; epochs: " + ", ".join(f"{m} {epochs[m]}" for m in models))
+    print(f"data: {DATA_DIR}, global batch {GLOBAL_BATCH}, each example's optimizer, sparse CE from logits, "
+          f"x/255; epochs: " + ", ".join(f"{m} {epochs[m]}" for m in models) +
+          (f"; at most {a.steps} steps per epoch" if a.steps else ""))
     # Settings both sides inherit that change which kernels run (OPENBLAS_CORETYPE pins OpenBLAS'
     # kernel set, e.g. Haswell's AVX2 ones on an AVX-512 core), printed so a table says what it measured.
     tuning = {k: v for k, v in sorted(os.environ.items())
@@ -537,7 +580,7 @@ def main():
     machine["environment"] = tuning
     print("environment (both sides): " + (" ".join(f"{k}={v}" for k, v in tuning.items()) or "no BLAS/OpenMP variables set"))
     print(f"load average at start: {machine['loadavg_start']}")
-    print("samples/s: global, 60000 x epochs / training-loop time (slowest process); "
+    print("samples/s: global, samples trained (60000 x epochs unless --steps) / training-loop time (slowest process); "
           "peak RSS: max over the configuration's processes (getrusage RUSAGE_CHILDREN.ru_maxrss "
           "of a fresh wrapper per configuration)", flush=True)
 
@@ -546,9 +589,9 @@ def main():
     cells = []
     for rnd in range(1, a.rounds + 1):
         for m in models:
-            for key, label, kind, procs in CONFIGS:
+            for key, label, kind, procs in configs:
                 spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs,
-                        "epochs": epochs[m], "skyforge": skyforge, "seed": seeds[rnd - 1]}
+                        "epochs": epochs[m], "skyforge": skyforge, "seed": seeds[rnd - 1], "steps": a.steps}
                 print(f"  round {rnd}/{a.rounds}: running {m:8s} {label} "
                       f"({epochs[m]} epoch{'s' if epochs[m] != 1 else ''}) ...", file=sys.stderr, flush=True)
                 la0 = loadavg()
@@ -571,7 +614,7 @@ def main():
     print(hdr)
     print("-" * len(hdr))
     for m in models:
-        for key, label, _, procs in CONFIGS:
+        for key, label, _, procs in configs:
             rs = [r for r in cells if r["model"] == m and r["config"] == key]
             note = []
             if procs > 1 and key != "sky2ind" and any("replicas_agree" in r for r in rs):
@@ -593,8 +636,7 @@ def main():
                   f"{statistics.median(r['wall_seconds'] for r in rs):7.2f}  {'; '.join(note)}")
 
     print()
-    hdr = (f"{'model':8s} {'skyforge/PyTorch 1 proc':>24s} {'skyforge/PyTorch 2 procs':>25s} "
-           f"{'2-node eff. skyforge':>21s} {'2-proc eff. PyTorch':>20s} {'2 nodes, no comm.':>18s}")
+    hdr = f"{'model':8s} " + " ".join(f"{title:>{w}s}" for _, title, w, *_ in RATIOS)
     print(hdr)
     print("-" * len(hdr))
     ratios = {}
@@ -602,15 +644,13 @@ def main():
         per_round = []
         for rnd in range(1, a.rounds + 1):
             s = {r["config"]: r["samples_per_second"] for r in cells if r["model"] == m and r["round"] == rnd}
-            per_round.append({"skyforge_over_pytorch_1": s["sky1"] / s["torch1"],
-                              "skyforge_over_pytorch_2": s["sky2"] / s["torch2"],
-                              "scaling_efficiency_skyforge": s["sky2"] / (2 * s["sky1"]),
-                              "scaling_efficiency_pytorch": s["torch2"] / (2 * s["torch1"]),
-                              "scaling_efficiency_no_communication": s["sky2ind"] / (2 * s["sky1"])})
+            per_round.append({name: s[num] / (den_factor * s[den]) for name, _, _, num, den, den_factor, _ in RATIOS
+                              if num in s and den in s})
         ratios[m] = {k: statistics.median(q[k] for q in per_round) for k in per_round[0]}
         ratios[m]["per_round"] = per_round
-        cols = [fmt_range([q[k] for q in per_round], ".2f") for k in per_round[0]]
-        print(f"{m:8s} {cols[0] + 'x':>24s} {cols[1] + 'x':>25s} {cols[2]:>21s} {cols[3]:>20s} {cols[4]:>18s}")
+        cols = [(fmt_range([q[name] for q in per_round], ".2f") + unit if name in per_round[0] else "-").rjust(w)
+                for name, _, w, *_, unit in RATIOS]
+        print(f"{m:8s} " + " ".join(cols))
     machine["loadavg_end"] = loadavg()
     print(f"\nscaling efficiency = samples/s(2 processes) / (2 x samples/s(1 process)); '2 nodes, no comm.': "
           f"the same for 2 skyforge nodes that never communicate (the machine's ceiling); "
@@ -618,7 +658,7 @@ def main():
 
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine, "global_batch": GLOBAL_BATCH,
-                                            "learning_rate": LEARNING_RATE, "rounds": a.rounds, "cells": cells,
+                                            "steps_per_epoch": a.steps, "rounds": a.rounds, "cells": cells,
                                             "ratios": ratios}, indent=2) + "\n")
         print(f"figures written to {a.json}")
 
