@@ -60,6 +60,11 @@ class MyEngine : public skyforge::Engine {
       const auto& given = l.options.all();
       configs.push_back(skyforge::schema::parse(l.type, {given.begin(), given.end()}, i));  // LayerError: SF_ERR_INVALID
       const auto& c = configs.back();
+      // A layer list in order, each taking the previous one's output: model graphs (`inputs`,
+      // merge layers) need an engine that runs them (docs/layers.md, "The model graph").
+      if (!c.inputs().empty() || c.def().takes_many())
+        throw Error(c.label() + ": my_backend runs Sequential models only (no inputs, add or concatenate)",
+                    SF_ERR_UNSUPPORTED);
       const auto s = c.infer(shape);
       Layer L;
       L.in = feats;
@@ -68,7 +73,11 @@ class MyEngine : public skyforge::Engine {
           throw Error(c.where() + ": my_backend takes dense on a flat input only (add flatten)", SF_ERR_UNSUPPORTED);
         L.kind = Kind::dense;
         L.bias = c.flag("use_bias");
-        L.act = c.choice("activation") == "relu" ? Kind::relu : c.choice("activation") == "softmax" ? Kind::softmax : Kind::flatten;
+        const std::string& act = c.choice("activation");
+        if (act != "linear" && act != "relu" && act != "softmax")
+          throw Error(c.where() + ": my_backend has no activation '" + act + "' (it has linear, relu, softmax)",
+                      SF_ERR_UNSUPPORTED);
+        L.act = act == "relu" ? Kind::relu : act == "softmax" ? Kind::softmax : Kind::flatten;
         L.poff = n_params_;
         n_params_ += s.trainable;
       } else if (l.type == "relu" || l.type == "softmax" || l.type == "flatten") {
