@@ -6,18 +6,15 @@
 #include "engine.hpp"
 
 #include <cmath>
-#include <functional>
 #include <string>
 
 using namespace cuda_test;
 using skyforge::Communicator;
-using skyforge::Error;
 namespace cu = skyforge::cuda;
 namespace cpu = skyforge::cpu;
 
 namespace {
 
-constexpr double kLossTol = 1e-5, kParamTol = 1e-5;  // test_engine.cpp's, docs/compute-backends.md
 constexpr uint32_t kVocab = 11, kSeq = 6;
 
 // A pre-norm transformer block on (5, 6) samples: layer_normalization, self-attention (2 heads,
@@ -53,12 +50,6 @@ ModelSpec tokens(uint64_t seed) {
   return m;
 }
 
-size_t features(const ModelSpec& m) {
-  size_t n = 1;
-  for (uint32_t d : m.input_shape) n *= d;
-  return n;
-}
-
 // A batch for m: tokens' inputs are indices in [0, kVocab) (repeats within a batch included).
 Batch batch_for(const ModelSpec& m, uint64_t seed, uint32_t batch) {
   Batch b = make_batch(seed, batch, features(m));
@@ -67,102 +58,37 @@ Batch batch_for(const ModelSpec& m, uint64_t seed, uint32_t batch) {
   return b;
 }
 
-std::pair<sf_status, std::string> status_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return {e.status(), e.what()};
-  }
-  return {SF_OK, ""};
-}
-
-// Steps on the same batches, the cuda engine taking the cpu backend's whole state before each:
-// each step's forward, backward (dropout masks included) and update compared.
-void expect_lockstep(const ModelSpec& m, uint32_t batch) {
-  auto c = cpu::make_engine(m, Communicator{});
-  auto g = cu::make_engine(m, Communicator{});
-  const std::vector<float> initial = params_of(*g);
-  ASSERT_EQ(params_of(*c), initial) << "initial weights differ";
-  for (int s = 0; s < 6; ++s) {
-    const Batch b = batch_for(m, 200 + s, batch);
-    const auto rc = c->train_step(b.x.data(), b.y.data(), batch);
-    const auto rg = g->train_step(b.x.data(), b.y.data(), batch);
-    EXPECT_NEAR(rg.loss, rc.loss, kLossTol * std::max(1.0, std::fabs(rc.loss))) << "step " << s;
-    EXPECT_LE(max_abs_diff(params_of(*c), params_of(*g)), kParamTol) << "step " << s;
-    g->load_state(c->state_dict());
-  }
-  EXPECT_GT(max_abs_diff(initial, params_of(*g)), 1e-3) << "training did not move the parameters";
+// The cpu backend in lockstep (common.hpp) on m's own kind of batches.
+void expect_lockstep_on(const ModelSpec& m, uint32_t batch) {
+  expect_lockstep(m, batch, [&](uint64_t seed, uint32_t n) { return batch_for(m, seed, n); });
 }
 
 }  // namespace
 
-TEST(CudaTransformer, BlockWithAttentionDropoutFollowsTheCpuEngine) { expect_lockstep(block(51), 6); }
+TEST(CudaTransformer, BlockWithAttentionDropoutFollowsTheCpuEngine) { expect_lockstep_on(block(51), 6); }
 
-TEST(CudaTransformer, BlockWithoutBiasesOrDropoutFollowsTheCpuEngine) { expect_lockstep(block(52, "0", "false"), 4); }
+TEST(CudaTransformer, BlockWithoutBiasesOrDropoutFollowsTheCpuEngine) {
+  expect_lockstep_on(block(52, "0", "false"), 4);
+}
 
-TEST(CudaTransformer, EmbeddingsFollowTheCpuEngine) { expect_lockstep(tokens(53), 7); }
+TEST(CudaTransformer, EmbeddingsFollowTheCpuEngine) { expect_lockstep_on(tokens(53), 7); }
 
 // Data parallel: both replicas hold the same bits after every step (each its own dropout masks).
 TEST(CudaTransformer, TwoRanksStayBitIdentical) {
-  for (const ModelSpec& m : {block(54), tokens(55)}) {
-    std::vector<std::vector<float>> params(2);
-    ThreadGroup group(2);
-    group.run([&](uint32_t rank) {
-      auto e = cu::make_engine(m, Communicator(group.comm(rank)));
-      for (int s = 0; s < 4; ++s) {
-        const Batch b = batch_for(m, 300 + 10 * s + rank, 5);
-        e->train_step(b.x.data(), b.y.data(), 5);
-      }
-      params[rank] = params_of(*e);
-    });
-    EXPECT_EQ(params[0], params[1]);
-  }
+  for (const ModelSpec& m : {block(54), tokens(55)})
+    expect_two_ranks_bit_identical(m, [&](uint64_t seed, uint32_t n) { return batch_for(m, seed, n); });
 }
 
-// A checkpoint loads in the cpu engine and back: the same state, the same logits; training on
-// from a loaded state is training on from the saved one (the dropout masks follow the step).
+// A checkpoint moves between the engines, and training on from it is training on from the
+// saved state (the dropout masks follow the step).
 TEST(CudaTransformer, StateRoundTripsAndMovesBetweenTheEngines) {
-  for (const ModelSpec& m : {block(56), tokens(57)}) {
-    auto g = cu::make_engine(m, Communicator{});
-    const Batch b = batch_for(m, 400, 6);
-    for (int s = 0; s < 3; ++s) g->train_step(b.x.data(), b.y.data(), 6);
-    auto c = cpu::make_engine(m, Communicator{});
-    c->load_state(g->state_dict());
-    EXPECT_EQ(params_of(*c), params_of(*g));
-    auto back = cu::make_engine(m, Communicator{});
-    back->load_state(c->state_dict());
-    EXPECT_EQ(back->state_dict(), g->state_dict());
-    std::vector<float> lc(60), lg(60);
-    c->predict(b.x.data(), 6, lc.data());
-    back->predict(b.x.data(), 6, lg.data());
-    for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 1e-5) << i;
-    g->train_step(b.x.data(), b.y.data(), 6);
-    back->train_step(b.x.data(), b.y.data(), 6);
-    EXPECT_EQ(params_of(*back), params_of(*g));
-  }
+  for (const ModelSpec& m : {block(56), tokens(57)}) expect_state_moves_between_engines(m, batch_for(m, 400, 6));
 }
 
 // Bound-data steps captured once and replayed are the eager steps bit for bit: the attention's
 // dropout reads its step on the device, the embedding's check counts there.
 TEST(CudaTransformer, CapturedStepsReplayTheEagerOnes) {
-  for (const ModelSpec& m : {block(58), tokens(59)}) {
-    const Batch all = batch_for(m, 500, 24);
-    std::vector<std::vector<float>> params;
-    for (bool graphs : {false, true}) {
-      cu::EngineOptions o;
-      o.graphs = graphs;
-      auto e = cu::make_engine(m, Communicator{}, skyforge::Host{}, o);
-      const uint64_t d = e->bind_data(all.x.data(), all.y.data(), 24);
-      for (uint64_t s = 0; s < 5; ++s) {
-        std::vector<uint64_t> idx(6);
-        for (uint64_t i = 0; i < 6; ++i) idx[i] = (s * 5 + i * 7) % 24;
-        e->train_step_indexed(d, idx.data(), 6, false);
-      }
-      params.push_back(params_of(*e));
-      EXPECT_EQ(dynamic_cast<const cu::CudaEngine&>(*e).graph_stats().replayed, graphs ? 4u : 0u);
-    }
-    EXPECT_EQ(params[0], params[1]);
-  }
+  for (const ModelSpec& m : {block(58), tokens(59)}) expect_replays_equal_eager_steps(m, batch_for(m, 500, 24));
 }
 
 // An index outside [0, input_dim), or not an integer, is the input's error: found on the device,
