@@ -387,7 +387,12 @@ void CudaEngine::plan_gradients() {
     free.erase(free.begin());
     return slot;
   };
-  layers_[owner(output_)]->dy_slot = take();  // the loss's gradient
+  // The loss's gradient goes to the layer that computes the output: the output layer itself, or
+  // the one under it when the output is a view (flatten, reshape) or a fused relu. An output
+  // that is a view of the model's input has nothing to train: no slot.
+  const size_t computes_output = owner(output_);
+  loss_slot_ = kNone;
+  if (computes_output != kInput) loss_slot_ = layers_[computes_output]->dy_slot = take();
   for (size_t i = layers_.size(); i-- > 0;) {
     Layer& l = *layers_[i];
     if (!l.backward || l.alias()) continue;
@@ -722,7 +727,8 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   k::fill(sums_.get() + 3, 1, 0.0, s);  // the embeddings' invalid indices, counted by the forward
   const float* logits = forward(x_.get(), batch, train);
   size_t m = mark();
-  k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(),                  train ? gslots_[layers_[output_]->dy_slot].get() : nullptr, s);
+  k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(),
+                  train && loss_slot_ != GradTarget::kNone ? gslots_[loss_slot_].get() : nullptr, s);
   k::reduce_sum(loss_.get(), batch, sums_.get(), ws_.get(), s);
   k::reduce_sum(hit_.get(), batch, sums_.get() + 1, ws_.get(), s);
   k::fill(sums_.get() + 2, 1, static_cast<double>(batch), s);

@@ -163,6 +163,7 @@ class CudaEngine : public Engine {
   // most n_gslots_ layer gradients are live at once (plan_gradients).
   std::vector<Buffer<float>> gslots_;
   size_t n_gslots_ = 0;
+  size_t loss_slot_ = SIZE_MAX;  // the gslots_ entry the loss writes its gradient to (SIZE_MAX: none)
   Buffer<int32_t> labels_;
   Buffer<uint64_t> idx_;
   Buffer<double> ws_;

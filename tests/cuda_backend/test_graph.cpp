@@ -60,6 +60,21 @@ TEST(CudaGraph, ResidualModelFollowsTheCpuEngine) { expect_lockstep(residual(41)
 
 TEST(CudaGraph, BranchesJoinedByConcatenateFollowTheCpuEngine) { expect_lockstep(branches(42), 7); }
 
+// The loss's gradient reaches the layer under an output that is a view or a fused relu: a conv
+// whose windows cover the image, flattened into the logits; a batch_normalization + relu last.
+TEST(CudaGraph, AnOutputThatIsAViewOrAFusedReluTrains) {
+  ModelSpec view;
+  view.input_shape = {6, 6, 2};
+  view.layers = {layer("conv2d", {{"filters", "10"}, {"kernel_size", "6"}}), layer("flatten")};
+  view.seed = 43;
+  expect_lockstep(view, 5);
+  ModelSpec fused;
+  fused.input_shape = {12};
+  fused.layers = {layer("dense", {{"units", "10"}}), layer("batch_normalization"), layer("relu")};
+  fused.seed = 44;
+  expect_lockstep(fused, 5);
+}
+
 // Data parallel on a graph: both replicas hold the same bits after every step.
 TEST(CudaGraph, TwoRanksStayBitIdentical) {
   expect_two_ranks_bit_identical(residual(43));

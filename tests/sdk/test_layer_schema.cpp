@@ -219,6 +219,15 @@ TEST(LayerSchema, TransformerAndMergeShapesAreKeras) {
             "layer 4 (concatenate): input 2 (None, 7, 7, 8) does not match input 1 (None, 7, 7, 16) on every axis but 1");
   EXPECT_EQ(error([&] { schema::parse("reshape", {{"target_shape", "5,-1"}}, 2).infer({7, 7}); }),
             "layer 2 (reshape): cannot reshape (None, 7, 7) (49 values) with a -1 entry: 49 is not a multiple of 5");
+  // Products and sums that would wrap around are refused, not divided by (SIGFPE) or truncated.
+  EXPECT_EQ(error([&] {
+              schema::parse("reshape", {{"target_shape", "65536,65536,65536,65536,-1"}}, 2).infer({7, 7});
+            }),
+            "layer 2 (reshape): target_shape holds more values than the input (None, 7, 7) (49)");
+  EXPECT_EQ(error([&] {
+              schema::parse("concatenate", {}, 3).infer_inputs({{2000000000}, {2000000000}});
+            }),
+            "layer 3 (concatenate): the joined axis would hold more than 2147483647 values");
   EXPECT_EQ(error([&] { schema::parse("add", {}, 1).infer({7, 7}); }),
             "layer 1 (add): takes two or more inputs: name them with inputs = [\"a\", \"b\"]");
 }

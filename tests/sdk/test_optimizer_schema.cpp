@@ -35,7 +35,8 @@ TEST(OptimizerSchema, KerasDefaultsFilledIn) {
   EXPECT_EQ(adam.real("beta_2"), 0.999);
   EXPECT_EQ(adam.real("epsilon"), 1e-7);
   EXPECT_EQ(adam.options(), (std::vector<std::pair<std::string, std::string>>{
-                                {"learning_rate", "0.003"}, {"beta_1", "0.9"}, {"beta_2", "0.999"}, {"epsilon", "1e-07"}}));
+                                {"learning_rate", "0.003"}, {"beta_1", "0.9"}, {"beta_2", "0.999"}, {"epsilon", "1e-07"},
+                                {"clipnorm", "0"}, {"global_clipnorm", "0"}}));  // 0: no clipping
   EXPECT_EQ(schema::parse_optimizer("", Opts{}).name(), "adam");  // an empty name is the default
   EXPECT_EQ(schema::default_real("sgd", "learning_rate"), 0.01);
 }
@@ -67,10 +68,13 @@ TEST(OptimizerSchema, AdamWAndRmspropAndTheirSlots) {
                                                                            {"beta_1", "0.9"},
                                                                            {"beta_2", "0.999"},
                                                                            {"epsilon", "1e-07"},
-                                                                           {"weight_decay", "0.004"}}));
+                                                                           {"weight_decay", "0.004"},
+                                                                           {"clipnorm", "0"},
+                                                                           {"global_clipnorm", "0"}}));
   const schema::OptimizerConfig r = schema::parse_optimizer("rmsprop", Opts{});
   EXPECT_EQ(r.options(), (std::vector<std::pair<std::string, std::string>>{
-                             {"learning_rate", "0.001"}, {"rho", "0.9"}, {"momentum", "0"}, {"epsilon", "1e-07"}, {"centered", "false"}}));
+                             {"learning_rate", "0.001"}, {"rho", "0.9"}, {"momentum", "0"}, {"epsilon", "1e-07"}, {"centered", "false"},
+                             {"clipnorm", "0"}, {"global_clipnorm", "0"}}));
   EXPECT_EQ(error_of("adamw", {{"weight_decay", "-0.1"}}),
             "optimizer adamw: option 'weight_decay': expected a number >= 0, got '-0.1'");
   EXPECT_EQ(error_of("rmsprop", {{"epsilon", "0"}}), "optimizer rmsprop: option 'epsilon': expected a number > 0, got '0'");

@@ -543,8 +543,13 @@ inline uint64_t product(const std::vector<uint32_t>& s) {
 // Keras' Reshape: the same elements in a new shape; one -1 entry takes what the others leave.
 inline LayerShape reshape_shape(const LayerConfig& c, const std::vector<uint32_t>& in) {
   const uint64_t total = product(in);
-  uint64_t known = 1;
-  for (int64_t d : c.dims("target_shape")) known *= d < 0 ? 1 : static_cast<uint64_t>(d);
+  uint64_t known = 1;  // the product of the given entries, never above total (no wrap-around)
+  for (int64_t d : c.dims("target_shape")) {
+    if (d < 0) continue;
+    if (known > total / static_cast<uint64_t>(d))
+      c.fail("target_shape holds more values than the input " + shape_text(in) + " (" + std::to_string(total) + ")");
+    known *= static_cast<uint64_t>(d);
+  }
   LayerShape s;
   for (int64_t d : c.dims("target_shape")) {
     if (d >= 0) {
@@ -642,6 +647,8 @@ inline LayerShape concatenate_shape(const LayerConfig& c, const std::vector<std:
     if (!agree)
       c.fail("input " + std::to_string(i + 1) + " " + shape_text(in[i]) + " does not match input 1 " +
              shape_text(in[0]) + " on every axis but " + std::to_string(c.integer("axis")));
+    if (uint64_t{s.output[a]} + in[i][a] > 0x7fffffffULL)
+      c.fail("the joined axis would hold more than 2147483647 values");
     s.output[a] += in[i][a];
   }
   return s;
