@@ -125,6 +125,10 @@ class Layer {
   // The output is the input's bytes, reshaped (flatten): the engine hands the input on, with
   // no forward, no buffer and no backward (the gradient is the same bytes too).
   virtual bool is_view() const { return false; }
+  // Inputs the last forward could not use (embedding: values that are not indices), which it
+  // treated as zeros: their count, and `first` describes the first one. The engine refuses the
+  // step on every replica alike when any replica counted one (CpuEngine::compute).
+  virtual uint64_t invalid_inputs(std::string& /*first*/) const { return 0; }
   // A short description that changes when the architecture does (state_dict compatibility).
   virtual std::string describe() const;
 
@@ -252,6 +256,10 @@ class CpuEngine : public Engine {
   EngineState shape_of_state();  // this engine's state, sized, with no values
   std::vector<std::vector<float>*> moving_state() const;  // non-trainable state, in run order
   void load_state_v1(std::string_view bytes);
+  // The last forward's unusable inputs over every layer (Layer::invalid_inputs), and the error
+  // every replica throws when the global batch held any (SF_ERR_INVALID).
+  uint64_t invalid_inputs(std::string& first) const;
+  [[noreturn]] void refuse_invalid_inputs(const std::string& first, double count) const;
   // The buffer layer j's output is in (j: a listing index, or GraphPlan::kInput for x).
   float* output_of(size_t j, const float* x, bool training);
   // prof: where to add this call's times (train_step's calls only; null otherwise).

@@ -309,10 +309,16 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
   // loss sum, correct and samples of the global batch, in one small collective, after the
   // gradients': a training step meets its peers once (a meeting after the forward too would make
   // every step wait for the slowest forward and then again for the slowest backward).
-  double stats[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(batch)};
+  // ... and the inputs no layer could use (embedding indices), so that every replica refuses the
+  // step alike, before any update, instead of one failing while its peers wait in a collective.
+  std::string first_invalid;
+  const uint64_t invalid_here = invalid_inputs(first_invalid);
+  double stats[4] = {loss_sum, static_cast<double>(correct), static_cast<double>(batch),
+                     static_cast<double>(invalid_here)};
   t0 = tick();
-  comm_.allreduce(stats, 3, SF_REDUCE_SUM);
+  comm_.allreduce(stats, 4, SF_REDUCE_SUM);
   if (prof) prof->allreduce += Profile::since(t0);
+  if (stats[3] > 0) refuse_invalid_inputs(first_invalid, stats[3]);
   StepResult r;
   r.samples = static_cast<uint64_t>(stats[2]);
   r.correct = static_cast<uint64_t>(stats[1]);
@@ -358,7 +364,21 @@ void CpuEngine::predict(const float* x, uint32_t batch, float* logits) {
   use_single_threaded_blas();
   ensure_capacity(batch);
   const float* out = forward(x, batch, false);
+  std::string first_invalid;
+  if (const uint64_t n = invalid_inputs(first_invalid)) refuse_invalid_inputs(first_invalid, static_cast<double>(n));
   std::memcpy(logits, out, size_t{batch} * classes_ * sizeof(float));
+}
+
+uint64_t CpuEngine::invalid_inputs(std::string& first) const {
+  uint64_t n = 0;
+  for (size_t i : order_) n += layers_[i]->invalid_inputs(first);
+  return n;
+}
+
+void CpuEngine::refuse_invalid_inputs(const std::string& first, double count) const {
+  const std::string what = std::to_string(static_cast<uint64_t>(count)) + " input value(s) of the global batch are not "
+                           "valid indices";
+  invalid(first.empty() ? what + " (on another replica)" : first + " (" + what + ")");
 }
 
 void CpuEngine::get_params(float* out, uint64_t count) const {

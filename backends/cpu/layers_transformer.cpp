@@ -102,29 +102,43 @@ class LayerNorm final : public Layer {
 // ---- embedding -----------------------------------------------------------------------------
 // Keras' Embedding: each input value, an integer index carried as a float, becomes its row of
 // the (input_dim, output_dim) table. A value that is not an integer in [0, input_dim) is the
-// caller's error (SF_ERR_INVALID naming the layer and the sample). No gradient reaches the input.
+// caller's error: the forward gives it a row of zeros and no gradient and counts it
+// (invalid_inputs), and the engine refuses the step on every replica (SF_ERR_INVALID naming the
+// layer and the sample) before any update. No gradient reaches the input.
 class Embedding final : public Layer {
  public:
   uint32_t input_dim = 0, output_dim = 0;
   std::string label;  // "layer 0 (embedding 'tokens')", for messages
 
   size_t param_size() const override { return size_t{input_dim} * output_dim; }
+  bool valid(float v) const { return v >= 0.f && v < static_cast<float>(input_dim) && v == std::floor(v); }
   void forward(const float* x, float* y, uint32_t batch, bool) override {
     const size_t per = numel(in_shape), n = batch * per, D = output_dim;
+    invalid_ = 0;
+    first_invalid_.clear();
     for (size_t i = 0; i < n; ++i)
-      if (!(x[i] >= 0.f && x[i] < static_cast<float>(input_dim) && x[i] == std::floor(x[i])))
-        throw Error(label + ": sample " + std::to_string(i / per) + " holds " + schema::detail::number_text(x[i]) +
-                        " at position " + std::to_string(i % per) + "; expected an integer index in [0, " +
-                        std::to_string(input_dim) + ")",
-                    SF_ERR_INVALID);
+      if (!valid(x[i]) && invalid_++ == 0)
+        first_invalid_ = label + ": sample " + std::to_string(i / per) + " holds " + schema::detail::number_text(x[i]) +
+                         " at position " + std::to_string(i % per) + "; expected an integer index in [0, " +
+                         std::to_string(input_dim) + ")";
     k::for_rows(n, D, exec_, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) std::memcpy(y + i * D, p_ + static_cast<size_t>(x[i]) * D, D * sizeof(float));
+      for (size_t i = b; i < e; ++i) {
+        if (valid(x[i]))
+          std::memcpy(y + i * D, p_ + static_cast<size_t>(x[i]) * D, D * sizeof(float));
+        else
+          std::fill(y + i * D, y + (i + 1) * D, 0.f);
+      }
     });
+  }
+  uint64_t invalid_inputs(std::string& first) const override {
+    if (invalid_ > 0 && first.empty()) first = first_invalid_;
+    return invalid_;
   }
   void backward(const float* x, const float*, float* dy, float* dx, uint32_t batch) override {
     const size_t n = batch * numel(in_shape), D = output_dim;
     std::fill(g_, g_ + param_size(), 0.f);
     for (size_t i = 0; i < n; ++i) {  // in input order: a row's sum never depends on the threads
+      if (!valid(x[i])) continue;
       float* row = g_ + static_cast<size_t>(x[i]) * D;
       const float* d = dy + i * D;
 #pragma omp simd
@@ -132,6 +146,10 @@ class Embedding final : public Layer {
     }
     if (dx) std::fill(dx, dx + n, 0.f);
   }
+
+ private:
+  uint64_t invalid_ = 0;       // of the last forward
+  std::string first_invalid_;  // its first, described
 };
 
 // ---- position_embedding --------------------------------------------------------------------

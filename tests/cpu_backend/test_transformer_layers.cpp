@@ -219,16 +219,52 @@ TEST(Embedding, RefusesValuesThatAreNotIndices) {
   std::vector<float> p(15, 0.f);
   for (float bad : {2.5f, -1.f, 5.f, std::nanf("")}) {
     const std::vector<float> x = {0, 1, 4, bad};
-    try {
-      run(*l, x, 2, p);
-      ADD_FAILURE() << "accepted " << bad;
-    } catch (const skyforge::Error& e) {
-      EXPECT_EQ(e.status(), SF_ERR_INVALID);
-      const std::string m = e.what();
-      EXPECT_NE(m.find("layer 3 (embedding 'tokens'): sample 1 holds"), std::string::npos) << m;
-      EXPECT_NE(m.find("at position 1; expected an integer index in [0, 5)"), std::string::npos) << m;
-    }
+    const auto y = run(*l, x, 2, p);  // counted, a row of zeros: the engine refuses the step
+    std::string m;
+    EXPECT_EQ(l->invalid_inputs(m), 1u) << bad;
+    EXPECT_EQ(std::vector<float>(y.begin() + 9, y.end()), std::vector<float>(3, 0.f));
+    EXPECT_NE(m.find("layer 3 (embedding 'tokens'): sample 1 holds"), std::string::npos) << m;
+    EXPECT_NE(m.find("at position 1; expected an integer index in [0, 5)"), std::string::npos) << m;
   }
+}
+
+// A replica whose batch holds a value that is not an index refuses the step, and so does its peer
+// (which holds none) instead of waiting in a collective; neither updates its weights.
+TEST(Embedding, EveryReplicaRefusesAStepWithAnInvalidIndexBeforeUpdating) {
+  ModelSpec m;
+  m.input_shape = {2};
+  m.layers = {layer("embedding", {{"input_dim", "5"}, {"output_dim", "3"}}), layer("flatten"),
+              layer("dense", {{"units", "4"}})};
+  ThreadGroup g(2);
+  std::string message[2];
+  sf_status status[2] = {SF_OK, SF_OK};
+  bool unchanged[2] = {false, false};
+  g.run([&](uint32_t rank) {
+    CpuEngine e(m, skyforge::Communicator(g.comm(rank)));
+    auto weights = [&] {
+      std::vector<float> w(e.param_count());
+      e.get_params(w.data(), w.size());
+      return w;
+    };
+    const std::vector<float> before = weights();
+    const std::vector<float> x = rank == 0 ? std::vector<float>{0, 1, 2, 3} : std::vector<float>{4, 7, 1, 0};
+    const std::vector<int32_t> y = {1, 2};
+    try {
+      e.train_step(x.data(), y.data(), 2);
+    } catch (const skyforge::Error& err) {
+      status[rank] = err.status();
+      message[rank] = err.what();
+    }
+    unchanged[rank] = weights() == before;
+  });
+  for (uint32_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[r], SF_ERR_INVALID) << r;
+    EXPECT_TRUE(unchanged[r]) << r;
+  }
+  EXPECT_NE(message[1].find("sample 0 holds 7 at position 1"), std::string::npos) << message[1];
+  EXPECT_NE(message[0].find("1 input value(s) of the global batch are not valid indices (on another replica)"),
+            std::string::npos)
+      << message[0];
 }
 
 TEST(PositionEmbedding, IsTheTableForEverySampleWithNoInputGradient) {
