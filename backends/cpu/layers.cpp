@@ -808,11 +808,7 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& spec, const std::vector<Shape
     layer = make_average_pooling2d(c, shape);
   } else if (t == "max_pooling2d") {
     auto l = std::make_unique<MaxPool>();
-    const schema::Size2 p = c.size("pool_size"), s = c.size("strides");
-    l->ph = p.h, l->pw = p.w, l->sh = s.h, l->sw = s.w;
-    l->same = c.choice("padding") == "same";
-    l->pt = shape.rows.pad;
-    l->pl = shape.cols.pad;
+    set_pool_window(*l, c, shape);
     layer = std::move(l);
   } else if (auto l = checked([&] { return make_transformer_layer(c, in, seed, rank); })) {
     layer = std::move(l);

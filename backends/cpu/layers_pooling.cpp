@@ -75,11 +75,7 @@ class AveragePool2D final : public Layer {
 
 std::unique_ptr<Layer> make_average_pooling2d(const schema::LayerConfig& c, const schema::LayerShape& shape) {
   auto l = std::make_unique<AveragePool2D>();
-  const schema::Size2 p = c.size("pool_size"), s = c.size("strides");
-  l->ph = p.h, l->pw = p.w, l->sh = s.h, l->sw = s.w;
-  l->same = c.choice("padding") == "same";
-  l->pt = shape.rows.pad;
-  l->pl = shape.cols.pad;
+  set_pool_window(*l, c, shape);
   return l;
 }
 
