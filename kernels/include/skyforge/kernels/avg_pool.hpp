@@ -29,9 +29,9 @@ struct AvgPoolForwardElem {
   float* y;
   WindowShape g;
   SF_HD void operator()(size_t i) const {
-    const uint32_t c = static_cast<uint32_t>(i % g.C), ox = static_cast<uint32_t>(i / g.C % g.Wo),
-                   oy = static_cast<uint32_t>(i / g.C / g.Wo % g.Ho);
-    const size_t n = i / (size_t{g.C} * g.Wo * g.Ho);
+    const Nhwc e = nhwc_of(i, g.Ho, g.Wo, g.C);
+    const uint32_t c = e.c, ox = e.x, oy = e.y;
+    const size_t n = e.n;
     const float* xs = x + n * g.H * g.W * g.C + c;
     const AvgPoolSpan w(g, oy, ox);
     float s = 0.f;
@@ -48,16 +48,13 @@ struct AvgPoolBackwardElem {
   float* dx;
   WindowShape g;
   SF_HD void operator()(size_t i) const {
-    const uint32_t c = static_cast<uint32_t>(i % g.C), x = static_cast<uint32_t>(i / g.C % g.W),
-                   y = static_cast<uint32_t>(i / g.C / g.W % g.H);
-    const size_t n = i / (size_t{g.C} * g.W * g.H);
-    // Windows oy with oy * sh - pt <= y <= oy * sh - pt + kh - 1 (as MaxPoolBackwardElem).
-    const int64_t ty = int64_t{y} + g.pt, tx = int64_t{x} + g.pl;
-    const int64_t oy0 = ty - g.kh + 1 <= 0 ? 0 : (ty - g.kh + 1 + g.sh - 1) / g.sh, oy1 = ty / g.sh;
-    const int64_t ox0 = tx - g.kw + 1 <= 0 ? 0 : (tx - g.kw + 1 + g.sw - 1) / g.sw, ox1 = tx / g.sw;
+    const Nhwc e = nhwc_of(i, g.H, g.W, g.C);
+    const WindowsOver w(g, e);
+    const size_t n = e.n;
+    const uint32_t c = e.c;
     float s = 0.f;
-    for (int64_t oy = oy0; oy <= oy1 && oy < g.Ho; ++oy)
-      for (int64_t ox = ox0; ox <= ox1 && ox < g.Wo; ++ox) {
+    for (int64_t oy = w.oy0; oy <= w.oy1 && oy < g.Ho; ++oy)
+      for (int64_t ox = w.ox0; ox <= w.ox1 && ox < g.Wo; ++ox) {
         const size_t o = ((n * g.Ho + static_cast<size_t>(oy)) * g.Wo + static_cast<size_t>(ox)) * g.C + c;
         s += dy[o] * AvgPoolSpan(g, oy, ox).inv_count();
       }

@@ -21,6 +21,27 @@ struct WindowShape {
   SF_HD size_t positions() const { return batch * Ho * Wo; }
 };
 
+// Element i of an NHWC tensor [batch, h, w, C]: its sample, row, column and channel.
+struct Nhwc {
+  size_t n;
+  uint32_t y, x, c;
+};
+SF_HD inline Nhwc nhwc_of(size_t i, uint32_t h, uint32_t w, uint32_t C) {
+  return Nhwc{i / (size_t{C} * w * h), static_cast<uint32_t>(i / C / w % h), static_cast<uint32_t>(i / C % w),
+              static_cast<uint32_t>(i % C)};
+}
+
+// The output positions whose windows hold input element e: oy in [oy0, oy1] (and < Ho), those
+// with oy * sh - pt <= y <= oy * sh - pt + kh - 1; ox likewise.
+struct WindowsOver {
+  int64_t oy0, oy1, ox0, ox1;
+  SF_HD WindowsOver(const WindowShape& g, const Nhwc& e) {
+    const int64_t ty = int64_t{e.y} + g.pt, tx = int64_t{e.x} + g.pl;
+    oy0 = ty - g.kh + 1 <= 0 ? 0 : (ty - g.kh + 1 + g.sh - 1) / g.sh, oy1 = ty / g.sh;
+    ox0 = tx - g.kw + 1 <= 0 ? 0 : (tx - g.kw + 1 + g.sw - 1) / g.sw, ox1 = tx / g.sw;
+  }
+};
+
 // Element i of col: the input value under it, or 0 in the padding.
 struct Im2ColElem {
   const float* x;
@@ -45,9 +66,9 @@ struct Col2ImElem {
   float* dx;
   WindowShape g;
   SF_HD void operator()(size_t i) const {
-    const uint32_t c = static_cast<uint32_t>(i % g.C), x = static_cast<uint32_t>(i / g.C % g.W),
-                   y = static_cast<uint32_t>(i / g.C / g.W % g.H);
-    const size_t n = i / (size_t{g.C} * g.W * g.H), kkc = g.col_width();
+    const Nhwc e = nhwc_of(i, g.H, g.W, g.C);
+    const uint32_t c = e.c, x = e.x, y = e.y;
+    const size_t n = e.n, kkc = g.col_width();
     float s = 0.f;
     for (uint32_t ky = 0; ky < g.kh; ++ky) {
       const int64_t ty = int64_t{y} + g.pt - ky;
@@ -159,9 +180,9 @@ struct MaxPoolForwardElem {
   int32_t* arg;
   WindowShape g;
   SF_HD void operator()(size_t i) const {
-    const uint32_t c = static_cast<uint32_t>(i % g.C), ox = static_cast<uint32_t>(i / g.C % g.Wo),
-                   oy = static_cast<uint32_t>(i / g.C / g.Wo % g.Ho);
-    const size_t n = i / (size_t{g.C} * g.Wo * g.Ho);
+    const Nhwc e = nhwc_of(i, g.Ho, g.Wo, g.C);
+    const uint32_t c = e.c, ox = e.x, oy = e.y;
+    const size_t n = e.n;
     const float* xs = x + n * g.H * g.W * g.C;
     float best = 0.f;
     int32_t at = -1;
@@ -189,15 +210,11 @@ struct MaxPoolBackwardElem {
   WindowShape g;
   SF_HD void operator()(size_t i) const {
     const size_t per = size_t{g.H} * g.W * g.C, n = i / per, own = i % per;
-    const uint32_t c = static_cast<uint32_t>(i % g.C), x = static_cast<uint32_t>(i / g.C % g.W),
-                   y = static_cast<uint32_t>(i / g.C / g.W % g.H);
-    // Windows oy with oy * sh - pt <= y <= oy * sh - pt + kh - 1.
-    const int64_t ty = int64_t{y} + g.pt, tx = int64_t{x} + g.pl;
-    const int64_t oy0 = ty - g.kh + 1 <= 0 ? 0 : (ty - g.kh + 1 + g.sh - 1) / g.sh, oy1 = ty / g.sh;
-    const int64_t ox0 = tx - g.kw + 1 <= 0 ? 0 : (tx - g.kw + 1 + g.sw - 1) / g.sw, ox1 = tx / g.sw;
+    const uint32_t c = static_cast<uint32_t>(i % g.C);
+    const WindowsOver w(g, nhwc_of(i, g.H, g.W, g.C));
     float s = 0.f;
-    for (int64_t oy = oy0; oy <= oy1 && oy < g.Ho; ++oy)
-      for (int64_t ox = ox0; ox <= ox1 && ox < g.Wo; ++ox) {
+    for (int64_t oy = w.oy0; oy <= w.oy1 && oy < g.Ho; ++oy)
+      for (int64_t ox = w.ox0; ox <= w.ox1 && ox < g.Wo; ++ox) {
         const size_t o = ((n * g.Ho + static_cast<size_t>(oy)) * g.Wo + static_cast<size_t>(ox)) * g.C + c;
         if (arg[o] == static_cast<int32_t>(own)) s += dy[o];
       }
