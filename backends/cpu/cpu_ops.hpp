@@ -170,14 +170,13 @@ inline void bias_grad(const float* dy, size_t rows, size_t width, const Exec& ex
 }
 
 // The elementwise activations and their derivatives (Keras' and jax's formulas). gelu's
-// derivative needs the pre-activation z; tanh's and sigmoid's come from the output y.
-inline constexpr float kSqrtHalf = 0.70710678118654752f, kSqrt2OverPi = 0.79788456080286536f,
-                       kInvSqrt2Pi = 0.39894228040143268f, kGeluCubic = 0.044715f;
+// derivative needs the pre-activation z; tanh's and sigmoid's come from the output y. The exact
+// gelu runs in the row kernels (simd::row_kernels(): its erfc is vectorised), the rest here.
+inline constexpr float kSqrt2OverPi = 0.79788456080286536f, kGeluCubic = 0.044715f;
 inline bool needs_pre_activation(Activation a) { return a == Activation::gelu || a == Activation::gelu_tanh; }
 inline float apply(Activation a, float z) {
   switch (a) {
     case Activation::relu: return z > 0.f ? z : 0.f;
-    case Activation::gelu: return 0.5f * z * std::erfc(-z * kSqrtHalf);
     case Activation::gelu_tanh: return 0.5f * z * (1.f + std::tanh(kSqrt2OverPi * (z + kGeluCubic * z * z * z)));
     case Activation::tanh: return std::tanh(z);
     case Activation::sigmoid: return 1.f / (1.f + std::exp(-z));
@@ -188,7 +187,6 @@ inline float apply(Activation a, float z) {
 inline float derivative(Activation a, float y, float z) {
   switch (a) {
     case Activation::relu: return y > 0.f ? 1.f : 0.f;
-    case Activation::gelu: return 0.5f * std::erfc(-z * kSqrtHalf) + z * kInvSqrt2Pi * std::exp(-0.5f * z * z);
     case Activation::gelu_tanh: {
       const float t = std::tanh(kSqrt2OverPi * (z + kGeluCubic * z * z * z));
       return 0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * z * z);
@@ -228,6 +226,8 @@ inline void bias_activation(float* y, const float* bias, size_t rows, size_t wid
       const float inv = 1.f / s;
 #pragma omp simd
       for (size_t j = 0; j < width; ++j) row[j] *= inv;
+    } else if (act == Activation::gelu) {
+      simd::row_kernels().gelu(row, row, width);
     } else if (act != Activation::linear) {
       for (size_t j = 0; j < width; ++j) row[j] = apply(act, row[j]);
     }
@@ -254,6 +254,8 @@ inline void activation_backward(const float* y, float* dy, size_t rows, size_t w
       for (size_t j = 0; j < width; ++j) dot += d[j] * yr[j];
 #pragma omp simd
       for (size_t j = 0; j < width; ++j) d[j] = yr[j] * (d[j] - dot);
+    } else if (act == Activation::gelu) {
+      simd::row_kernels().gelu_grad(pre + r * width, d, width);
     } else {
       const float* z = pre ? pre + r * width : nullptr;
       for (size_t j = 0; j < width; ++j) d[j] *= derivative(act, yr[j], z ? z[j] : 0.f);

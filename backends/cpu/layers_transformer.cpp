@@ -13,7 +13,8 @@ namespace {
 
 // ---- layer_normalization -------------------------------------------------------------------
 // Keras' LayerNormalization over the last axis: per row, mean and variance = mean((x - mean)^2)
-// (two passes, summed in double), y = (x - mean) / sqrt(var + epsilon) * gamma + beta.
+// (two passes), y = (x - mean) / sqrt(var + epsilon) * gamma + beta: the row kernels'
+// layer_norm (simd.hpp), the same bits on every kernel table.
 // The weights: gamma (scale), then beta (center), each only when the layer has it.
 class LayerNorm final : public Layer {
  public:
@@ -28,22 +29,9 @@ class LayerNorm final : public Layer {
     if (mean_.size() < M) mean_.resize(M), invstd_.resize(M);
     const float* g = scale ? p_ : nullptr;
     const float* b = center ? p_ + (scale ? C : 0) : nullptr;
+    const simd::RowKernels& rk = simd::row_kernels();
     k::for_rows(M, C, exec_, [&](size_t r0, size_t r1) {
-      for (size_t r = r0; r < r1; ++r) {
-        const float* xr = x + r * C;
-        float* yr = y + r * C;
-        double s = 0;
-        for (size_t j = 0; j < C; ++j) s += xr[j];
-        const double mean = s / static_cast<double>(C);
-        double v = 0;
-        for (size_t j = 0; j < C; ++j) v += (xr[j] - mean) * (xr[j] - mean);
-        const float m = static_cast<float>(mean);
-        const float is = 1.f / std::sqrt(static_cast<float>(v / static_cast<double>(C)) + epsilon);
-        mean_[r] = m;
-        invstd_[r] = is;
-#pragma omp simd
-        for (size_t j = 0; j < C; ++j) yr[j] = (xr[j] - m) * is * (g ? g[j] : 1.f) + (b ? b[j] : 0.f);
-      }
+      rk.layer_norm(x + r0 * C, y + r0 * C, r1 - r0, C, g, b, epsilon, mean_.data() + r0, invstd_.data() + r0);
     });
   }
   // xhat = (x - mean) * invstd; dgamma = sum dy * xhat, dbeta = sum dy over the rows;
@@ -72,22 +60,9 @@ class LayerNorm final : public Layer {
         for (size_t j = 0; j < C; ++j) *out++ = static_cast<float>(acc_[C + j]);
     }
     if (!dx) return;
+    const simd::RowKernels& rk = simd::row_kernels();
     k::for_rows(M, C, exec_, [&](size_t r0, size_t r1) {
-      for (size_t r = r0; r < r1; ++r) {
-        const float* xr = x + r * C;
-        const float* d = dy + r * C;
-        float* o = dx + r * C;
-        double s1 = 0, s2 = 0;
-        for (size_t j = 0; j < C; ++j) {
-          const float dh = d[j] * (g ? g[j] : 1.f);
-          s1 += dh;
-          s2 += dh * ((xr[j] - mu[r]) * is[r]);
-        }
-        const float m1 = static_cast<float>(s1 / static_cast<double>(C)), m2 = static_cast<float>(s2 / static_cast<double>(C));
-#pragma omp simd
-        for (size_t j = 0; j < C; ++j)
-          o[j] = is[r] * (d[j] * (g ? g[j] : 1.f) - m1 - (xr[j] - mu[r]) * is[r] * m2);
-      }
+      rk.layer_norm_dx(x + r0 * C, dy + r0 * C, dx + r0 * C, r1 - r0, C, g, mu + r0, is + r0);
     });
   }
   std::string describe() const override {
@@ -235,9 +210,8 @@ class MultiHeadAttention final : public Layer {
     });
     over_pairs(batch, T * T * (kd + vd), [&](size_t n, size_t h, size_t pair) {
       float* s = probs_.data() + pair * TT;
-      k::gemm(false, true, T, T, kd, 1.f, q + n * T * HK + h * kd, HK, k_.data() + n * T * HK + h * kd, HK, 0.f, s, T,
-              kOne);
-      k::bias_activation(s, nullptr, T, T, Activation::softmax, kOne);
+      pair_gemm(false, true, T, T, kd, q + n * T * HK + h * kd, HK, k_.data() + n * T * HK + h * kd, HK, s, T);
+      simd::row_kernels().softmax(s, T, T);
     });
     dropped_ = training && rate > 0.f;
     if (dropped_) {
@@ -250,8 +224,8 @@ class MultiHeadAttention final : public Layer {
     }
     const float* a = dropped_ ? drop_.data() : probs_.data();
     over_pairs(batch, TT * vd, [&](size_t n, size_t h, size_t pair) {
-      k::gemm(false, false, T, vd, T, 1.f, a + pair * TT, T, v_.data() + n * T * HV + h * vd, HV, 0.f,
-              o_.data() + n * T * HV + h * vd, HV, kOne);
+      pair_gemm(false, false, T, vd, T, a + pair * TT, T, v_.data() + n * T * HV + h * vd, HV,
+                o_.data() + n * T * HV + h * vd, HV);
     });
     k::gemm(false, false, M, D, HV, 1.f, o_.data(), HV, p_ + w.wo, D, 0.f, y, D, exec_);
     k::bias_activation(y, use_bias ? p_ + w.bo : nullptr, M, D, Activation::linear, exec_);
@@ -270,18 +244,17 @@ class MultiHeadAttention final : public Layer {
     const float* a = dropped_ ? drop_.data() : probs_.data();
     over_pairs(batch, TT * vd, [&](size_t n, size_t h, size_t pair) {
       const size_t at = n * T * HV + h * vd;
-      k::gemm(false, true, T, T, vd, 1.f, do_.data() + at, HV, v_.data() + at, HV, 0.f, dprobs_.data() + pair * TT,
-              T, kOne);
-      k::gemm(true, false, T, vd, T, 1.f, a + pair * TT, T, do_.data() + at, HV, 0.f, dv_.data() + at, HV, kOne);
+      pair_gemm(false, true, T, T, vd, do_.data() + at, HV, v_.data() + at, HV, dprobs_.data() + pair * TT, T);
+      pair_gemm(true, false, T, vd, T, a + pair * TT, T, do_.data() + at, HV, dv_.data() + at, HV);
     });
     if (dropped_) dropout(dprobs_.data(), dprobs_.data(), pairs * TT);
     // Through the softmax, then dQ = dS K, dK = dS^T Q (Q scaled).
     over_pairs(batch, TT * 2 * kd, [&](size_t n, size_t h, size_t pair) {
       float* ds = dprobs_.data() + pair * TT;
-      k::activation_backward(probs_.data() + pair * TT, ds, T, T, Activation::softmax, kOne);
+      simd::row_kernels().softmax_grad(probs_.data() + pair * TT, ds, T, T);
       const size_t at = n * T * HK + h * kd;
-      k::gemm(false, false, T, kd, T, 1.f, ds, T, k_.data() + at, HK, 0.f, dq_.data() + at, HK, kOne);
-      k::gemm(true, false, T, kd, T, 1.f, ds, T, q_.data() + at, HK, 0.f, dk_.data() + at, HK, kOne);
+      pair_gemm(false, false, T, kd, T, ds, T, k_.data() + at, HK, dq_.data() + at, HK);
+      pair_gemm(true, false, T, kd, T, ds, T, q_.data() + at, HK, dk_.data() + at, HK);
     });
     const float inv = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kd)));
     float* dq = dq_.data();
@@ -300,7 +273,25 @@ class MultiHeadAttention final : public Layer {
   }
 
  private:
-  static constexpr Exec kOne{1};  // a GEMM inside a (sample, head) task: on that task's thread
+  // C[M, N] = op(A) op(B) for one (sample, head), on the calling thread. These operands sit in
+  // L1 and OpenBLAS would spend more on packing them than on the product: with a SIMD table its
+  // register tiles run them (B^T, when op(B) is one, copied row-major first), otherwise OpenBLAS.
+  static void pair_gemm(bool ta, bool tb, size_t M, size_t N, size_t K, const float* A, size_t lda, const float* B,
+                        size_t ldb, float* C, size_t ldc) {
+    const simd::Kernels* sk = simd::kernels();
+    if (!sk) {
+      k::gemm(ta, tb, M, N, K, 1.f, A, lda, B, ldb, 0.f, C, ldc, Exec{1});
+      return;
+    }
+    if (tb) {
+      static thread_local std::vector<float> bt;
+      bt.resize(K * N);
+      for (size_t t = 0; t < K; ++t)
+        for (size_t j = 0; j < N; ++j) bt[t * N + j] = B[j * ldb + t];
+      B = bt.data(), ldb = N;
+    }
+    sk->gemm(M, N, K, A, ta ? 1 : lda, ta ? lda : 1, B, ldb, C, ldc, false);
+  }
 
   // out[M, width] = x[M, D] W + b (W at p_ + wk, b at p_ + bk when use_bias).
   void project(const float* x, size_t M, size_t D, size_t wk, size_t bk, size_t width, float* out) const {

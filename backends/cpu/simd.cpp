@@ -61,6 +61,11 @@ std::atomic<const Kernels*>& current() {
 
 const Kernels* kernels() { return current().load(std::memory_order_relaxed); }
 
+const RowKernels& row_kernels() {
+  const Kernels* k = kernels();
+  return k ? *k->rows : portable::row_table;
+}
+
 Isa set_isa(Isa isa) {
   const Kernels* k = table_for(cap(isa));
   current().store(k, std::memory_order_relaxed);

@@ -24,6 +24,22 @@ struct ConvGeom {
   size_t H, W, C, kh, kw, sh, sw, pt, pl, Ho, Wo;
 };
 
+// Row kernels (row_kernels.hpp: one source for every table and the portable loops, the same
+// bits from all of them): GELU and its derivative over n floats (gelu_grad: dy *= GELU'(z)),
+// softmax over rows of `width` in place and its backward from the output (dy <- y * (dy -
+// sum(dy * y))), layer normalization of rows of C (gamma/beta null for none; mean/invstd, one
+// per row, written) and its input gradient.
+struct RowKernels {
+  void (*gelu)(const float* z, float* y, size_t n);
+  void (*gelu_grad)(const float* z, float* dy, size_t n);
+  void (*softmax)(float* s, size_t rows, size_t width);
+  void (*softmax_grad)(const float* y, float* dy, size_t rows, size_t width);
+  void (*layer_norm)(const float* x, float* y, size_t rows, size_t C, const float* gamma, const float* beta, float eps,
+                     float* mean, float* invstd);
+  void (*layer_norm_dx)(const float* x, const float* dy, float* dx, size_t rows, size_t C, const float* gamma,
+                        const float* mean, const float* invstd);
+};
+
 struct Kernels {
   Isa isa;
   const char* name;
@@ -67,23 +83,31 @@ struct Kernels {
   // per element in increasing t, stored, or added to O when accumulate.
   void (*gemm)(size_t rows, size_t cols, size_t T, const float* P, size_t prs, size_t pts, const float* Q,
                size_t qts, float* O, size_t ldo, bool accumulate);
+  const RowKernels* rows;
 };
 
 // The best table for this CPU, honouring SKYFORGE_CPU_ISA (avx512 | avx2 | none) as a cap;
 // nullptr: use OpenBLAS.
 const Kernels* kernels();
+// The row kernels of kernels(), or the portable loops when it is nullptr.
+const RowKernels& row_kernels();
 // What the CPU and OS support (cpuid + xgetbv, via the compiler's runtime).
 Isa supported();
 // Test and benchmark hook: use `isa` (capped at supported()) from now on; returns the ISA in use.
 Isa set_isa(Isa isa);
 const char* isa_name(Isa isa);
 
+namespace portable {
+extern const RowKernels row_table;
+}
 #if defined(SKYFORGE_CPU_SIMD)
 namespace avx2 {
 extern const Kernels table;
+extern const RowKernels row_table;
 }
 namespace avx512 {
 extern const Kernels table;
+extern const RowKernels row_table;
 }
 #endif
 

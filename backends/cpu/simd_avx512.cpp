@@ -12,3 +12,4 @@
 #define SF_SIMD_NS avx512
 #define SF_SIMD_AVX512 1
 #include "simd_kernels.inc"
+#include "simd_rows.inc"
