@@ -226,6 +226,19 @@ void BM_conv(benchmark::State& s) {
                                             benchmark::Counter::kIsRate);
 }
 
+// The ViT example's GEMMs at batch 64 (49 tokens of 64: 3,136 rows), op(B) = B: a projection
+// of attention or the MLP's Dense layers, forward and weight gradient, and one (sample, head)
+// product of attention (49x16 keys, 49x49 weights).
+void vit_gemms(benchmark::internal::Benchmark* b) {
+  b->Args({0, 0, 3136, 64, 64})    // projection forward
+      ->Args({1, 0, 64, 64, 3136})   // projection weight gradient
+      ->Args({0, 0, 3136, 128, 64})  // mlp dense 1 forward
+      ->Args({1, 0, 64, 128, 3136})  // mlp dense 1 weight gradient
+      ->Args({0, 0, 3136, 64, 128})  // mlp dense 2 forward
+      ->Args({0, 0, 49, 49, 16})     // attention scores of one (sample, head), K^T copied
+      ->Args({0, 0, 49, 16, 49});    // attention weights times values
+}
+
 }  // namespace
 
 BENCHMARK(BM_conv)->ArgNames({"layer", "pass"})->ArgsProduct({{0, 1, 2}, {0, 1, 2}})->Unit(benchmark::kMicrosecond);
@@ -240,12 +253,14 @@ BENCHMARK(BM_gemm)
     ->Args({0, 1, 2304, 864, 32})    // conv 3 input gradient (col)
     ->Args({0, 0, 64, 128, 784})     // mlp dense 1 forward
     ->Args({1, 0, 784, 128, 64})     // mlp dense 1 weight gradient
+    ->Apply(vit_gemms)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_tile_gemm)
     ->ArgNames({"ta", "tb", "M", "N", "K"})
     ->Args({0, 0, 64, 128, 784})  // mlp dense 1 forward
     ->Args({1, 0, 784, 128, 64})  // mlp dense 1 weight gradient
     ->Args({0, 0, 64, 10, 128})   // mlp dense 2 forward
+    ->Apply(vit_gemms)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_mlp)->ArgName("batch")->Arg(64)->Arg(32)->Unit(benchmark::kMicrosecond)->MinTime(2.0);
 BENCHMARK(BM_convnet)->ArgName("batch")->Arg(64)->Arg(32)->Unit(benchmark::kMicrosecond)->MinTime(3.0);
