@@ -5,7 +5,7 @@ Run with Debian's interpreter (the one PyTorch imports under):
 
     /usr/bin/python3 bench/train_vs_pytorch.py [--models mlp,convnet,resnet,vit] [--epochs-mlp 5]
         [--epochs-convnet 1] [--epochs-resnet 1] [--epochs-vit 1] [--steps N] [--rounds 1]
-        [--skyforge build/bin/skyforge] [--json FILE] [--backend cpu|cuda] [--seeds 1,2,3,7,42]
+        [--skyforge build/bin/skyforge] [--json FILE] [--backend cpu|cuda] [--seeds 1,2,3,7,42] [--same-masks]
     /usr/bin/python3 bench/train_vs_pytorch.py --check [--models ...] [--steps 1]
 
 (--backend cuda: the GPU table, bench/train_vs_pytorch_cuda.py.)
@@ -20,7 +20,9 @@ The PyTorch model is the example's twin (bench/torch_twins.py: built from its mo
 Keras' semantics), starting from skyforge's exact initial weights for the seed, trained on
 skyforge's exact data order (each epoch's permutation, each rank's share of a global batch) with
 the example's optimizer (Adam or AdamW with Keras' epsilon placement) and learning-rate schedule.
-Only the dropout masks differ. --check runs 1 node and 1 process for 1 epoch of --steps (default
+The dropout masks are PyTorch's own, or with --same-masks skyforge's (its Philox draws, computed
+in numpy inside PyTorch's timed loop: for accuracy comparisons, where the twins then train the same
+function). --check runs 1 node and 1 process for 1 epoch of --steps (default
 1) steps and prints both training and test losses: after 1 step they agree to ~1e-7.
 
   skyforge 1 node   `skyforge run` of a temporary manifest derived from the example: nodes = 1,
@@ -149,10 +151,13 @@ def example(name):
     return tomllib.loads(EXAMPLES[name].read_text())
 
 
-def build_torch_model(name, seed=SEED):
-    """The PyTorch twin of the example's model graph, holding skyforge's initial weights for `seed`."""
+def build_torch_model(name, seed=SEED, same_masks=False, rank=0):
+    """The PyTorch twin of the example's model graph, holding skyforge's initial weights for `seed`;
+    its dropout layers draw skyforge's masks for `seed` and `rank` when same_masks, PyTorch's own
+    otherwise."""
     layers = example(name)["train"]["layers"]
-    return torch_twins.build(layers, INPUT_SHAPE, torch_twins.initial_weights(layers, INPUT_SHAPE, seed))
+    return torch_twins.build(layers, INPUT_SHAPE, torch_twins.initial_weights(layers, INPUT_SHAPE, seed),
+                             seed if same_masks else None, rank)
 
 
 def torch_optimizer(params, train, updates):
@@ -201,8 +206,8 @@ def torch_rank(spec):
                                 rank=rank, world_size=world)
     xtr, ytr, xte, yte = (torch.from_numpy(a) for a in load_fashion_mnist())
 
-    torch.manual_seed(spec["seed"])  # dropout masks (the initial weights are skyforge's for the seed)
-    net = build_torch_model(spec["model"], spec["seed"])
+    torch.manual_seed(spec["seed"])  # PyTorch's own dropout masks, without --same-masks
+    net = build_torch_model(spec["model"], spec["seed"], spec.get("same_masks", False), rank)
     model = net
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -231,6 +236,7 @@ def torch_rank(spec):
             for group in opt.param_groups:
                 group["lr"], group["eps"] = settings[epoch * steps + s]
             opt.zero_grad(set_to_none=True)
+            net.set_step(epoch * steps + s)
             logits = model(xb)
             loss = F.cross_entropy(logits, yb)
             loss.backward()
@@ -448,7 +454,8 @@ def run_cell(spec):
 
 def check(models, skyforge, steps):
     """--check: the twins against skyforge, 1 epoch of `steps` steps from the same weights on the same
-    batches. Returns the exit status: 1 when, after 1 step, a model without dropout differs by more
+    batches and dropout masks. Returns the exit status: 1 when, after 1 step, a model (without
+    attention dropout) differs by more
     than 1e-4 (after more, rounding differences grow: in the ResNet ~1e-5 after 5 steps, ~3e-4 after 20)."""
     print(f"twin check: skyforge 1 node vs PyTorch 1 process, seed {SEED}, {steps} step{'s' * (steps != 1)} "
           f"of batch {GLOBAL_BATCH}; train loss: the mean over those steps (the first: the initial weights); "
@@ -463,13 +470,14 @@ def check(models, skyforge, steps):
         for key, label, kind, procs in CONFIGS:
             if procs == 1:
                 r[kind] = run_cell({"model": m, "key": key, "label": label, "kind": kind, "procs": 1, "epochs": 1,
-                                    "skyforge": skyforge, "seed": SEED, "steps": steps})
+                                    "skyforge": skyforge, "seed": SEED, "steps": steps, "same_masks": True})
         dtrain = abs(r["skyforge"]["train_loss"] - r["torch"]["train_loss"])
         dtest = abs(r["skyforge"]["test_loss"] - r["torch"]["test_loss"])
         layers = example(m)["train"]["layers"]
-        dropout = any(l["type"] == "dropout" or l.get("dropout", 0) > 0 for l in layers)
+        # Dropout layers draw skyforge's masks on both sides here; attention's dropout is PyTorch's own.
+        dropout = any(l["type"] == "multi_head_attention" and l.get("dropout", 0) > 0 for l in layers)
         if dropout:
-            note = "dropout: the masks differ, not compared"
+            note = "attention dropout: the masks differ, not compared"
         elif steps > 1:
             note = "no verdict after more than 1 step"
         else:
@@ -500,6 +508,9 @@ def main():
                          "...); report medians and ranges, ratios taken within each round")
     ap.add_argument("--seeds", help="comma-separated seeds, one per round (implies --rounds their count); "
                                     "default: 42 in every round")
+    ap.add_argument("--same-masks", action="store_true",
+                    help="the PyTorch twin draws skyforge's dropout masks (for accuracy comparisons; costs PyTorch "
+                         "~0.3 ms per step of numpy)")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu",
                     help="cpu (this table) or cuda: skyforge's cuda backend vs PyTorch eager and torch.compile on "
@@ -537,6 +548,8 @@ def main():
         ap.error(f"--seeds {a.seeds!r}: expected comma-separated integers")
     if a.seeds and a.backend == "cuda":
         ap.error("--seeds is --backend cpu's")
+    if a.same_masks and a.backend == "cuda":
+        ap.error("--same-masks is --backend cpu's")
     a.rounds = len(seeds)
     skyforge = str(Path(a.skyforge).resolve())
     if not os.access(skyforge, os.X_OK):
@@ -580,6 +593,8 @@ def main():
     machine["environment"] = tuning
     print("environment (both sides): " + (" ".join(f"{k}={v}" for k, v in tuning.items()) or "no BLAS/OpenMP variables set"))
     print(f"load average at start: {machine['loadavg_start']}")
+    print("dropout masks: " + ("skyforge's on both sides (--same-masks; PyTorch computes them in its timed loop)"
+                               if a.same_masks else "each side its own"))
     print("samples/s: global, samples trained (60000 x epochs unless --steps) / training-loop time (slowest process); "
           "peak RSS: max over the configuration's processes (getrusage RUSAGE_CHILDREN.ru_maxrss "
           "of a fresh wrapper per configuration)", flush=True)
@@ -591,7 +606,8 @@ def main():
         for m in models:
             for key, label, kind, procs in configs:
                 spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs,
-                        "epochs": epochs[m], "skyforge": skyforge, "seed": seeds[rnd - 1], "steps": a.steps}
+                        "epochs": epochs[m], "skyforge": skyforge, "seed": seeds[rnd - 1], "steps": a.steps,
+                        "same_masks": a.same_masks}
                 print(f"  round {rnd}/{a.rounds}: running {m:8s} {label} "
                       f"({epochs[m]} epoch{'s' if epochs[m] != 1 else ''}) ...", file=sys.stderr, flush=True)
                 la0 = loadavg()
@@ -658,7 +674,7 @@ def main():
 
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine, "global_batch": GLOBAL_BATCH,
-                                            "steps_per_epoch": a.steps, "rounds": a.rounds, "cells": cells,
+                                            "steps_per_epoch": a.steps, "rounds": a.rounds, "same_masks": a.same_masks, "cells": cells,
                                             "ratios": ratios}, indent=2) + "\n")
         print(f"figures written to {a.json}")
 
