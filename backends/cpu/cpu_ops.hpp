@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 namespace skyforge::cpu::k {
@@ -239,6 +240,8 @@ inline void bias_activation(float* y, const float* bias, size_t rows, size_t wid
 inline void activation_backward(const float* y, float* dy, size_t rows, size_t width, Activation act,
                                 const Exec& ex, const float* pre = nullptr) {
   if (act == Activation::linear) return;
+  if (needs_pre_activation(act) && !pre)
+    throw std::logic_error("activation_backward: gelu's derivative needs the values before the activation");
 #pragma omp parallel for schedule(static) num_threads(ex.threads) if (par(rows * width, ex))
   for (size_t r = 0; r < rows; ++r) {
     const float* yr = y + r * width;

@@ -10,7 +10,7 @@
 //   load_n(p, n, fill)       the first n (< 16) floats at p, `fill` in the other lanes
 //   store_n(p, v, n)         the first n lanes
 //   set, add, sub, mul, div  lane by lane
-//   max(a, b), min(a, b)     a > b ? a : b and a < b ? a : b (x86's maxps/minps: a NaN in b wins)
+//   max(a, b), min(a, b)     a > b ? a : b and a < b ? a : b (x86's maxps/minps: b if either is NaN)
 //   abs(a)                   the sign bit cleared
 //   less(a, b, x, y)         a < b ? x : y
 //   pow2(t)                  2^n for t = n + kMagic (n an integer in [-126, 127])
@@ -35,7 +35,8 @@ constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: x + kMagic rounds x to an i
 
 // exp(x): x = n ln2 + r (Cody-Waite: ln2 in a 16-bit high part and the rest), |r| <= ln2/2 + an
 // ulp, e^r by its Taylor polynomial of degree 7 (truncation 5e-9 relative), times 2^n. Below
-// ln(2^-126) the result is 0 (no subnormals); the argument is clamped to 88 above; NaN stays NaN.
+// kExpLo (just under ln 2^-126) the result is 0; the argument is clamped to 88 above; NaN stays
+// NaN.
 // (tests/cpu_backend/test_row_kernels.cpp measures softmax and GELU against double precision.)
 constexpr float kExpLo = -87.33654475f, kExpHi = 88.f;
 constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723e-6f;

@@ -8,10 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
-#include <functional>
 #include <limits>
+#include <numbers>
 #include <vector>
 
 using namespace skyforge::cpu;
@@ -63,7 +65,7 @@ std::vector<float> outputs(const simd::RowKernels& rk) {
 
 double gelu_exact(double z) { return 0.5 * z * std::erfc(-z / std::sqrt(2.0)); }
 double gelu_slope_exact(double z) {
-  return 0.5 * std::erfc(-z / std::sqrt(2.0)) + z * std::exp(-0.5 * z * z) / std::sqrt(2.0 * M_PI);
+  return 0.5 * std::erfc(-z / std::sqrt(2.0)) + z * std::exp(-0.5 * z * z) / std::sqrt(2.0 * std::numbers::pi);
 }
 
 }  // namespace
@@ -71,6 +73,11 @@ double gelu_slope_exact(double z) {
 TEST(SimdRows, EveryTableGivesThePortableBits) {
   const std::vector<float> portable = outputs(simd::portable::row_table);
   const simd::Isa best = simd::supported();
+  const simd::Kernels* const before = simd::kernels();
+  const struct Restore {  // the table in use before, whatever the exit
+    simd::Isa isa;
+    ~Restore() { simd::set_isa(isa); }
+  } restore{before ? before->isa : simd::Isa::none};
   for (simd::Isa isa : {simd::Isa::avx2, simd::Isa::avx512}) {
     if (isa > best) continue;
     simd::set_isa(isa);
@@ -81,10 +88,8 @@ TEST(SimdRows, EveryTableGivesThePortableBits) {
     for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &portable[i], sizeof(float)) != 0;
     EXPECT_EQ(differ, 0u) << simd::isa_name(isa) << ": " << differ << " of " << got.size() << " outputs differ";
   }
-  simd::set_isa(best);
   simd::set_isa(simd::Isa::none);
   EXPECT_EQ(&simd::row_kernels(), &simd::portable::row_table);  // no table: the portable loops
-  simd::set_isa(best);
 }
 
 // GELU over [-14, 14] in steps of 1e-4 against the exact function in double. Most of the error
