@@ -877,6 +877,10 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   m = mark();
   if (dp) dev_->join_collectives();  // the update and the sums read what the allreduces made
   span(Part::allreduce_wait, 0, m);
+  // Invalid inputs on any rank refuse this step, and every later one until the host reports
+  // them (check_refused): no update, no step counted, on every rank alike (the cpu engine's
+  // contract), without the host waiting here.
+  k::refuse_invalid(state_.get(), sums_.get() + 3, s);
   m = mark();
   if (train) {
     // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md); the
@@ -918,23 +922,34 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   }
 }
 
-// An embedding layer met an index outside its table in the steps whose sums these are: the
-// input's error, found on the device and reported once the step is done (every rank alike).
-void CudaEngine::check_indices(double count) const {
+// An embedding layer met `count` indices outside its table: the input's error, found on the
+// device and reported once the step is done (every rank alike).
+void CudaEngine::check_indices(double count, const char* consequence) const {
   if (count == 0) return;
   std::string layers;
   for (const auto& l : layers_)
     if (l->kind == Kind::embedding)
       layers += (layers.empty() ? "" : ", ") + std::string("layer ") + std::to_string(l->index) + " (embedding)";
   invalid(std::to_string(static_cast<uint64_t>(count)) + " input value(s) of " + layers +
-          " are not integer indices in [0, input_dim): their rows were zeros in this step");
+          " are not integer indices in [0, input_dim): " + consequence);
+}
+
+// The steps since the last report met invalid inputs: the device refused their updates
+// (StepState::invalid); it takes them again from here, and the host's step count is the device's.
+void CudaEngine::check_refused() {
+  k::StepState state;
+  dev_->download(&state, state_.get(), sizeof state);
+  if (state.invalid == 0) return;
+  k::fill(&state_.get()->invalid, 1, 0.0, dev_->stream());
+  step_ = state.iteration;
+  check_indices(state.invalid, "the steps since the last results were refused, none updated the model");
 }
 
 StepResult CudaEngine::read_sums() {
   StepResult r;
   double sums[kSums];
   dev_->download(sums, sums_.get(), sizeof(sums));
-  check_indices(sums[3]);
+  check_refused();
   r.samples = static_cast<uint64_t>(sums[2]);
   r.correct = static_cast<uint64_t>(std::llround(sums[1]));
   r.loss = sums[0] / sums[2];
@@ -1074,7 +1089,7 @@ StepResult CudaEngine::take_results() {
   double p[kSums];
   dev_->download(p, pending_.get(), sizeof(p));  // waits for every deferred step
   dev_->zero(pending_.get(), sizeof(p));
-  check_indices(p[3]);
+  check_refused();
   StepResult r;
   r.samples = static_cast<uint64_t>(p[2]);
   r.correct = static_cast<uint64_t>(std::llround(p[1]));
@@ -1092,7 +1107,7 @@ void CudaEngine::predict(const float* x, uint32_t batch, float* logits) {
   dev_->download(logits, forward(x_.get(), batch, false), size_t{batch} * classes_ * sizeof(float));
   double count = 0;
   dev_->download(&count, sums_.get() + 3, sizeof count);
-  check_indices(count);
+  check_indices(count, "their rows were zeros");
 }
 
 void CudaEngine::get_params(float* out, uint64_t count) const {

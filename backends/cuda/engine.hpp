@@ -130,7 +130,9 @@ class CudaEngine : public Engine {
   // step to step, so it can be captured as a graph.
   void enqueue(uint32_t batch, bool train, bool deferred);
   StepResult read_sums();  // waits for the step
-  void check_indices(double count) const;  // throws SF_ERR_INVALID for invalid embedding indices
+  // Throws SF_ERR_INVALID for `count` invalid embedding indices, saying what became of them.
+  void check_indices(double count, const char* consequence) const;
+  void check_refused();  // throws check_indices' error for refused steps, and clears it
   // SKYFORGE_CUDA_PROFILE: a timing mark when this step is profiled (see CudaProfile), else 0.
   size_t mark() const { return profiling_ ? dev_->mark() : 0; }
   void profile_step(uint32_t batch);  // waits for the step, adds its spans, clears the marks
@@ -169,7 +171,7 @@ class CudaEngine : public Engine {
   Buffer<double> ws_;
   Buffer<double> sums_;     // this step's loss sum, correct count, samples, invalid indices (kSums; global after the allreduce)
   Buffer<double> pending_;  // the deferred steps' sums since the last take_results
-  Buffer<kernels::StepState> state_;  // the step counter and Adam's alpha, on the device
+  Buffer<kernels::StepState> state_;  // the step counter, Adam's alpha, refused steps' count, on the device
   std::map<uint64_t, BoundSet> data_;
   uint64_t next_data_ = 1;
   std::map<std::string, StepGraph> graphs_;  // by the gathered keys; after data_ and the buffers: destroyed first

@@ -94,6 +94,11 @@ void advance_step(StepState* state, Stream s) {
   for_n(s, 1, AdvanceStep{state}, "advance_step");
 }
 
+void refuse_invalid(StepState* state, const double* count, Stream s) {
+  impl::require(state && count, "refuse_invalid", "state and count are required");
+  for_n(s, 1, RefuseInvalid{state, count}, "refuse_invalid");
+}
+
 void sgd_update(const OptimTensor* tensors, size_t count, const SgdConfig& c, float grad_scale, Stream s) {
   sgd(tensors, count, c, grad_scale, nullptr, nullptr, s);
 }

@@ -130,3 +130,54 @@ TEST(CudaTransformer, OneRanksInvalidIndexFailsEveryRank) {
   EXPECT_EQ(status[0], SF_ERR_INVALID);
   EXPECT_EQ(status[1], SF_ERR_INVALID);
 }
+
+// A step that meets an invalid index is refused before any update, as on the cpu engine: on 1
+// rank and on 2 (the last rank holding the index), for every optimizer and with clipping, every
+// rank's whole state (weights, optimizer slots, step) stays the bits it was, after a plain step
+// and after deferred steps (an invalid one refuses the valid one after it until take_results
+// reports them); then the engine trains on as if the refused steps had never run.
+TEST(CudaTransformer, RefusedStepsLeaveEveryRanksStateAsItWas) {
+  const std::vector<std::pair<const char*, Options>> optimizers = {
+      {"adam", opts({{"clipnorm", "0.5"}})},
+      {"adamw", opts({{"weight_decay", "0.1"}})},
+      {"sgd", opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}, {"nesterov", "true"}, {"global_clipnorm", "1"}})},
+      {"sgd", opts({{"learning_rate", "0.05"}})},
+      {"rmsprop", opts({{"momentum", "0.5"}, {"centered", "true"}})}};
+  for (const auto& [optimizer, options] : optimizers)
+    for (uint32_t ranks : {1u, 2u}) {
+      SCOPED_TRACE(std::string(optimizer) + " on " + std::to_string(ranks) + " rank(s)");
+      ModelSpec m = tokens(62);
+      m.optimizer = optimizer;
+      m.optimizer_options = options;
+      std::vector<std::string> trained[2];  // by refusing: each rank's state at the end
+      for (bool refusing : {false, true}) {
+        trained[refusing].resize(ranks);
+        ThreadGroup group(ranks);
+        group.run([&](uint32_t rank) {
+          auto e = cu::make_engine(m, Communicator(group.comm(rank)));
+          const Batch b = batch_for(m, 710 + rank, 3);
+          e->train_step(b.x.data(), b.y.data(), 3);
+          if (refusing) {
+            const std::string before = e->state_dict();
+            Batch bad = b;
+            if (rank == ranks - 1) bad.x[kSeq + 4] = 99.f;  // sample 1
+            EXPECT_EQ(status_of([&] { e->train_step(bad.x.data(), bad.y.data(), 3); }).first, SF_ERR_INVALID);
+            EXPECT_TRUE(e->state_dict() == before) << "a plain step changed rank " << rank << "'s state";
+            const uint64_t d = e->bind_data(bad.x.data(), bad.y.data(), 3);
+            const std::vector<uint64_t> invalid{1, 0}, valid{0, 2};
+            e->train_step_indexed(d, invalid.data(), 2, true);
+            e->train_step_indexed(d, valid.data(), 2, true);
+            EXPECT_EQ(status_of([&] { e->take_results(); }).first, SF_ERR_INVALID);
+            EXPECT_TRUE(e->state_dict() == before) << "deferred steps changed rank " << rank << "'s state";
+          }
+          e->train_step(b.x.data(), b.y.data(), 3);
+          const uint64_t d = e->bind_data(b.x.data(), b.y.data(), 3);
+          const std::vector<uint64_t> all{2, 0, 1};
+          e->train_step_indexed(d, all.data(), 3, true);
+          EXPECT_EQ(status_of([&] { e->take_results(); }).first, SF_OK);
+          trained[refusing][rank] = e->state_dict();
+        });
+      }
+      EXPECT_TRUE(trained[true] == trained[false]) << "the refused steps changed how the engine trains on";
+    }
+}

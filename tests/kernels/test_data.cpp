@@ -83,9 +83,42 @@ TEST(BoundData, OptimizerStateOnTheDeviceEqualsTheHostArguments) {
     EXPECT_EQ(0, std::memcmp(ma.data(), mb.data(), n * sizeof(float))) << (opt ? "sgd" : "adam");
   }
   sk::OptimTensor t{};
-  sk::StepState st{};
   EXPECT_THROW(sk::adam_update(&t, 1, sk::AdamConfig{}, nullptr, nullptr), std::invalid_argument);
   EXPECT_THROW(sk::learning_rate_step(skyforge::LrSchedule{}, nullptr), std::invalid_argument);
+}
+
+// A step's invalid inputs (refuse_invalid, before its update) refuse it: every optimizer's
+// update leaves the parameters and slots, advance_step the iteration, as they were, and so for
+// every later step until the count is set back to 0; then the updates apply again.
+TEST(BoundData, RefusedStepsChangeNoParameterSlotOrIteration) {
+  const size_t n = 517;
+  const double samples = 8, none = 0, two = 2;
+  const std::vector<float> g = kref::randn(n, 21);
+  std::vector<float> p = kref::randn(n, 22), s0 = kref::randn(n, 23, 0.1f, 1.f), s1 = kref::randn(n, 24, 0.1f, 1.f),
+                     s2 = kref::randn(n, 25, 0.1f, 1.f);  // positive: mean squares
+  const auto before = p;
+  sk::OptimTensor t{p.data(), g.data(), s0.data(), s1.data(), n, s2.data()};
+  const auto slots = [&] { return std::vector<std::vector<float>>{s0, s1, s2}; };
+  const auto slots_before = slots();
+  sk::StepState state{3, 0.f, 0.01};
+  auto updates = [&] {
+    sk::refuse_invalid(&state, &none);  // a valid step after a refused one stays refused
+    sk::adam_update(&t, 1, sk::AdamConfig{0.01, 0.9, 0.999, 1e-7, 0.1}, &state, &samples);
+    sk::sgd_update(&t, 1, sk::SgdConfig{0.01, 0.9, true}, &state, &samples);
+    sk::rmsprop_update(&t, 1, sk::RmspropConfig{0.01, 0.9, 0.5, 1e-7, true}, &state, &samples);
+    sk::advance_step(&state);
+  };
+  sk::refuse_invalid(&state, &two);
+  EXPECT_EQ(state.invalid, 2.0);
+  for (int step = 0; step < 2; ++step) updates();
+  EXPECT_EQ(state.iteration, 3u);
+  EXPECT_EQ(p, before);
+  EXPECT_EQ(slots(), slots_before);
+  state.invalid = 0;  // the host reported it
+  updates();
+  EXPECT_EQ(state.iteration, 4u);
+  EXPECT_NE(p, before);
+  EXPECT_THROW(sk::refuse_invalid(nullptr, &two), std::invalid_argument);
 }
 
 // Dropout keyed by a device StepState draws the mask of the key with that step.

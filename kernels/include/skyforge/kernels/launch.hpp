@@ -141,8 +141,12 @@ void rmsprop_update(const OptimTensor* tensors, size_t count, const RmspropConfi
                     const double* samples, Stream s = {});
 // state->lr = learning_rate_wide(schedule, state->iteration) (skyforge/lr_schedule.hpp): before a step's update.
 void learning_rate_step(const LrSchedule& schedule, StepState* state, Stream s = {});
-// ++state->iteration: after a step's update.
+// ++state->iteration: after a step's update (none while the step is refused).
 void advance_step(StepState* state, Stream s = {});
+// state->invalid += *count (one double in the pointers' memory: the step's global count of
+// invalid inputs), before the step's update: while state->invalid > 0 the updates above and
+// advance_step change nothing; the host reports the error and sets it back to 0 (step.hpp).
+void refuse_invalid(StepState* state, const double* count, Stream s = {});
 
 // ---- gradient clipping (clip.hpp) -------------------------------------------------------------------
 // grad <- grad * float(1 / *samples) (the mean), then Keras' clipping of each variable of

@@ -120,11 +120,13 @@ struct RmspropRule {
   }
 };
 
+// A refused step (step.hpp) changes no parameter and no slot.
 template <class Rule>
 struct MultiTensorApply {
   TensorTable t;
   Rule rule;
   SF_HD void operator()(size_t i) const {
+    if (refused(rule.state)) return;
     const uint32_t k = t.find(i);
     const size_t j = i - (k ? t.end[k - 1] : 0);
     rule(t.param[k][j], t.grad[k][j], t.slot0[k] ? t.slot0[k] + j : nullptr, t.slot1[k] ? t.slot1[k] + j : nullptr,

@@ -1,7 +1,9 @@
 // A training step's counter in device memory (docs/kernels.md, "Graphs"): the kernels that
 // depend on the step (the scheduled learning rate, Adam's bias correction, dropout's Philox key)
 // read it there when they run, so a step captured once as a CUDA graph and replayed runs as the
-// step it is, not as the step it was captured at. The engine advances it after each update.
+// step it is, not as the step it was captured at. The engine advances it after each update. It
+// also holds the invalid inputs of steps whose error the host has not reported yet: while there
+// are any, every update and advance_step leave the parameters, slots and counter as they were.
 #pragma once
 
 #include "hd.hpp"
@@ -18,6 +20,20 @@ struct StepState {
   // The learning rate of the update in progress, learning_rate_wide(schedule, iteration)
   // (skyforge/lr_schedule.hpp; learning_rate_step writes it): float(lr) is every rule's rate.
   double lr = 0.0;
+  // Inputs no layer could use (embedding indices) met by steps since the host last reported
+  // them (RefuseInvalid adds each step's global count before its update): while > 0 the steps
+  // are refused. Sticky, so a deferred step refuses every later one until the host clears it.
+  double invalid = 0.0;
+};
+
+// Whether the update in progress is refused (state may be null: an update by value, never refused).
+SF_HD inline bool refused(const StepState* state) { return state && state->invalid > 0; }
+
+// state->invalid += *count: the step's global count of invalid inputs, before its update.
+struct RefuseInvalid {
+  StepState* state;
+  const double* count;
+  SF_HD void operator()(size_t) const { state->invalid += *count; }
 };
 
 // state->lr = the schedule's rate at state->iteration.
@@ -40,7 +56,9 @@ struct AdamAlpha {
 
 struct AdvanceStep {
   StepState* state;
-  SF_HD void operator()(size_t) const { ++state->iteration; }
+  SF_HD void operator()(size_t) const {
+    if (!refused(state)) ++state->iteration;
+  }
 };
 
 }  // namespace skyforge::kernels
