@@ -270,6 +270,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
                              c.flag("use_bias"), static_cast<float>(c.real("dropout"))});
       } else if (t == "embedding") {
         l->kind = Kind::embedding;
+        embeds_ = true;
         l->fin = c.count("input_dim");
         l->units = c.count("output_dim");
         l->invalid = Buffer<double>(*dev_, 1);
@@ -879,8 +880,8 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   span(Part::allreduce_wait, 0, m);
   // Invalid inputs on any rank refuse this step, and every later one until the host reports
   // them (check_refused): no update, no step counted, on every rank alike (the cpu engine's
-  // contract), without the host waiting here.
-  k::refuse_invalid(state_.get(), sums_.get() + 3, s);
+  // contract), without the host waiting here. Only a model with an embedding can meet them.
+  if (embeds_) k::refuse_invalid(state_.get(), sums_.get() + 3, s);
   m = mark();
   if (train) {
     // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md); the
@@ -937,6 +938,7 @@ void CudaEngine::check_indices(double count, const char* consequence) const {
 // The steps since the last report met invalid inputs: the device refused their updates
 // (StepState::invalid); it takes them again from here, and the host's step count is the device's.
 void CudaEngine::check_refused() {
+  if (!embeds_) return;
   k::StepState state;
   dev_->download(&state, state_.get(), sizeof state);
   if (state.invalid == 0) return;

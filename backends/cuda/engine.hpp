@@ -181,6 +181,7 @@ class CudaEngine : public Engine {
   std::string arch_;  // schema::architecture_text: what a loaded state must match
   std::unique_ptr<CudaProfile> prof_;  // SKYFORGE_CUDA_PROFILE
   bool profiling_ = false;             // the step being enqueued is profiled
+  bool embeds_ = false;                // an embedding layer: steps may meet invalid indices
   EngineState shape_of_state() const;  // this engine's state, sized, with no values
 };
 
