@@ -255,6 +255,10 @@ class CpuEngine : public Engine {
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
   EngineState shape_of_state();  // this engine's state, sized, with no values
   std::vector<std::vector<float>*> moving_state() const;  // non-trainable state, in run order
+  // A training forward updates the moving statistics; a step every replica refuses (invalid
+  // inputs) puts them back as they were: kept before the forward, restored before the refusal.
+  void keep_moving_state();
+  void restore_moving_state();
   void load_state_v1(std::string_view bytes);
   // The last forward's unusable inputs over every layer (Layer::invalid_inputs), and the error
   // every replica throws when the global batch held any (SF_ERR_INVALID).
@@ -282,6 +286,7 @@ class CpuEngine : public Engine {
   GraphPlan plan_;
   uint32_t classes_ = 0;
   std::vector<float> params_, grads_;
+  std::vector<float> moving_kept_;  // keep_moving_state's copy, every layer's in run order
   std::unique_ptr<Optimizer> opt_;
   uint64_t step_ = 0;
   uint64_t seed_ = 0;  // the run's seed: dropout masks (from the spec, or from a loaded state)

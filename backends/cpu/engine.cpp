@@ -298,6 +298,7 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
   if (!y) invalid("labels are NULL");
   use_single_threaded_blas();
   ensure_capacity(batch);
+  if (training) keep_moving_state();
   const float* logits = forward(x, batch, training, prof);
   auto tick = [&] { return prof ? Profile::clock::now() : Profile::clock::time_point{}; };
   auto t0 = tick();
@@ -318,7 +319,10 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
   t0 = tick();
   comm_.allreduce(stats, 4, SF_REDUCE_SUM);
   if (prof) prof->allreduce += Profile::since(t0);
-  if (stats[3] > 0) refuse_invalid_inputs(first_invalid, stats[3]);
+  if (stats[3] > 0) {
+    if (training) restore_moving_state();
+    refuse_invalid_inputs(first_invalid, stats[3]);
+  }
   StepResult r;
   r.samples = static_cast<uint64_t>(stats[2]);
   r.correct = static_cast<uint64_t>(stats[1]);
@@ -367,6 +371,19 @@ void CpuEngine::predict(const float* x, uint32_t batch, float* logits) {
   std::string first_invalid;
   if (const uint64_t n = invalid_inputs(first_invalid)) refuse_invalid_inputs(first_invalid, static_cast<double>(n));
   std::memcpy(logits, out, size_t{batch} * classes_ * sizeof(float));
+}
+
+void CpuEngine::keep_moving_state() {
+  moving_kept_.clear();
+  for (const auto* m : moving_state()) moving_kept_.insert(moving_kept_.end(), m->begin(), m->end());
+}
+
+void CpuEngine::restore_moving_state() {
+  const float* from = moving_kept_.data();
+  for (auto* m : moving_state()) {
+    std::copy(from, from + m->size(), m->begin());
+    from += m->size();
+  }
 }
 
 uint64_t CpuEngine::invalid_inputs(std::string& first) const {

@@ -229,12 +229,13 @@ TEST(Embedding, RefusesValuesThatAreNotIndices) {
 }
 
 // A replica whose batch holds a value that is not an index refuses the step, and so does its peer
-// (which holds none) instead of waiting in a collective; neither updates its weights.
+// (which holds none) instead of waiting in a collective; neither updates its weights nor the
+// moving statistics its forward had already moved.
 TEST(Embedding, EveryReplicaRefusesAStepWithAnInvalidIndexBeforeUpdating) {
   ModelSpec m;
   m.input_shape = {2};
-  m.layers = {layer("embedding", {{"input_dim", "5"}, {"output_dim", "3"}}), layer("flatten"),
-              layer("dense", {{"units", "4"}})};
+  m.layers = {layer("embedding", {{"input_dim", "5"}, {"output_dim", "3"}}), layer("batch_normalization"),
+              layer("flatten"), layer("dense", {{"units", "4"}})};
   ThreadGroup g(2);
   std::string message[2];
   sf_status status[2] = {SF_OK, SF_OK};
@@ -244,6 +245,9 @@ TEST(Embedding, EveryReplicaRefusesAStepWithAnInvalidIndexBeforeUpdating) {
     auto weights = [&] {
       std::vector<float> w(e.param_count());
       e.get_params(w.data(), w.size());
+      std::vector<std::vector<float>*> moving;
+      e.layer(1).moving(moving);
+      for (const auto* v : moving) w.insert(w.end(), v->begin(), v->end());
       return w;
     };
     const std::vector<float> before = weights();
