@@ -671,9 +671,7 @@ const float* CudaEngine::forward(const float* x, uint32_t batch, bool training) 
           k::batchnorm_forward_training(in, y, M, l.C, gamma, beta, l.epsilon, l.relu, l.mean.get(), l.var.get(),
                                         l.invstd.get(), ws_.get(), s);
         }
-        k::batchnorm_update_moving(l.moving_mean.get(), l.moving_var.get(), l.mean.get(), l.var.get(), l.C,
-                                   l.momentum, s);
-        break;
+        break;  // the moving statistics move once the step is not refused (enqueue)
       }
       case Kind::layer_norm:
         k::layer_norm_forward(in, y, l.rows(batch), l.C, l.scale ? p : nullptr,
@@ -884,6 +882,10 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   if (embeds_) k::refuse_invalid(state_.get(), sums_.get() + 3, s);
   m = mark();
   if (train) {
+    for (const auto& l : layers_)  // from this step's batch statistics, which the forward kept
+      if (l->kind == Kind::batchnorm)
+        k::batchnorm_update_moving(l->moving_mean.get(), l->moving_var.get(), l->mean.get(), l->var.get(), l->C,
+                                   l->momentum, state_.get(), s);
     // The whole flat buffer is one tensor of the multi-tensor update (docs/kernels.md); the
     // gradient sum becomes a mean with the global sample count in sums_[2].
     // Clipping (the cpu engine's order) makes the gradient the mean first; the rate of this

@@ -138,8 +138,8 @@ void batchnorm_forward_inference(const float* x, float* y, size_t rows, size_t C
 }
 
 void batchnorm_update_moving(float* moving_mean, float* moving_var, const float* mean, const float* var, size_t C,
-                             float momentum, Stream s) {
-  for_n(s, C, BnMovingUpdate{moving_mean, moving_var, mean, var, momentum}, "batchnorm_update_moving");
+                             float momentum, const StepState* state, Stream s) {
+  for_n(s, C, BnMovingUpdate{moving_mean, moving_var, mean, var, momentum, state}, "batchnorm_update_moving");
 }
 
 void batchnorm_backward(const float* x, const float* relu_y, const float* dy, float* dx, size_t rows, size_t C,

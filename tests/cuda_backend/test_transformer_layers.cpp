@@ -133,7 +133,8 @@ TEST(CudaTransformer, OneRanksInvalidIndexFailsEveryRank) {
 
 // A step that meets an invalid index is refused before any update, as on the cpu engine: on 1
 // rank and on 2 (the last rank holding the index), for every optimizer and with clipping, every
-// rank's whole state (weights, optimizer slots, step) stays the bits it was, after a plain step
+// rank's whole state (weights, optimizer slots, a synchronized BatchNorm's moving statistics,
+// step) stays the bits it was, after a plain step
 // and after deferred steps (an invalid one refuses the valid one after it until take_results
 // reports them); then the engine trains on as if the refused steps had never run.
 TEST(CudaTransformer, RefusedStepsLeaveEveryRanksStateAsItWas) {
@@ -147,6 +148,7 @@ TEST(CudaTransformer, RefusedStepsLeaveEveryRanksStateAsItWas) {
     for (uint32_t ranks : {1u, 2u}) {
       SCOPED_TRACE(std::string(optimizer) + " on " + std::to_string(ranks) + " rank(s)");
       ModelSpec m = tokens(62);
+      m.layers.insert(m.layers.end() - 1, layer("batch_normalization", {{"synchronized", "true"}}));
       m.optimizer = optimizer;
       m.optimizer_options = options;
       std::vector<std::string> trained[2];  // by refusing: each rank's state at the end

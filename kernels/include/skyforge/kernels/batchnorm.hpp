@@ -10,6 +10,7 @@
 #pragma once
 
 #include "hd.hpp"
+#include "step.hpp"
 
 #include <cmath>
 
@@ -99,7 +100,9 @@ struct BnMovingUpdate {
   float *moving_mean, *moving_var;
   const float *mean, *var;
   float momentum;
+  const StepState* state;  // a refused step (step.hpp) leaves them as they were; null: never refused
   SF_HD void operator()(size_t c) const {
+    if (refused(state)) return;
     moving_mean[c] = moving_mean[c] * momentum + mean[c] * (1.f - momentum);
     moving_var[c] = moving_var[c] * momentum + var[c] * (1.f - momentum);
   }

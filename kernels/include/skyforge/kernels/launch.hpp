@@ -176,9 +176,10 @@ void batchnorm_forward_training(const float* x, float* y, size_t rows, size_t C,
 void batchnorm_forward_inference(const float* x, float* y, size_t rows, size_t C, const float* gamma,
                                  const float* beta, float epsilon, bool relu, const float* moving_mean,
                                  const float* moving_var, Stream s = {});
-// moving = moving * momentum + batch * (1 - momentum), for mean and variance.
+// moving = moving * momentum + batch * (1 - momentum), for mean and variance; unless state
+// (may be null) refuses the step in progress (refuse_invalid).
 void batchnorm_update_moving(float* moving_mean, float* moving_var, const float* mean, const float* var, size_t C,
-                             float momentum, Stream s = {});
+                             float momentum, const StepState* state = nullptr, Stream s = {});
 // Backward from the training forward's mean and invstd: dgamma = sum dv * xhat, dbeta = sum dv
 // (either may be null), and dx (may be null, may equal dy), with dv = dy masked by relu_y > 0
 // when relu_y (the fused ReLU's output) is not null. ws: reduce_workspace(rows, C).
