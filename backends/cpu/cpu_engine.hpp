@@ -255,8 +255,9 @@ class CpuEngine : public Engine {
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
   EngineState shape_of_state();  // this engine's state, sized, with no values
   std::vector<std::vector<float>*> moving_state() const;  // non-trainable state, in run order
-  // A training forward updates the moving statistics; a step every replica refuses (invalid
-  // inputs) puts them back as they were: kept before the forward, restored before the refusal.
+  // A training forward updates the moving statistics; a step that fails after it (every replica
+  // refusing invalid inputs, among others) puts them back: kept before the forward, restored
+  // when the step throws.
   void keep_moving_state();
   void restore_moving_state();
   void load_state_v1(std::string_view bytes);

@@ -298,36 +298,41 @@ StepResult CpuEngine::compute(const float* x, const int32_t* y, uint32_t batch, 
   if (!y) invalid("labels are NULL");
   use_single_threaded_blas();
   ensure_capacity(batch);
+  // A training forward moves the moving statistics: a step that fails after it (every replica
+  // refusing invalid inputs, or any other error) leaves them as they were, as it leaves the weights.
   if (training) keep_moving_state();
-  const float* logits = forward(x, batch, training, prof);
-  auto tick = [&] { return prof ? Profile::clock::now() : Profile::clock::time_point{}; };
-  auto t0 = tick();
-  uint64_t correct = 0;
-  float* dlogits = backward && plan_.output_grad != GraphPlan::kNone ? grad_slots_[plan_.output_grad].data() : nullptr;
-  const double loss_sum = sparse_xent(logits, y, batch, classes_, dlogits, &correct, exec_);
-  if (prof) prof->loss += Profile::since(t0);
-  if (backward) this->backward(x, batch, prof);
-  // loss sum, correct and samples of the global batch, in one small collective, after the
-  // gradients': a training step meets its peers once (a meeting after the forward too would make
-  // every step wait for the slowest forward and then again for the slowest backward).
-  // ... and the inputs no layer could use (embedding indices), so that every replica refuses the
-  // step alike, before any update, instead of one failing while its peers wait in a collective.
-  std::string first_invalid;
-  const uint64_t invalid_here = invalid_inputs(first_invalid);
-  double stats[4] = {loss_sum, static_cast<double>(correct), static_cast<double>(batch),
-                     static_cast<double>(invalid_here)};
-  t0 = tick();
-  comm_.allreduce(stats, 4, SF_REDUCE_SUM);
-  if (prof) prof->allreduce += Profile::since(t0);
-  if (stats[3] > 0) {
+  try {
+    const float* logits = forward(x, batch, training, prof);
+    auto tick = [&] { return prof ? Profile::clock::now() : Profile::clock::time_point{}; };
+    auto t0 = tick();
+    uint64_t correct = 0;
+    float* dlogits =
+        backward && plan_.output_grad != GraphPlan::kNone ? grad_slots_[plan_.output_grad].data() : nullptr;
+    const double loss_sum = sparse_xent(logits, y, batch, classes_, dlogits, &correct, exec_);
+    if (prof) prof->loss += Profile::since(t0);
+    if (backward) this->backward(x, batch, prof);
+    // loss sum, correct and samples of the global batch, in one small collective, after the
+    // gradients': a training step meets its peers once (a meeting after the forward too would make
+    // every step wait for the slowest forward and then again for the slowest backward).
+    // ... and the inputs no layer could use (embedding indices), so that every replica refuses the
+    // step alike, before any update, instead of one failing while its peers wait in a collective.
+    std::string first_invalid;
+    const uint64_t invalid_here = invalid_inputs(first_invalid);
+    double stats[4] = {loss_sum, static_cast<double>(correct), static_cast<double>(batch),
+                       static_cast<double>(invalid_here)};
+    t0 = tick();
+    comm_.allreduce(stats, 4, SF_REDUCE_SUM);
+    if (prof) prof->allreduce += Profile::since(t0);
+    if (stats[3] > 0) refuse_invalid_inputs(first_invalid, stats[3]);
+    StepResult r;
+    r.samples = static_cast<uint64_t>(stats[2]);
+    r.correct = static_cast<uint64_t>(stats[1]);
+    r.loss = stats[0] / stats[2];
+    return r;
+  } catch (...) {
     if (training) restore_moving_state();
-    refuse_invalid_inputs(first_invalid, stats[3]);
+    throw;
   }
-  StepResult r;
-  r.samples = static_cast<uint64_t>(stats[2]);
-  r.correct = static_cast<uint64_t>(stats[1]);
-  r.loss = stats[0] / stats[2];
-  return r;
 }
 
 StepResult CpuEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {

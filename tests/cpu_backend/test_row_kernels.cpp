@@ -122,8 +122,8 @@ TEST(SimdRows, GeluFollowsTheErrorFunction) {
               worst_core, worst_tail, worst_abs, worst_slope, libm_core, libm_tail);
   EXPECT_LT(worst_core, 2e-6);
   EXPECT_LT(worst_tail, 1.5e-5);
-  EXPECT_LT(worst_core, 1.1 * libm_core);
-  EXPECT_LT(worst_tail, 1.1 * libm_tail);
+  EXPECT_LT(worst_core, 1.25 * libm_core);
+  EXPECT_LT(worst_tail, 1.25 * libm_tail);
   EXPECT_LT(worst_abs, 5e-7);
   EXPECT_LT(worst_slope, 3e-7);
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -165,7 +165,7 @@ TEST(SimdRows, SoftmaxAndLayerNormFollowDouble) {
   EXPECT_LT(worst_soft, 3e-6);  // exp of x - max down to -40: the argument's rounding, 40 * 2^-24
   EXPECT_LT(worst_ln, 2e-6);
   // A spread past float's normal range: e^-101 / (1 + e^-1) is subnormal (kept, to its 1.4e-45
-  // spacing), e^-201 is 0; the row still sums to 1.
+  // spacing, outside the engine's flush-to-zero mode), e^-201 is 0; the row still sums to 1.
   std::vector<float> far = {0.f, -100.f, -200.f, 1.f};
   rk.softmax(far.data(), 1, far.size());
   EXPECT_NEAR(far[1], std::exp(-101.0) / (1 + std::exp(-1.0)), 1.5e-45);
