@@ -9,16 +9,15 @@
 //   load(p) / store(p, v)    16 floats at p
 //   load_n(p, n, fill)       the first n (< 16) floats at p, `fill` in the other lanes
 //   store_n(p, v, n)         the first n lanes
-//   set, add, sub, mul       lane by lane
-//   max(a, b)                a > b ? a : b (x86's maxps: b if either is NaN)
-//   exp(v), erfc(v)          SLEEF's deterministic ("cinz") expf and erfcf for that ISA (1.0 and
-//                            1.5 ulp): SLEEF computes them with the same operations on every vector
-//                            extension, without fma, so every table's lanes agree (checked by
-//                            SimdRows.EveryTableGivesThePortableBits)
+//   set, add, sub, mul, div  lane by lane
+//   max(a, b), min(a, b)     a > b ? a : b and a < b ? a : b (x86's maxps/minps: b if either is NaN)
+//   abs(a)                   the sign bit cleared
+//   less(a, b, x, y)         a < b ? x : y
+//   pow2(t)                  2^n for t = n + kMagic (n an integer in [-126, 127])
 //   sum(v), hmax(v)          lanes folded in a fixed tree: l + (l + 8), then + 4, + 2, + 1
 //
 // Sums over a row run in 16 lanes (element j into lane j mod 16, in increasing j), then that
-// tree.
+// tree. exp and erfc are polynomial approximations (below), not libm's: a few ulp from it.
 //
 // Only C headers and builtins: the AVX translation units include this, and every function here
 // has internal linkage (see simd_kernels.inc).
@@ -32,20 +31,66 @@ namespace {
 namespace rows_detail {
 
 constexpr size_t kLanes = 16;
+constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: x + kMagic rounds x to an integer in the low bits
+
+// exp(x): x = n ln2 + r (Cody-Waite: ln2 in a 16-bit high part and the rest), |r| <= ln2/2 + an
+// ulp, e^r by its Taylor polynomial of degree 7 (truncation 5e-9 relative), times 2^n. Below
+// kExpLo (just under ln 2^-126) the result is 0; the argument is clamped to 88 above; NaN stays
+// NaN.
+// (tests/cpu_backend/test_row_kernels.cpp measures softmax and GELU against double precision.)
+constexpr float kExpLo = -87.33654475f, kExpHi = 88.f;
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723e-6f;
+constexpr float kExpPoly[8] = {1.f,           1.f,            0.5f,           1.f / 6.f,
+                               1.f / 24.f,    1.f / 120.f,    1.f / 720.f,    1.f / 5040.f};
+
+template <class O>
+inline typename O::V exp(typename O::V x) {
+  using V = typename O::V;
+  const V xc = O::min(O::set(kExpHi), O::max(O::set(kExpLo), x));
+  const V t = O::add(O::mul(xc, O::set(kLog2e)), O::set(kMagic));
+  const V n = O::sub(t, O::set(kMagic));
+  const V r = O::sub(O::sub(xc, O::mul(n, O::set(kLn2Hi))), O::mul(n, O::set(kLn2Lo)));
+  V p = O::set(kExpPoly[7]);
+  for (int k = 6; k >= 0; --k) p = O::add(O::mul(p, r), O::set(kExpPoly[k]));
+  return O::less(x, O::set(kExpLo), O::set(0.f), O::mul(p, O::pow2(t)));
+}
+
+// erfc(x) = e^(-x^2) R(|x|) for x >= 0 and 2 - that below 0, R(a) = e^(a^2) erfc(a) (the scaled
+// complementary error function) as a polynomial of degree 9 in t = 1 / (1 + p a), fitted to
+// minimise the relative error over a in [0, 9.3] (past it e^(-a^2) is below float's range):
+// 3.5e-7 evaluated in float. So erfc keeps its relative precision where it is tiny, which
+// 1 - erf would not. *e receives e^(-x^2) (GELU's derivative uses it).
+constexpr float kErfcP = 0.49f;
+constexpr float kErfcPoly[10] = {4.597998213284882e-06f, 0.27631470561027527f,  0.2782679498195648f,
+                                 0.2295752912759781f,    0.24229896068572998f,  -0.11620178073644638f,
+                                 0.4278082847595215f,    -0.5940858721733093f,  0.3193705081939697f,
+                                 -0.06335274130105972f};
+
+template <class O>
+inline typename O::V erfc(typename O::V x, typename O::V* e) {
+  using V = typename O::V;
+  const V a = O::abs(x);
+  *e = exp<O>(O::sub(O::set(0.f), O::mul(a, a)));
+  const V t = O::div(O::set(1.f), O::add(O::set(1.f), O::mul(O::set(kErfcP), a)));
+  V r = O::set(kErfcPoly[9]);
+  for (int k = 8; k >= 0; --k) r = O::add(O::mul(r, t), O::set(kErfcPoly[k]));
+  const V small = O::mul(*e, r);
+  return O::less(x, O::set(0.f), O::sub(O::set(2.f), small), small);
+}
 
 // Keras' exact GELU, x Phi(x) = 0.5 x erfc(-x / sqrt 2), and its derivative
-// 0.5 erfc(-x / sqrt 2) + x e^(-x^2 / 2) / sqrt(2 pi). erfc keeps its relative precision where
-// it is tiny (the GELU of a negative x), which 1 - erf would not.
+// 0.5 erfc(-x / sqrt 2) + x e^(-x^2 / 2) / sqrt(2 pi).
 constexpr float kMinusSqrtHalf = -0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
 
 template <class O>
 inline typename O::V gelu(typename O::V z) {
-  return O::mul(O::mul(O::set(0.5f), z), O::erfc(O::mul(z, O::set(kMinusSqrtHalf))));
+  typename O::V e;
+  return O::mul(O::mul(O::set(0.5f), z), erfc<O>(O::mul(z, O::set(kMinusSqrtHalf)), &e));
 }
 template <class O>
 inline typename O::V gelu_slope(typename O::V z) {
-  const typename O::V c = O::erfc(O::mul(z, O::set(kMinusSqrtHalf)));
-  const typename O::V e = O::exp(O::mul(O::mul(z, z), O::set(-0.5f)));
+  typename O::V e;
+  const typename O::V c = erfc<O>(O::mul(z, O::set(kMinusSqrtHalf)), &e);
   return O::add(O::mul(O::set(0.5f), c), O::mul(O::mul(z, O::set(kInvSqrt2Pi)), e));
 }
 
@@ -95,7 +140,7 @@ void softmax_rows(float* s, size_t rows, size_t width) {
     const V m = O::set(O::hmax(mx));
     V acc = O::set(0.f);
     chunks(width, [&](size_t j, size_t n) {
-      const V e = O::exp(O::sub(load<O>(row + j, n, ninf), m));  // exp(-inf) = 0 in the spare lanes
+      const V e = exp<O>(O::sub(load<O>(row + j, n, ninf), m));  // exp(-inf) = 0 in the spare lanes
       acc = O::add(acc, e);
       store<O>(row + j, e, n);
     });

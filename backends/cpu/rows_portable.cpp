@@ -1,11 +1,11 @@
 // The row kernels (row_kernels.hpp) on plain float[16] values: the table used without AVX2
 // (SKYFORGE_CPU_ISA=none, or a CPU without it). Built with -ffp-contract=off like the SIMD
-// tables, and with SLEEF's scalar deterministic exp/erfc, so it gives their bits.
+// tables, so it gives their bits.
 #include "row_kernels.hpp"
 #include "simd.hpp"
 
-#include <sleef.h>
-
+#include <bit>
+#include <cstdint>
 #include <cstring>
 
 namespace skyforge::cpu::simd::portable {
@@ -31,10 +31,20 @@ struct Ops {
   static V add(V a, V b) { return map([&](int i) { return a.v[i] + b.v[i]; }); }
   static V sub(V a, V b) { return map([&](int i) { return a.v[i] - b.v[i]; }); }
   static V mul(V a, V b) { return map([&](int i) { return a.v[i] * b.v[i]; }); }
+  static V div(V a, V b) { return map([&](int i) { return a.v[i] / b.v[i]; }); }
   static float max1(float a, float b) { return a > b ? a : b; }
   static V max(V a, V b) { return map([&](int i) { return max1(a.v[i], b.v[i]); }); }
-  static V exp(V a) { return map([&](int i) { return Sleef_cinz_expf1_u10purec(a.v[i]); }); }
-  static V erfc(V a) { return map([&](int i) { return Sleef_cinz_erfcf1_u15purec(a.v[i]); }); }
+  static V min(V a, V b) { return map([&](int i) { return a.v[i] < b.v[i] ? a.v[i] : b.v[i]; }); }
+  static V abs(V a) {
+    return map([&](int i) { return std::bit_cast<float>(std::bit_cast<uint32_t>(a.v[i]) & 0x7FFFFFFFu); });
+  }
+  static V less(V a, V b, V x, V y) { return map([&](int i) { return a.v[i] < b.v[i] ? x.v[i] : y.v[i]; }); }
+  static V pow2(V t) {
+    return map([&](int i) {
+      const uint32_t n = std::bit_cast<uint32_t>(t.v[i]) - std::bit_cast<uint32_t>(rows_detail::kMagic);
+      return std::bit_cast<float>((n + 127u) << 23);
+    });
+  }
   // row_kernels.hpp's tree: l + l+8, then + 4, + 2, + 1.
   template <class F>
   static float fold(V v, F&& f) {

