@@ -255,9 +255,9 @@ class CpuEngine : public Engine {
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
   EngineState shape_of_state();  // this engine's state, sized, with no values
   std::vector<std::vector<float>*> moving_state() const;  // non-trainable state, in run order
-  // A training forward updates the moving statistics; a step that fails after it (every replica
-  // refusing invalid inputs, among others) puts them back: kept before the forward, restored
-  // when the step throws.
+  // A training forward updates the moving statistics, a version-1 state overwrites them: a step
+  // that fails after its forward (every replica refusing invalid inputs, among others) and a
+  // state that fails half way put them back (kept before, restored when it throws).
   void keep_moving_state();
   void restore_moving_state();
   void load_state_v1(std::string_view bytes);

@@ -496,10 +496,7 @@ void CpuEngine::load_state_v1(std::string_view bytes) {
   const uint32_t nl = r.get<uint32_t>("layer count");
   if (nl != layers_.size())
     invalid("cpu state: " + std::to_string(nl) + " layers saved, this model has " + std::to_string(layers_.size()));
-  std::vector<std::vector<float>*> moving;
-  for (const auto& l : layers_) l->moving(moving);
-  std::vector<std::vector<float>> backup;
-  for (const auto* m : moving) backup.push_back(*m);
+  keep_moving_state();  // a state that fails half way leaves the layers as they were
   try {
     for (auto& l : layers_) {
       if (l->type == "dropout") {
@@ -510,7 +507,7 @@ void CpuEngine::load_state_v1(std::string_view bytes) {
     }
     if (r.left() != 0) invalid("cpu state: " + std::to_string(r.left()) + " unexpected trailing bytes");
   } catch (...) {
-    for (size_t i = 0; i < moving.size(); ++i) *moving[i] = backup[i];
+    restore_moving_state();
     throw;
   }
   step_ = step;

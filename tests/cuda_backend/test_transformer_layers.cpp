@@ -134,9 +134,9 @@ TEST(CudaTransformer, OneRanksInvalidIndexFailsEveryRank) {
 // A step that meets an invalid index is refused before any update, as on the cpu engine: on 1
 // rank and on 2 (the last rank holding the index), for every optimizer and with clipping, every
 // rank's whole state (weights, optimizer slots, a synchronized BatchNorm's moving statistics,
-// step) stays the bits it was, after a plain step
-// and after deferred steps (an invalid one refuses the valid one after it until take_results
-// reports them); then the engine trains on as if the refused steps had never run.
+// step) stays the bits it was, after a plain step and after deferred steps (an invalid one
+// refuses the valid one after it until take_results reports them); then the engine trains on as
+// if the refused steps had never run.
 TEST(CudaTransformer, RefusedStepsLeaveEveryRanksStateAsItWas) {
   const std::vector<std::pair<const char*, Options>> optimizers = {
       {"adam", opts({{"clipnorm", "0.5"}})},
