@@ -1,5 +1,7 @@
 # Accelerator() reads the torch variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK) and
 # ACCELERATE_* from the environment the `huggingface` plugin set.
+import sys
+
 import torch
 from accelerate import Accelerator
 
@@ -16,5 +18,6 @@ for x, y in loader:
         acc.backward(loss)
         opt.step()
         opt.zero_grad()
-print(f"process {acc.process_index}/{acc.num_processes} accumulation {acc.gradient_accumulation_steps} "
-      f"loss {loss.item():.4f}", flush=True)
+# One write per line (see torch_ddp.py): processes of a node share its stdout.
+sys.stdout.write(f"process {acc.process_index}/{acc.num_processes} accumulation {acc.gradient_accumulation_steps} "
+                 f"loss {loss.item():.4f}\n")

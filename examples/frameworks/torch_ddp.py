@@ -1,6 +1,7 @@
 # A minimal DDP script: nothing skyforge-specific. The `torch` plugin exports MASTER_ADDR,
 # MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK (and SKYFORGE_TORCH_BACKEND); env:// reads them.
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -26,5 +27,8 @@ for step in range(20):
     opt.step()
 t = torch.tensor([float(rank)], device=device)
 dist.all_reduce(t)
-print(f"rank {rank}/{world} loss {loss.item():.4f} sum_of_ranks {t.item():.0f}", flush=True)
+# One write per line: the 2 processes of a node share its stdout, and print() under
+# PYTHONUNBUFFERED (set for live output) writes the text and the newline separately, so two
+# processes' lines could run together.
+sys.stdout.write(f"rank {rank}/{world} loss {loss.item():.4f} sum_of_ranks {t.item():.0f}\n")
 dist.destroy_process_group()
