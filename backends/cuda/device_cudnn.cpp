@@ -252,7 +252,7 @@ ConvPlan* Device::Impl::conv_setup(const kernels::WindowShape& g, size_t filters
 }
 
 // Whether cuDNN may run kernels to time its candidates now (autotune, survey): never inside a
-// capture (a plan is new there only if the cache started over); first, the device's work is
+// capture (a plan is new there only if the cache evicted it); first, the device's work is
 // waited for, watched, as Find*Ex's own synchronizations would not be.
 bool Device::Impl::may_time() {
   const ConvPolicy& p = options;
