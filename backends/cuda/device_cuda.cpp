@@ -2,6 +2,7 @@
 // memory and copies. The rest of the build by concern: device_cuda_impl.hpp.
 #include "arch.hpp"
 #include "device_cuda_impl.hpp"
+#include "nccl_env.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -45,7 +46,10 @@ Device::Device(const Communicator& comm, const Host& host, const DeviceOptions& 
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.handle = impl_->stream;
   impl_->init_blas();
-  if (comm.size() > 1) impl_->init_nccl(comm);
+  if (comm.size() > 1) {
+    if (host.on_node()) export_nccl_socket_ifname(host.instance_info().private_ip);  // nccl_env.hpp
+    impl_->init_nccl(comm);
+  }
 }
 Device::~Device() = default;
 
