@@ -8,7 +8,7 @@ Run with Debian's interpreter (the one PyTorch imports under):
         [--skyforge build/bin/skyforge] [--json FILE] [--backend cpu|cuda] [--seeds 1,2,3,7,42] [--same-masks]
     /usr/bin/python3 bench/train_vs_pytorch.py --check [--models ...] [--steps 1]
 
-(--backend cuda: the GPU table, bench/train_vs_pytorch_cuda.py.)
+(--backend cuda [--configs KEYS] [--batches 64,1024] [--dry-run]: the GPU table, bench/train_vs_pytorch_cuda.py.)
 
 or `cmake --build build --target bench_train`.
 
@@ -89,7 +89,6 @@ EXAMPLES = {"mlp": REPO / "examples" / "fashion-mnist.toml",
             "vit": REPO / "examples" / "fashion-mnist-vit.toml"}
 INPUT_SHAPE = (28, 28, 1)  # Keras' shape of one sample
 GLOBAL_BATCH = 64
-LEARNING_RATE = 1e-3  # the cuda table's Adam (bench/train_vs_pytorch_cuda.py); the cpu table takes each example's
 SEED = 42
 TRAIN_SAMPLES = 60000
 
@@ -160,18 +159,19 @@ def build_torch_model(name, seed=SEED, same_masks=False, rank=0):
                              seed if same_masks else None, rank)
 
 
-def torch_optimizer(params, train, updates):
-    """The example's optimizer (adam or adamw, Keras' defaults) and the (lr, eps) of each of `updates`
-    updates. Keras adds epsilon to sqrt(v) where PyTorch adds it to sqrt(v / (1 - beta_2^t)): PyTorch's
-    eps of update t is Keras' epsilon / sqrt(1 - beta_2^t), so both take the same step."""
+def torch_optimizer(params, train, updates, **options):
+    """The example's optimizer (adam or adamw, Keras' defaults; `options` passed on, e.g. fused=True)
+    and the (lr, eps) of each of `updates` updates. Keras adds epsilon to sqrt(v) where PyTorch adds
+    it to sqrt(v / (1 - beta_2^t)): PyTorch's eps of update t is Keras' epsilon / sqrt(1 - beta_2^t),
+    so both take the same step."""
     import torch
     kind = train.get("optimizer", "adam")
     beta_2, eps = train.get("beta_2", 0.999), train.get("epsilon", 1e-7)
     args = dict(lr=0.0, betas=(train.get("beta_1", 0.9), beta_2), eps=eps)
     if kind == "adamw":  # PyTorch's AdamW: p *= 1 - lr * weight_decay, then Adam's step (Keras' order)
-        opt = torch.optim.AdamW(params, weight_decay=train.get("weight_decay", 0.004), **args)
+        opt = torch.optim.AdamW(params, weight_decay=train.get("weight_decay", 0.004), **args, **options)
     else:
-        opt = torch.optim.Adam(params, **args)
+        opt = torch.optim.Adam(params, **args, **options)
     rate = torch_twins.schedule_of(train)
     return opt, [(rate(t), eps / math.sqrt(1.0 - beta_2 ** (t + 1))) for t in range(updates)]
 
@@ -443,6 +443,12 @@ def loadavg():
         return "?"
 
 
+def fmt_range(values, spec):
+    """"median (min-max)" of a figure over the rounds, or its one value."""
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return format(mid, spec) if len(values) == 1 else f"{mid:{spec}} ({lo:{spec}}-{hi:{spec}})"
+
+
 def run_cell(spec):
     p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_cell", json.dumps(spec)],
                        stdout=subprocess.PIPE, text=True)
@@ -494,8 +500,7 @@ def main():
     ap.add_argument("--epochs-convnet", type=int, default=1)
     ap.add_argument("--epochs-resnet", type=int, default=1)
     ap.add_argument("--epochs-vit", type=int, default=1)
-    ap.add_argument("--models", help="comma-separated: " + ", ".join(EXAMPLES) + " (default: all; --backend cuda: "
-                                     "mlp, convnet)")
+    ap.add_argument("--models", help="comma-separated: " + ", ".join(EXAMPLES) + " (default: all)")
     ap.add_argument("--steps", type=int, help="at most this many steps per epoch on both sides (skyforge's "
                                               "steps_per_epoch); default: every batch")
     ap.add_argument("--check", action="store_true",
@@ -503,9 +508,10 @@ def main():
                          "steps, their training and test losses side by side")
     ap.add_argument("--skyforge", default=str(REPO / "build" / "bin" / "skyforge"),
                     help="the skyforge binary (default: build/bin/skyforge under the repository root)")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=int,
                     help="run every configuration this many times, interleaved (round 1 of each, then round 2 "
-                         "...); report medians and ranges, ratios taken within each round")
+                         "...); report medians and ranges, ratios taken within each round (default: 1; "
+                         "--backend cuda: 3)")
     ap.add_argument("--seeds", help="comma-separated seeds, one per round (implies --rounds their count); "
                                     "default: 42 in every round")
     ap.add_argument("--same-masks", action="store_true",
@@ -518,6 +524,9 @@ def main():
     ap.add_argument("--configs", help="only these configurations (comma-separated keys; cpu: "
                                       + ", ".join(c[0] for c in CONFIGS) + "; cuda: bench/train_vs_pytorch_cuda.py lists them)")
     ap.add_argument("--batches", help="--backend cuda: only these global batch sizes (default 64,1024)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="--backend cuda: no GPU and no skyforge run: build every PyTorch configuration this torch "
+                         "has on the CPU and train it one step; say why each absent one is absent")
     ap.add_argument("--_cell", help=argparse.SUPPRESS)
     ap.add_argument("--_cuda-cell", dest="cuda_cell", help=argparse.SUPPRESS)
     ap.add_argument("--_torch-rank", dest="torch_rank", help=argparse.SUPPRESS)
@@ -530,16 +539,19 @@ def main():
     if a.torch_rank:
         return torch_rank(json.loads(a.torch_rank))
 
-    models = [m.strip() for m in (a.models or (",".join(EXAMPLES) if a.backend == "cpu" else "mlp,convnet")).split(",")
-              if m.strip()]
+    models = [m.strip() for m in (a.models or ",".join(EXAMPLES)).split(",") if m.strip()]
     for m in models:
         if m not in EXAMPLES:
             ap.error(f"unknown model '{m}' ({', '.join(EXAMPLES)})")
     epochs = {m: getattr(a, "epochs_" + m) for m in EXAMPLES}
     if any(epochs[m] < 1 for m in models):
         ap.error("epochs must be >= 1")
+    if a.rounds is None:
+        a.rounds = 3 if a.backend == "cuda" else 1
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
+    if a.dry_run and a.backend != "cuda":
+        ap.error("--dry-run is --backend cuda's")
     if a.steps is not None and a.steps < 1:
         ap.error("--steps must be >= 1")
     try:
@@ -551,6 +563,9 @@ def main():
     if a.same_masks and a.backend == "cuda":
         ap.error("--same-masks is --backend cpu's")
     a.rounds = len(seeds)
+    if a.dry_run:  # no skyforge and no GPU: the PyTorch configurations, built on the CPU
+        import train_vs_pytorch_cuda
+        sys.exit(train_vs_pytorch_cuda.dry_run(sys.modules[__name__], models))
     skyforge = str(Path(a.skyforge).resolve())
     if not os.access(skyforge, os.X_OK):
         raise SystemExit(f"train_vs_pytorch: {skyforge} is not an executable (build it, or pass --skyforge)")
@@ -568,8 +583,8 @@ def main():
     if a.check:
         sys.exit(check(models, skyforge, a.steps or 1))
     if a.backend == "cuda":
-        if a.steps or {"resnet", "vit"} & set(models):
-            ap.error("--backend cuda runs mlp and convnet, every step (bench/train_vs_pytorch_cuda.py)")
+        if a.steps:
+            ap.error("--backend cuda runs every step (bench/train_vs_pytorch_cuda.py)")
         import train_vs_pytorch_cuda
         sys.exit(train_vs_pytorch_cuda.main(sys.modules[__name__], a, models, epochs, skyforge))
 
@@ -616,10 +631,6 @@ def main():
                          samples_per_second=r["samples"] / r["train_seconds"], loadavg_before=la0,
                          loadavg_after=loadavg())
                 cells.append(r)
-
-    def fmt_range(values, spec):
-        lo, mid, hi = min(values), statistics.median(values), max(values)
-        return format(mid, spec) if len(values) == 1 else f"{mid:{spec}} ({lo:{spec}}-{hi:{spec}})"
 
     print()
     if a.rounds > 1:

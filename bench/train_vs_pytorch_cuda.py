@@ -1,65 +1,77 @@
 """The GPU half of bench/train_vs_pytorch.py (`--backend cuda`): skyforge's cuda backend vs
-PyTorch on the same GPU, measured in the same run.
+PyTorch on the same GPU, measured in the same run. NOT RUN ON A GPU YET in this form (the
+peers below, the rounds and the ResNet and ViT); an earlier form ran on an H100
+(docs/performance.md, "Training on a GPU").
 
-For each model (mlp, convnet: the examples, as the CPU bench checks them) and global batch (64,
-1024), the same data, Adam(1e-3), sparse categorical cross-entropy from logits, x/255:
+For each model (mlp, convnet, resnet, vit: the examples, as the CPU bench checks them; PyTorch's
+side is the same twin, bench/torch_twins.py, from skyforge's initial weights) and global batch
+(64, 1024): the same data, the example's optimizer and learning-rate schedule (Adam or AdamW, with
+Keras' epsilon placement, as the CPU bench), sparse categorical cross-entropy from logits, x/255.
+The rows (bench/cuda_peers.py holds them; --configs picks them by key):
 
-  skyforge cuda 1 GPU     `skyforge run` of the example with backend = "cuda", [pool]
-                          accelerator = "cuda", nodes = 1.
-  skyforge cuda 1 GPU tf32  the same with the plugin's tf32 = true (TF32 tensor cores).
-  skyforge cuda 1 GPU nchw  (convnet) conv_layout = "nchw": cuDNN's convolutions in NCHW, their
-                          tensors transformed around each call (PyTorch eager no TF32's layout
-                          and precision).
-  skyforge cuda 1 GPU autotuned  (convnet) autotune = true, FP32, deterministic: each
-                          convolution's fastest deterministic cuDNN algorithm, timed at its first
-                          step, or the engine's im2col + GEMM backward (cuBLAS) where that was
-                          faster than cuDNN's chosen backward.
-  skyforge cuda 1 GPU tf32 autotuned  (convnet) tf32 = true, deterministic = false, autotune =
-                          true: every convolution's fastest cuDNN algorithm, timed at its first
-                          step in NHWC and in NCHW (transforms included), atomics allowed
-                          (docs/compute-backends.md, "Convolution algorithms").
-  skyforge cuda N GPUs    the same with nodes = N (every GPU of the machine, when N >= 2): one
-                          node per GPU, data-parallel over NCCL.
-  PyTorch eager 1 GPU     a plain loop with the dataset on the device (uploaded once), batches
-                          gathered there, losses read back once per epoch.
-  PyTorch eager no TF32   the same with torch.backends.cudnn.allow_tf32 = False: PyTorch's
-                          convolutions in full FP32, as skyforge's are (PyTorch's default lets
-                          cuDNN round their inputs to TF32; its matmuls are FP32 by default).
-  PyTorch eager no TF32 deterministic  (convnet) the same with torch.backends.cudnn.deterministic
-                          = True: cuDNN's deterministic algorithms only, as skyforge's default
-                          (same precision, same determinism).
-  PyTorch eager cudnn.benchmark  (convnet) eager with torch.backends.cudnn.benchmark = True:
-                          PyTorch's own timed choice of cuDNN algorithms, the peer of the
-                          autotuned row.
-  PyTorch compile 1 GPU   the same model under torch.compile (when this torch has it), one
-                          static graph per batch shape (dynamic=False).
+  sky1      skyforge cuda 1 GPU: `skyforge run` of the example with backend = "cuda", [pool]
+            accelerator = "cuda", nodes = 1. FP32, deterministic (the default).
+  sky1tf32  the same with the plugin's tf32 = true (TF32 tensor cores).
+  sky1nchw  (models with a convolution) conv_layout = "nchw": cuDNN's convolutions in NCHW.
+  sky1tune  (models with a convolution) autotune = true, FP32, deterministic: each convolution's
+            fastest deterministic algorithm, timed at its first step, or the engine's im2col + GEMM
+            backward where faster.
+  sky1fast  (models with a convolution) tf32 = true, deterministic = false, autotune = true
+            (docs/compute-backends.md, "Convolution algorithms").
+  skyN      the same as sky1 with nodes = N (every GPU of the machine, when N >= 2): one node per
+            GPU, data-parallel over NCCL.
+  torch     PyTorch eager, its defaults (TF32 convolutions, FP32 matmuls): a plain loop with the
+            dataset on the device (uploaded once), batches gathered there.
+  fp32      eager with TF32 off (torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32 False).
+  fp32det   (models with a convolution) fp32 with cudnn.deterministic = True: skyforge's default's
+            exact peer (same precision, same determinism).
+  fp32cl    (models where channels_last is chosen) fp32, cudnn.benchmark = True, the model in
+            torch.channels_last.
+  tf32      eager with TF32 on for matmuls and convolutions: the peer of skyforge's tf32 rows.
+  torchbench  (models with a convolution) tf32 with cudnn.benchmark = True: PyTorch's timed choice
+            of cuDNN algorithms, the peer of sky1fast.
+  compile   torch.compile (its default mode), TF32 off.
+  ro        torch.compile(mode="reduce-overhead") (CUDA graphs) with Adam/AdamW(fused=True,
+            capturable=True), cudnn.benchmark = True, TF32 off.
+  rocl      (channels_last models) ro with the model in torch.channels_last.
+  rotf32    ro with TF32 on.  rotf32cl  (channels_last models) rotf32 in torch.channels_last.
 
---configs picks rows by key (sky1, sky1tf32, sky1nchw, sky1tune, sky1fast, skyN, torch, fp32, fp32det, torchbench,
-compile)
-and --batches the batch sizes, for a short run; the ratio column needs the torch row.
+channels_last is chosen per model, the reason printed: for models of 2 convolutions or more
+(convnet, resnet), not for the MLP (none) or the ViT (one patch convolution, then matmuls).
+torch.compile runs one static graph per batch shape (dynamic=False), as skyforge captures one
+per shape. Each PyTorch feature is detected in the torch at hand: a row whose feature is missing
+(torch.compile before 2.0, fused= or capturable= in an optimizer, channels_last, the TF32
+switches) is left out, and the output says which and why; nothing is estimated.
 
 Every configuration trains one epoch more than the figure covers, and that first epoch is left
 out of the time on both sides: it holds the one-time costs (cuDNN's and cuBLAS' loading and
-plans, skyforge's graph capture, torch.compile's compilation of both batch shapes, the full and
-the epoch's partial last one). skyforge's side is the sum of its result line's epoch_seconds
-after the first; PyTorch's is timed from the end of its first epoch (synchronized) to the end.
+plans, skyforge's graph capture, torch.compile's compilation and CUDA-graph recording of both
+batch shapes, the full and the epoch's partial last one). skyforge's side is the sum of its
+result line's epoch_seconds after the first; PyTorch's is timed from the end of its first epoch
+(synchronized) to the end.
 
-Figures: samples/s (60000 x epochs / steady training time, the slowest process), test accuracy
-(after all epochs, the warm-up one included),
-and peak device memory: the largest `used_memory` nvidia-smi reports for the configuration's
-processes, polled every 0.1 s (the CUDA context included, on both sides alike); where nvidia-smi
-names none of them (its pids are another pid namespace's, as in a container), the largest rise of
-the GPUs' used memory over its value before the configuration started, marked in the table. Then, with two
-GPUs or more, the allreduce bus bandwidth (nccl-tests' definition) at 8 MiB and 256 MiB, in
-place, size by size: nccl-tests' `all_reduce_perf` on every GPU (when it is on PATH) beside the
-cuda engine's own gradient allreduce (`bench_allreduce --nccl`, the engine's
-Device::allreduce_sum on its collectives stream, timed by its mean as nccl-tests times):
-target >= 90% of NCCL's figure at both sizes.
+--rounds N (default 3) runs every configuration N times, round after round, in alternating order
+(reversed in even rounds). The table gives each figure as median (min-max) over the rounds: samples/s
+(60000 x epochs / steady training time, the slowest process), test accuracy (after all epochs,
+the warm-up one included), peak device memory (the largest `used_memory` nvidia-smi reports for
+the configuration's processes, polled every 0.1 s, the CUDA context included on both sides;
+where nvidia-smi names none of them, as in a container, the largest rise of the GPUs' used
+memory, marked), and two ratios, each taken within a round: to PyTorch eager (the torch row),
+and for skyforge's 1-GPU rows to the best PyTorch row of the same precision (FP32 or TF32: the
+one with the highest median samples/s at that model and batch). Then the targets (issue 37):
+skyforge's best FP32 row >= 1.0x the best PyTorch FP32 row at batch 1024 and >= 2x at batch 64;
+the TF32 pair for information; bf16 waits for the plugin's precision = "bf16". With two GPUs or
+more, the allreduce bus bandwidth (nccl-tests' definition) at 8 MiB and 256 MiB, in place:
+nccl-tests' `all_reduce_perf` (when it is on PATH) beside the cuda engine's own gradient
+allreduce (`bench_allreduce --nccl`): target >= 90% of NCCL's figure at both sizes.
 
-Targets (docs/compute-backends.md): >= 2x PyTorch eager at batch 64, >= 1x at batch 1024.
-Without a usable GPU it says why and exits 2: nothing is estimated.
+--dry-run needs neither a GPU nor skyforge: it builds every PyTorch configuration this torch has
+on the CPU and trains it one step (fused= and capturable= left out there, CUDA tensors only), and
+says why each absent one is absent. Without a usable GPU the bench itself says why and exits 2.
 """
+import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -71,7 +83,7 @@ import threading
 import time
 from pathlib import Path
 
-BATCHES = (64, 1024)
+import cuda_peers
 
 
 def smi(query):
@@ -151,21 +163,71 @@ def run_skyforge(base, spec):
             "replicas_agree": len({r["weights_fnv1a64"] for r in nodes}) == 1}
 
 
+def optimizer_name(base, model):
+    """The torch.optim class the model's example trains with."""
+    return {"adam": "Adam", "adamw": "AdamW"}[base.example(model)["train"].get("optimizer", "adam")]
+
+
+def torch_setup(base, torch, spec, dev, updates):
+    """The twin of spec's model on dev, set up as its row asks: (the twin, the module to call, the
+    optimizer, each of `updates` updates' (lr, eps), notes on what was left out)."""
+    if spec["precision"] in ("fp32", "tf32"):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = spec["precision"] == "tf32"
+    for name, value in spec["cudnn"].items():  # deterministic, benchmark
+        setattr(torch.backends.cudnn, name, value)
+    torch.manual_seed(base.SEED)
+    net = base.build_torch_model(spec["model"]).to(dev)
+    if spec["channels_last"]:
+        net = net.to(memory_format=torch.channels_last)
+    model = torch.compile(net, mode=spec["compile"], dynamic=False) if spec["compile"] else net
+    options, notes = {}, []
+    if spec["fused"] and dev.type == "cuda":
+        options = {"fused": True, "capturable": True}
+    elif spec["fused"]:
+        notes.append("fused= and capturable= left out (CUDA tensors only)")
+    opt, settings = base.torch_optimizer(net.parameters(), base.example(spec["model"])["train"], updates, **options)
+    return net, model, opt, settings, notes
+
+
+def step_marker(torch, spec):
+    """torch.compiler.cudagraph_mark_step_begin for a reduce-overhead row (where this torch has it):
+    each call starts a new training step for the CUDA graphs."""
+    if spec["compile"] != cuda_peers.RO:
+        return lambda: None
+    return getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", lambda: None)
+
+
+def train_step(F, model, opt, setting, x, y, mark):
+    for group in opt.param_groups:  # the schedule's rate, Keras' epsilon placement
+        group["lr"], group["eps"] = setting
+    mark()
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def cudagraph_skips():
+    """How often torch.compile fell back from CUDA graphs in this process (its inductor counter), or None."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return int(counters["inductor"].get("cudagraph_skips", 0))
+
+
 def run_torch(base, spec):
     import torch
     import torch.nn.functional as F
     dev = torch.device("cuda", 0)
-    for name, value in spec.get("cudnn", {}).items():  # e.g. allow_tf32 = False, benchmark = True
-        setattr(torch.backends.cudnn, name, value)
     xtr, ytr, xte, yte = (torch.from_numpy(a).to(dev) for a in base.load_fashion_mnist())
-    torch.manual_seed(base.SEED)
-    net = base.build_torch_model(spec["model"]).to(dev)
-    # dynamic=False: one static graph per batch shape, as skyforge captures one per shape; with
-    # the default, the epoch's last, partial batch would recompile into a dynamic-shape graph.
-    model = torch.compile(net, dynamic=False) if spec["compile"] else net
-    opt = torch.optim.Adam(net.parameters(), lr=base.LEARNING_RATE, betas=(0.9, 0.999), eps=1e-7)
     n, batch = ytr.shape[0], spec["batch"]
     steps = -(-n // batch)
+    net, model, opt, settings, _ = torch_setup(base, torch, spec, dev, steps * (spec["epochs"] + 1))
+    if spec["channels_last"]:
+        xtr = xtr.contiguous(memory_format=torch.channels_last)
+    mark = step_marker(torch, spec)
     gen = torch.Generator(device=dev).manual_seed(base.SEED)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -177,10 +239,7 @@ def run_torch(base, spec):
         perm = torch.randperm(n, generator=gen, device=dev)
         for s in range(steps):
             idx = perm[s * batch:(s + 1) * batch]
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
-            loss.backward()
-            opt.step()
+            train_step(F, model, opt, settings[epoch * steps + s], xtr[idx], ytr[idx], mark)
     torch.cuda.synchronize()
     train_s, first_s = time.perf_counter() - t1, t1 - t0
     net.eval()
@@ -191,7 +250,9 @@ def run_torch(base, spec):
             "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32, "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
-            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
+            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "optimizer": type(opt).__name__ + ("(fused, capturable)" if spec["fused"] else ""),
+            "cudagraph_skips": cudagraph_skips() if spec["compile"] == cuda_peers.RO else None}
 
 
 def cell(base, spec):
@@ -269,7 +330,84 @@ def allreduce_report(bw, why, ebw, ewhy, gpus):
     return f"\nallreduce bus bandwidth, in place, {gpus} GPU(s):\n" + "\n".join(lines)
 
 
+def plan(base, torch, table_rows, models):
+    """What runs: ({model: its rows, in table order}, [(model, row, why absent)], {model: the
+    channels_last choice's reason}): a row runs for the models it applies to, when this torch
+    has its features."""
+    runs, absent, why = {}, [], {}
+    for m in models:
+        traits, why[m] = cuda_peers.model_traits(base.example(m)["train"]["layers"])
+        runs[m] = []
+        for row in table_rows:
+            if cuda_peers.applies(row, traits):
+                reason = cuda_peers.missing_feature(torch, row, optimizer_name(base, m))
+                if reason:
+                    absent.append((m, row, reason))
+                else:
+                    runs[m].append(row)
+    return runs, absent, why
+
+
+def verdict_lines(found, labels, fmt_range):
+    """The targets' lines of cuda_peers.verdicts' findings at one batch size."""
+    lines = []
+    for v in found:
+        name = v["precision"].upper()
+        if not v["peer"]:
+            lines.append(f"{name}: {labels[v['ours']]}: no PyTorch {name} row measured, no ratio")
+            continue
+        verdict = {True: "met", False: "NOT met", None: "for information (the targets are FP32's and bf16's)"}[v["met"]]
+        lines.append(f"{name}: {labels[v['ours']]} / {labels[v['peer']]} = {fmt_range(v['ratios'], '.2f')}x; "
+                     f"target >= {v['target']:.1f}x: {verdict}")
+    if found:
+        lines.append('BF16: no row yet: it waits for the cuda plugin\'s precision = "bf16"')
+    return lines
+
+
+def table(cells, runs, table_rows, batches, fmt):
+    """The table's lines and the targets' findings (cuda_peers.verdicts, with model and batch) of the
+    measured cells; runs: {model: its rows}; fmt: the "median (min-max)" formatter."""
+    labels = {r.key: r.label for r in table_rows}
+    hdr = (f"{'model':8s} {'batch':>5s} {'configuration':40s} {'samples/s':>24s} {'test acc':>8s} {'peak MiB':>8s} "
+           f"{'vs eager':>20s}  vs the best PyTorch row of its precision")
+    lines, targets = [hdr, "-" * len(hdr)], []
+    for m, model_rows in runs.items():
+        for batch in batches:
+            here = [c for c in cells if c["model"] == m and c["batch"] == batch]
+            best_peer = cuda_peers.peers(here, table_rows)
+            for row in model_rows:
+                rs = [c for c in here if c["key"] == row.key]
+                if not rs:
+                    lines.append(f"{m:8s} {batch:5d} {row.label:40s} {'failed':>24s}")
+                    continue
+                q = cuda_peers.ratios(here, row.key, "torch")
+                note = []
+                peer = best_peer.get(row.precision)
+                if row.kind == "skyforge" and row.procs == 1 and peer:
+                    note.append(f"{fmt(cuda_peers.ratios(here, row.key, peer), '.2f')}x of {peer}")
+                if row.key == peer:
+                    note.append(f"the best PyTorch {row.precision.upper()} row")
+                if any(c["peak_device_of"] != "processes" for c in rs):
+                    note.append("peak: the GPUs' rise")
+                if any(c.get("cudagraph_skips") for c in rs):
+                    note.append("CUDA graphs skipped (torch.compile's log says why)")
+                lines.append(f"{m:8s} {batch:5d} {row.label:40s} {fmt([c['samples_per_second'] for c in rs], '.0f'):>24s} "
+                             f"{statistics.median(c['test_accuracy'] for c in rs):8.4f} "
+                             f"{max(c['peak_device_mib'] for c in rs):8d} "
+                             f"{fmt(q, '.2f') + 'x' if q else '-':>20s}  {'; '.join(note)}".rstrip())
+            found = cuda_peers.verdicts(here, table_rows, batch)
+            targets += [dict(v, model=m, batch=batch) for v in found]
+            lines += [f"{'':14s} target, {m} batch {batch}: {line}" for line in verdict_lines(found, labels, fmt)]
+    return lines, targets
+
+
 def main(base, args, models, epochs, skyforge):
+    try:  # the arguments first: a mistyped key is said on any machine
+        keys = {r.key for r in cuda_peers.select(cuda_peers.rows(2), args.configs)}
+        batches = cuda_peers.parse_batches(args.batches)
+    except ValueError as e:
+        print(f"train_vs_pytorch --backend cuda: {e}", file=sys.stderr)
+        return 2
     problems = preflight(skyforge)
     if problems:
         print("train_vs_pytorch --backend cuda: no GPU figures on this machine:\n  " + "\n  ".join(problems),
@@ -277,95 +415,106 @@ def main(base, args, models, epochs, skyforge):
         return 2
     import torch
     gpus = torch.cuda.device_count()
+    table_rows = [r for r in cuda_peers.rows(gpus) if r.key in keys]
+    runs, absent, why = plan(base, torch, table_rows, models)
+    if "skyN" in keys and gpus < 2:
+        sky_n = next(r for r in cuda_peers.rows(2) if r.key == "skyN")
+        absent += [(m, sky_n, "one GPU (it needs 2 or more)") for m in models]
     print(f"GPU: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, skyforge {skyforge}")
-    # (key, label, kind, processes, torch.compile, the cuda plugin's options or PyTorch's
-    # torch.backends.cudnn settings, the models it runs: None for every one)
-    configs = [("sky1", "skyforge cuda 1 GPU", "skyforge", 1, False, {}, None),
-               ("sky1tf32", "skyforge cuda 1 GPU tf32", "skyforge", 1, False, {"tf32": "true"}, None),
-               ("sky1nchw", "skyforge cuda 1 GPU nchw", "skyforge", 1, False, {"conv_layout": '"nchw"'},
-                ("convnet",)),
-               ("sky1tune", "skyforge cuda 1 GPU autotuned", "skyforge", 1, False, {"autotune": "true"},
-                ("convnet",)),
-               ("sky1fast", "skyforge cuda 1 GPU tf32 autotuned", "skyforge", 1, False,
-                {"tf32": "true", "deterministic": "false", "autotune": "true"}, ("convnet",))]
-    if gpus >= 2:
-        configs.append(("skyN", f"skyforge cuda {gpus} GPUs", "skyforge", gpus, False, {}, None))
-    configs += [("torch", "PyTorch eager 1 GPU", "torch", 1, False, {}, None),
-                ("fp32", "PyTorch eager no TF32 1 GPU", "torch", 1, False, {"allow_tf32": False}, None),
-                ("fp32det", "PyTorch eager no TF32 deterministic", "torch", 1, False,
-                 {"allow_tf32": False, "deterministic": True}, ("convnet",)),
-                ("torchbench", "PyTorch eager cudnn.benchmark", "torch", 1, False, {"benchmark": True}, ("convnet",))]
-    if hasattr(torch, "compile"):
-        configs.append(("compile", "PyTorch torch.compile 1 GPU", "torch", 1, True, {}, None))
-    if args.configs:
-        keep = [k.strip() for k in args.configs.split(",") if k.strip()]
-        unknown = set(keep) - {c[0] for c in configs}
-        if unknown:
-            print(f"train_vs_pytorch --backend cuda: no configuration {', '.join(sorted(unknown))} here "
-                  f"(these: {', '.join(c[0] for c in configs)})", file=sys.stderr)
-            return 2
-        configs = [c for c in configs if c[0] in keep]
-    batches = BATCHES
-    if args.batches:
-        try:
-            batches = tuple(int(b) for b in args.batches.split(",") if b.strip())
-        except ValueError:
-            batches = ()
-        if not batches or min(batches) < 1:
-            print("train_vs_pytorch --backend cuda: --batches: positive batch sizes, comma-separated", file=sys.stderr)
-            return 2
-    cells, failed = [], []
-    for rnd in range(1, args.rounds + 1):
-        for m in models:
-            for batch in batches:
-                for key, label, kind, procs, compiled, settings, only in configs:
-                    if only and m not in only:
-                        continue
-                    spec = {"model": m, "key": key, "label": label, "kind": kind, "procs": procs, "batch": batch,
-                            "compile": compiled, ("plugin" if kind == "skyforge" else "cudnn"): settings,
-                            "epochs": epochs[m], "skyforge": skyforge}
-                    print(f"  round {rnd}: {m} batch {batch}: {label} ...", file=sys.stderr, flush=True)
-                    p = subprocess.run([sys.executable, str(Path(base.__file__).resolve()), "--_cuda-cell",
-                                        json.dumps(spec)], stdout=subprocess.PIPE, text=True)
-                    r = re.search(r"^CELL_RESULT (\{.*\})$", p.stdout, re.M)
-                    if p.returncode != 0 or not r:
-                        # Said, and the other configurations still measured: a GPU run is rare.
-                        print(f"  {label} ({m}, batch {batch}) FAILED (exit {p.returncode})", file=sys.stderr, flush=True)
-                        failed.append(f"{label} ({m}, batch {batch})")
-                        continue
-                    res = json.loads(r.group(1))
-                    res.update(spec, round=rnd, samples_per_second=res["samples"] / res["train_seconds"])
-                    print(f"    {res['samples_per_second']:.0f} samples/s (first epoch {res['first_epoch_seconds']:.3f} s), "
-                          f"test accuracy {res['test_accuracy']:.4f}, peak {res['peak_device_mib']} MiB",
-                          file=sys.stderr, flush=True)
-                    cells.append(res)
-    hdr = f"{'model':8s} {'batch':>5s} {'configuration':36s} {'samples/s':>10s} {'test acc':>8s} {'peak MiB':>8s}  vs eager"
-    print("\n" + hdr + "\n" + "-" * len(hdr))
+    print(f"{args.rounds} round{'s' * (args.rounds != 1)}, the configurations' order reversed in even rounds; "
+          f"batches {', '.join(map(str, batches))}; epochs: " + ", ".join(f"{m} {epochs[m]}" for m in models))
+    if args.rounds < 3:
+        print("fewer than 3 rounds: the ranges below say little")
     for m in models:
-        for batch in batches:
-            rows = [c for c in cells if c["model"] == m and c["batch"] == batch]
-            eagers = [c["samples_per_second"] for c in rows if c["key"] == "torch"]
-            eager = statistics.median(eagers) if eagers else float("nan")
-            for key, label, *_, only in configs:
-                if only and m not in only:
-                    continue
-                rs = [c for c in rows if c["key"] == key]
-                if not rs:
-                    print(f"{m:8s} {batch:5d} {label:36s} {'failed':>10s}")
-                    continue
-                sps = statistics.median(c["samples_per_second"] for c in rs)
-                print(f"{m:8s} {batch:5d} {label:36s} {sps:10.0f} {statistics.median(c['test_accuracy'] for c in rs):8.4f} "
-                      f"{max(c['peak_device_mib'] for c in rs):8d}  {sps / eager:.2f}x"
-                      + ("  (peak: the GPUs' rise)" if any(c["peak_device_of"] != "processes" for c in rs) else ""))
-    bw, why = nccl_bus_bandwidth(gpus)
+        print(f"{m}: {why[m]}")
+    for m, row, reason in absent:
+        print(f"{m}: {row.key} ({row.label}) absent: {reason}")
+    cells, failed = [], []
+    work = [(m, batch, row) for m in models for batch in batches for row in runs[m]]
+    for rnd in range(1, args.rounds + 1):
+        for m, batch, row in cuda_peers.round_order(work, rnd):
+            spec = dict(dataclasses.asdict(row), model=m, batch=batch, epochs=epochs[m], skyforge=skyforge)
+            print(f"  round {rnd}: {m} batch {batch}: {row.label} ...", file=sys.stderr, flush=True)
+            p = subprocess.run([sys.executable, str(Path(base.__file__).resolve()), "--_cuda-cell",
+                                json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+            r = re.search(r"^CELL_RESULT (\{.*\})$", p.stdout, re.M)
+            if p.returncode != 0 or not r:
+                # Said, and the other configurations still measured: a GPU run is rare.
+                print(f"  {row.label} ({m}, batch {batch}) FAILED (exit {p.returncode})", file=sys.stderr, flush=True)
+                failed.append(f"{row.label} ({m}, batch {batch}, round {rnd})")
+                continue
+            res = json.loads(r.group(1))
+            res.update(spec, round=rnd, samples_per_second=res["samples"] / res["train_seconds"])
+            print(f"    {res['samples_per_second']:.0f} samples/s (first epoch {res['first_epoch_seconds']:.3f} s), "
+                  f"test accuracy {res['test_accuracy']:.4f}, peak {res['peak_device_mib']} MiB",
+                  file=sys.stderr, flush=True)
+            cells.append(res)
+    lines, targets = table(cells, runs, table_rows, batches, base.fmt_range)
+    print(f"\n{args.rounds} round(s): median (min-max); every ratio taken within a round\n" + "\n".join(lines))
+    bw, bwhy = nccl_bus_bandwidth(gpus)
     ebw, ewhy = engine_bus_bandwidth(skyforge, gpus)
-    print(allreduce_report(bw, why, ebw, ewhy, gpus))
+    print(allreduce_report(bw, bwhy, ebw, ewhy, gpus))
     if failed:
         print("\nfailed: " + "; ".join(failed) + " (their errors are above)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"backend": "cuda", "gpus": gpus, "cells": cells,
+        Path(args.json).write_text(json.dumps({"backend": "cuda", "gpus": gpus, "rounds": args.rounds, "cells": cells,
+                                               "targets": targets,
+                                               "absent": [{"model": m, "key": r.key, "why": w} for m, r, w in absent],
                                                "nccl_bus_bandwidth_gbs": bw and {str(k): v for k, v in bw.items()},
                                                "engine_bus_bandwidth_gbs": ebw and {str(k): v for k, v in ebw.items()},
                                                "failed": failed},
                                               indent=2) + "\n")
     return 1 if failed else 0
+
+
+def dry_run(base, models):
+    """--dry-run: every PyTorch configuration this torch has, built on the CPU and trained one step
+    of 8 random images; each absent one with the reason. 0 when every built one stepped (a finite
+    loss, every parameter moved, channels_last weights where the row asks)."""
+    import torch
+    import torch.nn.functional as F
+    switches = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
+                (torch.backends.cudnn, "benchmark"), (torch.backends.cudnn, "deterministic")]
+    print(f"dry run: torch {torch.__version__} on the CPU, one step of 8 images per PyTorch configuration "
+          "(no GPU, no skyforge, no figure)")
+    runs, absent, why = plan(base, torch, cuda_peers.rows(2), models)
+    failures = 0
+    for m in models:
+        print(f"{m} ({optimizer_name(base, m)}): {why[m]}")
+        for row in runs[m]:
+            if row.kind == "skyforge":
+                print(f"  {row.key:10s} {row.label}: skyforge's cuda backend, on a GPU only")
+                continue
+            spec = dict(dataclasses.asdict(row), model=m)
+            saved = [getattr(obj, name) for obj, name in switches]
+            try:
+                # 2 updates' settings, the second's taken: a warm-up schedule's first rate is 0.
+                net, model, opt, settings, notes = torch_setup(base, torch, spec, torch.device("cpu"), 2)
+                set_to = ", ".join(f"{'matmul' if obj is torch.backends.cuda.matmul else 'cudnn'}.{name} "
+                                   f"{getattr(obj, name)}" for obj, name in switches)
+                g = torch.Generator().manual_seed(base.SEED)
+                x, y = torch.rand(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g)
+                before = [p.detach().clone() for p in net.parameters()]
+                loss = float(train_step(F, model, opt, settings[1], x, y, step_marker(torch, spec)))
+                moved = all(not torch.equal(a, p) for a, p in zip(before, net.parameters()))
+                weights = [p for p in net.parameters() if p.dim() == 4]
+                # Every 4-d weight channels_last, and one not NCHW too (a 1-channel one is both).
+                layout_ok = not row.channels_last or (all(p.is_contiguous(memory_format=torch.channels_last)
+                                                          for p in weights)
+                                                      and any(not p.is_contiguous() for p in weights))
+                ok = math.isfinite(loss) and moved and layout_ok
+                result = (f"{'one step' if ok else 'FAILED'}: loss {loss:.4f}, "
+                          f"{'every' if moved else 'NOT every'} parameter moved, {type(opt).__name__}"
+                          + (", channels_last weights" if row.channels_last and layout_ok else "")
+                          + (", weights NOT channels_last" if not layout_ok else "")
+                          + f"; {set_to}" + "".join("; " + n for n in notes))
+            except Exception as e:  # said, and the other configurations still built
+                ok, result = False, f"FAILED: {type(e).__name__}: {e}"
+            finally:
+                for (obj, name), value in zip(switches, saved):
+                    setattr(obj, name, value)
+            failures += not ok
+            print(f"  {row.key:10s} {row.label}: {result}")
+        for _, row, reason in (a for a in absent if a[0] == m):
+            print(f"  {row.key:10s} {row.label}: absent: {reason}")
+    return 1 if failures else 0
