@@ -41,6 +41,11 @@ struct DeviceOptions {
   // automatic: NHWC, or with autotune whichever is faster, transforms included.
   enum class ConvLayout { automatic, nhwc, nchw };
   ConvLayout conv_layout = ConvLayout::automatic;
+  // Test-only (no plugin option sets it): one rank runs the data-parallel path anyway. The CUDA
+  // build makes an NCCL communicator of one rank, so the bucketed allreduce on the collectives
+  // stream, the captured collectives and ncclCommAbort run on a machine with one GPU (NCCL
+  // refuses two ranks on one GPU); the host build calls the pool's communicator of one.
+  bool collectives_alone = false;
 };
 
 class Device {
@@ -114,6 +119,19 @@ class Device {
   void join_collectives();
   // Device bytes from root to every rank (in stream order).
   void broadcast(void* p, size_t bytes, uint32_t root);
+  // Whether the collectives above reach other ranks (more than one rank, or collectives_alone);
+  // when false they return at once.
+  bool data_parallel() const;
+  // How many collectives this device has been given (run, queued or captured) so far: a step
+  // that fails after this number moved left its peers waiting for the rest.
+  uint64_t collectives_issued() const { return issued_; }
+  // This rank is out of step with its peers (a step failed after issuing collectives): the
+  // CUDA build aborts the NCCL communicator (ncclCommAbort, after ending a capture and
+  // destroying the graphs that hold NCCL launches), so the kernels waiting on it return and the
+  // peers' own watch sees the communicator go instead of waiting out the collective timeout;
+  // every later collective throws `why`. The host build's pool communicator has no abort: its
+  // peers' collectives time out.
+  void abort(const std::string& why) noexcept;
 
   // CUDA Graphs (docs/compute-backends.md, "Graphs"). Between begin_capture() and
   // end_capture() what the stream is given (kernels, GEMMs, copies, collectives) is recorded,
@@ -156,6 +174,7 @@ class Device {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   kernels::Stream stream_{};
+  uint64_t issued_ = 0;  // collectives_issued()
 };
 
 // conv2d's backward as im2col + GEMM + col2im on d's GEMMs and the kernels: the engine's way

@@ -46,7 +46,7 @@ Device::Device(const Communicator& comm, const Host& host, const DeviceOptions& 
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.handle = impl_->stream;
   impl_->init_blas();
-  if (comm.size() > 1) {
+  if (comm.size() > 1 || options.collectives_alone) {
     if (host.on_node()) export_nccl_socket_ifname(host.instance_info().private_ip);  // nccl_env.hpp
     impl_->init_nccl(comm);
   }
@@ -83,7 +83,18 @@ void* Device::alloc(size_t bytes) {
   check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
   return p;
 }
-void Device::free(void* p) noexcept { cudaFree(p); }
+// cudaFree waits for the whole device, the collectives stream too, with no timeout: with NCCL,
+// wait for both streams first, watched (a collective stuck on a lost peer aborts the
+// communicator, after which the device drains).
+void Device::free(void* p) noexcept {
+  if (impl_->nccl && !impl_->capturing) {  // (nothing is freed inside a capture)
+    try {
+      impl_->quiesce("freeing device memory");
+    } catch (const std::exception&) {  // aborted: nothing is left waiting on a peer
+    }
+  }
+  cudaFree(p);
+}
 void Device::make_current() { check(cudaSetDevice(impl_->device), "cudaSetDevice"); }
 void Device::upload(void* dst, const void* src, size_t bytes) {
   impl_->pageable_copy(dst, src, bytes, cudaMemcpyHostToDevice, "upload");

@@ -144,14 +144,18 @@ struct Device::Impl {
   void init_nccl(const Communicator& comm);
   // Finalizes the communicator within the timeout, or aborts it (failed, or not done in time).
   void close_nccl() noexcept;
-  [[noreturn]] void abort_nccl(const std::string& why);
+  // Aborts the communicator (ending a capture and destroying the graphs that hold NCCL
+  // launches first) and refuses every later collective with `why`.
+  void abort_communicator(std::string why) noexcept;
+  [[noreturn]] void abort_nccl(const std::string& why);  // abort_communicator, then throws
   void usable() const;  // throws once a collective has failed
   // Until NCCL's state is ncclSuccess (a call returned ncclInProgress).
   void settle(const char* what);
   // An NCCL call's result: an error aborts; ncclInProgress is waited out.
   void check_nccl(ncclResult_t r, const char* what);
-  // In place on the collectives stream, after everything `stream` has been given so far.
-  void allreduce(void* p, size_t n, ncclDataType_t type);
+  // In place on the collectives stream, after everything `stream` has been given so far;
+  // false when there is nothing to do (no communicator, n = 0).
+  bool allreduce(void* p, size_t n, ncclDataType_t type);
   // Until the stream is done, watching NCCL meanwhile (a collective on it may wait on a peer).
   void wait_stream(const char* what);
   // Until both streams are done, watched the same way: before a call that may wait for the

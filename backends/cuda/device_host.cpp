@@ -13,6 +13,18 @@ namespace skyforge::cuda {
 
 struct Device::Impl {
   Communicator comm;
+  bool data_parallel = false;  // more than one rank, or collectives_alone
+  std::string failure;         // abort()'s reason: every later collective throws it
+  void usable() const {
+    if (!failure.empty()) throw Error(failure + " (earlier)", SF_ERR);
+  }
+  template <class T>
+  void allreduce(kernels::Stream s, uint64_t& issued, T* p, size_t n) {
+    usable();
+    if (!data_parallel || n == 0) return;
+    ++issued;
+    kernels::run_or_record(s, [c = comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
+  }
   std::vector<std::chrono::steady_clock::time_point> marks;  // SKYFORGE_CUDA_PROFILE
   std::unique_ptr<kernels::HostRecording> recording;  // a capture in progress (stream_ points at it)
   void no_capture(const char* what) const {
@@ -28,8 +40,9 @@ struct HostGraph : Device::Graph {
 };
 }  // namespace
 
-Device::Device(const Communicator& comm, const Host&, const DeviceOptions&) : impl_(std::make_unique<Impl>()) {
+Device::Device(const Communicator& comm, const Host&, const DeviceOptions& options) : impl_(std::make_unique<Impl>()) {
   impl_->comm = comm;
+  impl_->data_parallel = comm.size() > 1 || options.collectives_alone;
 }
 Device::~Device() = default;
 
@@ -96,15 +109,18 @@ bool Device::conv_backward(const kernels::WindowShape&, size_t, const float*, co
   return false;
 }
 
-void Device::allreduce_sum(float* p, size_t n) {
-  kernels::run_or_record(stream_, [c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
-}
-void Device::allreduce_sum(double* p, size_t n) {
-  kernels::run_or_record(stream_, [c = impl_->comm, p, n] { c.allreduce(p, n, SF_REDUCE_SUM); });
-}
+void Device::allreduce_sum(float* p, size_t n) { impl_->allreduce(stream_, issued_, p, n); }
+void Device::allreduce_sum(double* p, size_t n) { impl_->allreduce(stream_, issued_, p, n); }
 void Device::join_collectives() {}  // the pool's allreduce returns when done
 void Device::broadcast(void* p, size_t bytes, uint32_t root) {
+  impl_->usable();
+  if (!impl_->data_parallel || bytes == 0) return;
+  ++issued_;
   kernels::run_or_record(stream_, [c = impl_->comm, p, bytes, root] { c.broadcast(p, bytes, root); });
+}
+bool Device::data_parallel() const { return impl_->data_parallel; }
+void Device::abort(const std::string& why) noexcept {
+  if (impl_->failure.empty()) impl_->failure = why;
 }
 void Device::synchronize() { impl_->no_capture("synchronize"); }
 

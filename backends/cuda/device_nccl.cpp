@@ -72,7 +72,7 @@ void Device::Impl::close_nccl() noexcept {
   if (nccl) (clean ? ncclCommDestroy : ncclCommAbort)(nccl);
 }
 
-void Device::Impl::abort_nccl(const std::string& why) {
+void Device::Impl::abort_communicator(std::string why) noexcept {
   // The partial graph holds NCCL launches too, and ncclCommAbort waits for every graph that
   // references the communicator: end it first.
   end_partial_capture();
@@ -81,9 +81,16 @@ void Device::Impl::abort_nccl(const std::string& why) {
   if (nccl) ncclCommAbort(nccl);
   nccl = nullptr;
   failed = true;
-  failure = "cuda: " + why + "; the NCCL communicator was aborted (a lost or stuck peer?)";
+  failure = std::move(why);
+}
+void Device::Impl::abort_nccl(const std::string& why) {
+  abort_communicator("cuda: " + why + "; the NCCL communicator was aborted (a lost or stuck peer?)");
   throw Error(failure, SF_ERR);
 }
+void Device::abort(const std::string& why) noexcept {
+  if (!impl_->failed) impl_->abort_communicator(why);
+}
+bool Device::data_parallel() const { return impl_->nccl || impl_->failed; }
 void Device::Impl::usable() const {
   if (failed) throw Error(failure + " (earlier)", SF_ERR);
 }
@@ -115,12 +122,13 @@ void Device::Impl::check_nccl(ncclResult_t r, const char* what) {
   if (r != ncclSuccess)
     abort_nccl(std::string(what) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nccl) + ")");
 }
-void Device::Impl::allreduce(void* p, size_t n, ncclDataType_t type) {
+bool Device::Impl::allreduce(void* p, size_t n, ncclDataType_t type) {
   usable();
-  if (!nccl || n == 0) return;
+  if (!nccl || n == 0) return false;
   check(cudaEventRecord(ready, stream), "cudaEventRecord");
   check(cudaStreamWaitEvent(collectives, ready, 0), "cudaStreamWaitEvent");
   check_nccl(ncclAllReduce(p, p, n, type, ncclSum, nccl, collectives), "ncclAllReduce");
+  return true;
 }
 void Device::Impl::wait_stream(const char* what) {
   wait_until([this] { return cudaStreamQuery(stream); }, what);
@@ -159,8 +167,8 @@ void Device::Impl::wait_until(const std::function<cudaError_t()>& query, const c
   }
 }
 
-void Device::allreduce_sum(float* p, size_t n) { impl_->allreduce(p, n, ncclFloat32); }
-void Device::allreduce_sum(double* p, size_t n) { impl_->allreduce(p, n, ncclFloat64); }
+void Device::allreduce_sum(float* p, size_t n) { issued_ += impl_->allreduce(p, n, ncclFloat32); }
+void Device::allreduce_sum(double* p, size_t n) { issued_ += impl_->allreduce(p, n, ncclFloat64); }
 void Device::join_collectives() {
   impl_->usable();
   if (!impl_->nccl) return;
@@ -170,6 +178,7 @@ void Device::join_collectives() {
 void Device::broadcast(void* p, size_t bytes, uint32_t root) {
   impl_->usable();
   if (!impl_->nccl || bytes == 0) return;
+  ++issued_;
   impl_->check_nccl(ncclBroadcast(p, p, bytes, ncclUint8, static_cast<int>(root), impl_->nccl, impl_->stream),
                     "ncclBroadcast");
 }

@@ -712,7 +712,7 @@ void CudaEngine::stage(const float* x, const int32_t* y, uint32_t batch, const c
 // so nothing here needs the host to wait: a deferred step only adds its sums to pending_.
 void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   const k::Stream s = dev_->stream();
-  const bool dp = comm_.size() > 1;
+  const bool dp = dev_->data_parallel();
   if (profiling_) {  // a step that failed while profiled left its marks
     prof_->spans.clear();
     dev_->clear_marks();
@@ -960,18 +960,44 @@ StepResult CudaEngine::read_sums() {
   return r;
 }
 
+void CudaEngine::usable() const {
+  if (!failure_.empty()) throw Error(failure_ + " (earlier)", SF_ERR);
+}
+
+// Data parallel, every rank runs each step's collectives in the same order. A step that fails on
+// this rank once its argument checks have passed leaves the peers in collectives this rank will
+// not join (or join with the next step's data): the engine is failed from then on, and the
+// device aborts its collectives so the peers fail too instead of waiting out the timeout.
+template <class Step>
+void CudaEngine::with_peers(const char* what, const Step& step) {
+  try {
+    step();
+  } catch (const std::exception& e) {
+    if (dev_->data_parallel() && failure_.empty()) {
+      failure_ = std::string("cuda: ") + what + " failed on rank " + std::to_string(comm_.rank()) + " of " +
+                 std::to_string(comm_.size()) + " after it began (" + e.what() +
+                 "): its peers' collectives can no longer be matched, so this engine refuses every later step "
+                 "(restart the job, from a checkpoint)";
+      dev_->abort(failure_);
+    }
+    throw;
+  }
+}
+
 StepResult CudaEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
   dev_->make_current();
+  usable();
   stage(x, y, batch, "train_step");
-  enqueue(batch, true, false);
+  with_peers("train_step", [&] { enqueue(batch, true, false); });
   ++step_;
   return read_sums();
 }
 
 StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batch) {
   dev_->make_current();
+  usable();
   stage(x, y, batch, "eval_step");
-  enqueue(batch, false, false);
+  with_peers("eval_step", [&] { enqueue(batch, false, false); });
   return read_sums();
 }
 
@@ -983,6 +1009,7 @@ StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batc
 StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool train, bool deferred,
                                const char* what) {
   dev_->make_current();
+  usable();
   const auto it = data_.find(data);
   if (it == data_.end()) throw unknown_data(data);
   if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
@@ -1002,42 +1029,44 @@ StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batc
                    dev_->stream());
     enqueue(batch, train, deferred);
   };
-  StepGraph* g = nullptr;
-  if (eopt_.graphs) {
-    const GraphKey mine{data, generation_, batch, train, deferred, 0};
-    std::string key(reinterpret_cast<const char*>(&mine), sizeof mine);
-    if (comm_.size() > 1) {
-      // Whether an NCCL launch is captured, and from which capture, must be the same on every
-      // rank: the graph is chosen by every rank's key (their batches differ at an epoch's end,
-      // one rank's buffers may have grown), so every rank makes the same choice at each step.
-      key = comm_.allgather(key);
-      std::string gens;
-      for (size_t r = 0; r < comm_.size(); ++r)
-        gens.append(key, r * sizeof mine + offsetof(GraphKey, generation), sizeof mine.generation);
-      if (gens != generations_) graphs_.clear();  // a rank dropped its graphs: every rank does
-      generations_ = std::move(gens);
+  with_peers(what, [&] {
+    StepGraph* g = nullptr;
+    if (eopt_.graphs) {
+      const GraphKey mine{data, generation_, batch, train, deferred, 0};
+      std::string key(reinterpret_cast<const char*>(&mine), sizeof mine);
+      if (comm_.size() > 1) {
+        // Whether an NCCL launch is captured, and from which capture, must be the same on every
+        // rank: the graph is chosen by every rank's key (their batches differ at an epoch's end,
+        // one rank's buffers may have grown), so every rank makes the same choice at each step.
+        key = comm_.allgather(key);
+        std::string gens;
+        for (size_t r = 0; r < comm_.size(); ++r)
+          gens.append(key, r * sizeof mine + offsetof(GraphKey, generation), sizeof mine.generation);
+        if (gens != generations_) graphs_.clear();  // a rank dropped its graphs: every rank does
+        generations_ = std::move(gens);
+      }
+      g = &graphs_[key];
     }
-    g = &graphs_[key];
-  }
-  if (g && g->graph) {
-    dev_->replay(*g->graph);
-    ++stats_.replayed;
-  } else if (!g || ++g->seen < 2) {
-    step();
-    ++stats_.eager;
-  } else {
-    dev_->begin_capture();
-    try {
+    if (g && g->graph) {
+      dev_->replay(*g->graph);
+      ++stats_.replayed;
+    } else if (!g || ++g->seen < 2) {
       step();
-      g->graph = dev_->end_capture();
-    } catch (...) {
-      dev_->abort_capture();
-      throw;
+      ++stats_.eager;
+    } else {
+      dev_->begin_capture();
+      try {
+        step();
+        g->graph = dev_->end_capture();
+      } catch (...) {
+        dev_->abort_capture();
+        throw;
+      }
+      ++stats_.captured;
+      dev_->replay(*g->graph);
+      ++stats_.replayed;
     }
-    ++stats_.captured;
-    dev_->replay(*g->graph);
-    ++stats_.replayed;
-  }
+  });
   if (train) ++step_;
   return deferred ? StepResult{} : read_sums();
 }
@@ -1090,6 +1119,7 @@ StepResult CudaEngine::eval_step_indexed(uint64_t data, const uint64_t* idx, uin
 
 StepResult CudaEngine::take_results() {
   dev_->make_current();
+  usable();
   double p[kSums];
   dev_->download(p, pending_.get(), sizeof(p));  // waits for every deferred step
   dev_->zero(pending_.get(), sizeof(p));

@@ -85,6 +85,8 @@ class CudaEngine : public Engine {
     return g;
   }
   const char* build() const { return Device::build_name(); }
+  // Collectives the device has been given so far (tests: which path a step took).
+  uint64_t collectives() const { return dev_->collectives_issued(); }
 
  private:
   struct BoundSet {
@@ -133,6 +135,11 @@ class CudaEngine : public Engine {
   // Throws SF_ERR_INVALID for `count` invalid embedding indices, saying what became of them.
   void check_indices(double count, const char* consequence) const;
   void check_refused();  // throws check_indices' error for refused steps, and clears it
+  // Runs the part of a step that its peers take part in; a failure there fails the engine
+  // (failure_) when data parallel. usable() throws once it has.
+  template <class Step>
+  void with_peers(const char* what, const Step& step);
+  void usable() const;
   // SKYFORGE_CUDA_PROFILE: a timing mark when this step is profiled (see CudaProfile), else 0.
   size_t mark() const { return profiling_ ? dev_->mark() : 0; }
   void profile_step(uint32_t batch);  // waits for the step, adds its spans, clears the marks
@@ -182,6 +189,7 @@ class CudaEngine : public Engine {
   std::unique_ptr<CudaProfile> prof_;  // SKYFORGE_CUDA_PROFILE
   bool profiling_ = false;             // the step being enqueued is profiled
   bool embeds_ = false;                // an embedding layer: steps may meet invalid indices
+  std::string failure_;                // a data-parallel step failed on this rank (with_peers)
   EngineState shape_of_state() const;  // this engine's state, sized, with no values
 };
 

@@ -853,6 +853,73 @@ TEST(CudaEngine, DataParallelRanksChooseGraphsAlike) {
   EXPECT_EQ(with[0], without[0]);
 }
 
+// collectives_alone (test-only): one rank takes the data-parallel path — the loss sums and the
+// gradient buckets go to the device's collectives, eager and captured — and trains the same bits
+// as without (a sum over one rank is itself). The gpu tests run it through NCCL.
+TEST(CudaEngine, OneRankTakesTheDataParallelPathWhenAsked) {
+  const ModelSpec m = mlp(41);
+  const size_t f = features(m);
+  const Epoch ep = make_epoch(60, 101, f, 16);
+  std::vector<std::vector<float>> params;
+  std::vector<uint64_t> collectives;
+  for (bool alone : {false, true})
+    for (bool graphs : {false, true}) {
+      cu::EngineOptions o;
+      o.collectives_alone = alone;
+      o.graphs = graphs;
+      o.bucket_bytes = 1024;  // two buckets a step (TwoNodesFollowOneNode)
+      ThreadGroup one(1);
+      auto e = cu::make_engine(m, Communicator(one.comm(0)), skyforge::Host{}, o);
+      const uint64_t d = e->bind_data(ep.all.x.data(), ep.all.y.data(), 101);
+      for (int epoch = 0; epoch < 2; ++epoch)
+        for (const auto& idx : ep.steps) e->train_step_indexed(d, idx.data(), static_cast<uint32_t>(idx.size()), true);
+      e->take_results();
+      params.push_back(params_of(*e));
+      collectives.push_back(dynamic_cast<const cu::CudaEngine&>(*e).collectives());
+    }
+  EXPECT_EQ(params[1], params[0]);
+  EXPECT_EQ(params[2], params[0]) << "the data-parallel path trained other bits";
+  EXPECT_EQ(params[3], params[0]) << "its captured steps trained other bits";
+  EXPECT_EQ(collectives[0], 0u);
+  EXPECT_EQ(collectives[1], 0u);
+  // The initial parameters' broadcast, then 14 steps of 2 shapes, 3 collectives each (the loss
+  // sums and 2 buckets): every step eager, or each shape eager once and captured once (a replay
+  // gives the device nothing anew).
+  EXPECT_EQ(collectives[2], 1u + 14u * 3);
+  EXPECT_EQ(collectives[3], 1u + 2u * 2 * 3);
+}
+
+// A data-parallel step that fails on one rank after it began leaves that rank out of step: its
+// peers wait in collectives it will not join, and its next step's collectives would pair with
+// theirs of this one. Rank 1 leaves the group after one step, so rank 0's second step fails in
+// its collectives; from then on rank 0 refuses every step without a collective call.
+TEST(CudaEngine, ARankWhoseStepFailsAmongPeersRefusesEveryLaterStep) {
+  const ModelSpec m = mlp(42);
+  const size_t f = features(m);
+  const Batch b = make_batch(400, 8, f);
+  ThreadGroup group(2);
+  struct Left {};
+  EXPECT_THROW(group.run([&](uint32_t rank) {
+                 auto e = cu::make_engine(m, Communicator(group.comm(rank)));
+                 e->train_step(b.x.data(), b.y.data(), 8);
+                 if (rank == 1) throw Left{};
+                 EXPECT_THROW(e->train_step(b.x.data(), b.y.data(), 8), skyforge::Error);
+                 const size_t calls = group.allreduce_calls(0);
+                 const auto [st, msg] = status_of([&] { e->train_step(b.x.data(), b.y.data(), 8); });
+                 EXPECT_EQ(st, SF_ERR);
+                 EXPECT_NE(msg.find("train_step failed on rank 0 of 2 after it began"), std::string::npos) << msg;
+                 EXPECT_NE(msg.find("refuses every later step"), std::string::npos) << msg;
+                 EXPECT_NE(msg.find("(earlier)"), std::string::npos) << msg;
+                 EXPECT_EQ(status_of([&] { e->eval_step(b.x.data(), b.y.data(), 8); }).first, SF_ERR);
+                 EXPECT_EQ(status_of([&] { e->take_results(); }).first, SF_ERR);
+                 const uint64_t d = e->bind_data(b.x.data(), b.y.data(), 8);
+                 const std::vector<uint64_t> idx{0, 1, 2, 3};
+                 EXPECT_EQ(status_of([&] { e->train_step_indexed(d, idx.data(), 4, false); }).first, SF_ERR);
+                 EXPECT_EQ(group.allreduce_calls(0), calls) << "a refused step reached the collectives";
+               }),
+               Left);
+}
+
 // Device::probe's architecture rule (arch.hpp), with the default CMAKE_CUDA_ARCHITECTURES
 // "80-real;90-real;90-virtual" as CMake hands it over: real {80, 90}, PTX {90}.
 TEST(CudaArch, ABuildRunsWhereItsCodeOrItsPtxRuns) {

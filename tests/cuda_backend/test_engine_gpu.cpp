@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -258,4 +259,87 @@ TEST(Gpu, Tf32ConvnetStaysNearFp32) {
   cu::EngineOptions o;
   o.tf32 = true;
   expect_convnet_lockstep_with_cpu(o, "with tf32", 1e-2, 1e-3);
+}
+
+// NCCL on one GPU (collectives_alone): one rank takes the data-parallel path — an NCCL
+// communicator of one rank, the loss sums and the gradient buckets on the collectives stream,
+// captured into the step's CUDA graph and replayed — and trains the bits of the rank without it
+// (NCCL's sum over one rank is a copy). The convnet (cuDNN, batch normalization, dropout) and a
+// synchronized BatchNorm model, 3 epochs of bound-data steps.
+TEST(Gpu, OneRankThroughNcclTrainsTheBitsOfOneRankWithout) {
+  std::string why;
+  if (!try_make(mlp(1), &why)) GTEST_SKIP() << why;
+  for (const ModelSpec& m : {convnet(8), sync_bn_model(true)}) {
+    const size_t f = features(m);
+    const uint32_t n = 200, batch = 32;
+    const Batch all = make_batch(9, n, f);
+    std::vector<std::vector<float>> params;
+    std::vector<uint64_t> collectives;
+    for (const auto& [alone, graphs] : {std::pair{false, true}, std::pair{true, false}, std::pair{true, true}}) {
+      cu::EngineOptions o;
+      o.collectives_alone = alone;
+      o.graphs = graphs;
+      o.bucket_bytes = 64 << 10;  // several buckets a step
+      skyforge::ThreadGroup one(1);
+      auto e = cu::make_engine(m, Communicator(one.comm(0)), skyforge::Host{}, o);
+      const uint64_t d = e->bind_data(all.x.data(), all.y.data(), n);
+      for (int epoch = 0; epoch < 3; ++epoch) {
+        for (uint32_t at = 0; at < n; at += batch) {
+          std::vector<uint64_t> idx;
+          for (uint32_t i = at; i < std::min(n, at + batch); ++i) idx.push_back((i * 37u + epoch) % n);
+          e->train_step_indexed(d, idx.data(), static_cast<uint32_t>(idx.size()), true);
+        }
+        e->take_results();
+      }
+      params.push_back(params_of(*e));
+      collectives.push_back(dynamic_cast<const cu::CudaEngine&>(*e).collectives());
+    }
+    for (size_t i = 1; i < params.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(params[i].data(), params[0].data(), params[0].size() * sizeof(float)))
+          << "configuration " << i << " trained other bits";
+    EXPECT_EQ(collectives[0], 0u);
+    EXPECT_GT(collectives[1], collectives[2]) << "every step eager gives NCCL more launches than two captures";
+    EXPECT_GT(collectives[2], 0u);
+  }
+}
+
+// ncclCommAbort while a graph holding NCCL launches is in flight: 200 replays of a captured
+// step of allreduces are queued, then the device aborts. abort() returns (no deadlock between
+// the abort and the graphs waiting for it: it destroys their executables first), later
+// collectives refuse with its reason, and the device goes down. A watchdog fails the test
+// instead of hanging it.
+TEST(Gpu, AbortingNcclWhileAGraphIsInFlightReturns) {
+  std::string why;
+  if (!try_make(mlp(1), &why)) GTEST_SKIP() << why;
+  skyforge::ThreadGroup one(1);
+  cu::DeviceOptions o;
+  o.collectives_alone = true;
+  auto dev = std::make_unique<cu::Device>(Communicator(one.comm(0)), skyforge::Host{}, o);
+  ASSERT_TRUE(dev->data_parallel());
+  constexpr size_t kFloats = size_t{16} << 20;  // 64 MiB: each replay takes a while
+  cu::Buffer<float> buf(*dev, kFloats);
+  dev->zero(buf.get(), kFloats * sizeof(float));
+  dev->begin_capture();
+  for (int i = 0; i < 4; ++i) dev->allreduce_sum(buf.get(), kFloats);
+  dev->join_collectives();
+  auto graph = dev->end_capture();
+  for (int i = 0; i < 200; ++i) dev->replay(*graph);
+  auto aborted = std::async(std::launch::async, [&] { dev->abort("cuda: aborted by the test"); });
+  if (aborted.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "abort() did not return within 60 s while graphs were in flight";
+    std::_Exit(1);  // a deadlock: do not hang the suite
+  }
+  const auto [st, msg] = status_of([&] { dev->allreduce_sum(buf.get(), 16); });
+  EXPECT_EQ(st, SF_ERR);
+  EXPECT_NE(msg.find("aborted by the test"), std::string::npos) << msg;
+  EXPECT_EQ(status_of([&] { dev->replay(*graph); }).first, SF_ERR) << "a graph of the aborted communicator replayed";
+  auto gone = std::async(std::launch::async, [&] {
+    graph.reset();
+    buf.reset();
+    dev.reset();
+  });
+  if (gone.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "the aborted device did not go down within 60 s";
+    std::_Exit(1);
+  }
 }
