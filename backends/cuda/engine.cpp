@@ -60,7 +60,8 @@ struct Layer {
   std::string type;
   Shape in, out;     // in: the first input's shape
   std::vector<size_t> inputs;  // producers' positions in layers_ (schema::Graph::kInput: the model's input)
-  size_t poff = 0, psize = 0;  // slice of the flat parameter buffer
+  size_t poff = 0, psize = 0;  // slice of the device's flat parameter buffer (256-byte aligned)
+  size_t loff = 0;             // and of the logical one (get_params, the state: no gaps)
   // dense
   size_t fin = 0, units = 0;
   bool use_bias = true;
@@ -292,9 +293,13 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     l->type = spec.layers[i].type;
     l->in = shape;
     l->out = s.output;
-    l->poff = n_params_;
     l->psize = static_cast<size_t>(s.trainable);
+    l->loff = n_params_;
     n_params_ += l->psize;
+    if (l->psize) {  // each slice on a 256-byte boundary: GEMM operands, buckets, the update's vectors
+      l->poff = (n_device_ + kParamAlign - 1) / kParamAlign * kParamAlign;
+      n_device_ = l->poff + l->psize;
+    }
     layers_.push_back(std::move(l));
   }
   output_ = position[graph.output];
@@ -329,13 +334,14 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
       if (l->synchronized) l->sums = Buffer<double>(*dev_, 2 * l->C + 1);
     }
   }
-  params_ = Buffer<float>(*dev_, n_params_);
-  grads_ = Buffer<float>(*dev_, n_params_);
-  dev_->upload(params_.get(), init.data(), n_params_ * sizeof(float));
-  dev_->zero(grads_.get(), n_params_ * sizeof(float));
+  params_ = Buffer<float>(*dev_, n_device_);
+  grads_ = Buffer<float>(*dev_, n_device_);
+  const std::vector<float> params = to_device(init.data(), 1);
+  dev_->upload(params_.get(), params.data(), n_device_ * sizeof(float));
+  dev_->zero(grads_.get(), n_device_ * sizeof(float));  // the gaps stay zeros: no layer writes them
   n_slots_ = slots_per_param_ * n_params_;
-  slots_ = Buffer<float>(*dev_, n_slots_);
-  dev_->zero(slots_.get(), n_slots_ * sizeof(float));
+  slots_ = Buffer<float>(*dev_, slots_per_param_ * n_device_);
+  dev_->zero(slots_.get(), slots_per_param_ * n_device_ * sizeof(float));
   sums_ = Buffer<double>(*dev_, kSums);
   pending_ = Buffer<double>(*dev_, kSums);
   dev_->zero(pending_.get(), kSums * sizeof(double));
@@ -343,17 +349,25 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   const k::StepState start{};
   dev_->upload(state_.get(), &start, sizeof start);
   if (clip_.clipnorm > 0 || clip_.global_clipnorm > 0) {
-    std::vector<size_t> variables;  // each weight tensor (Keras' variables: clipnorm clips each alone)
-    for (size_t i : graph.order)
-      for (uint64_t w : graph.shapes[i].weights) variables.push_back(w);
+    // Each weight tensor (Keras' variables: clipnorm clips each alone), and each gap of the
+    // device's layout as a variable of zeros: it adds 0 to every norm (the same bits) and is
+    // scaled to zeros.
+    std::vector<size_t> variables;
+    size_t end = 0;
+    for (const auto& l : layers_) {
+      if (!l->psize) continue;
+      if (l->poff > end) variables.push_back(l->poff - end);
+      for (uint64_t w : graph.shapes[l->index].weights) variables.push_back(w);
+      end = l->poff + l->psize;
+    }
     const std::vector<uint64_t> table = k::clip_table(variables);
     clip_table_ = Buffer<uint64_t>(*dev_, table.size());
     dev_->upload(clip_table_.get(), table.data(), table.size() * sizeof(uint64_t));
-    clip_layout_ = {clip_table_.get(), static_cast<uint32_t>(variables.size()), table.back(), n_params_};
+    clip_layout_ = {clip_table_.get(), static_cast<uint32_t>(variables.size()), table.back(), n_device_};
     clip_ws_ = Buffer<double>(*dev_, k::clip_workspace(clip_layout_));
   }
   // Data-parallel: every replica starts from rank 0's weights, whatever its seed.
-  dev_->broadcast(params_.get(), n_params_ * sizeof(float), 0);
+  dev_->broadcast(params_.get(), n_device_ * sizeof(float), 0);
   dev_->synchronize();
   if (CudaProfile::enabled()) {
     prof_ = std::make_unique<CudaProfile>();
@@ -735,7 +749,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   if (dp) dev_->allreduce_sum(sums_.get(), kSums);  // overlaps the backward below
   if (train) {
     const size_t bucket = std::max<size_t>(eopt_.bucket_bytes / sizeof(float), 1);
-    size_t lo = n_params_, hi = n_params_;  // pending bucket [lo, hi), grows downwards
+    size_t lo = n_device_, hi = n_device_;  // pending bucket [lo, hi), grows downwards
     for (size_t i = layers_.size(); i-- > 0;) {
       Layer& l = *layers_[i];
       if (!l.backward || l.alias()) continue;  // alias: its consumers wrote its input's gradient
@@ -893,7 +907,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     k::OptimTensor t;
     t.param = params_.get();
     t.grad = grads_.get();
-    t.size = n_params_;
+    t.size = n_device_;
     const double* samples = sums_.get() + 2;
     if (clip_table_.get()) {
       k::clip_gradients(grads_.get(), clip_layout_, clip_, samples, clip_ws_.get(), s);
@@ -902,13 +916,13 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     k::learning_rate_step(schedule_, state_.get(), s);
     if (optimizer_ == "adam" || optimizer_ == "adamw") {
       t.slot0 = slots_.get();
-      t.slot1 = slots_.get() + n_params_;
+      t.slot1 = slots_.get() + n_device_;
       k::adam_update(&t, 1, adam_, state_.get(), samples, s);
     } else if (optimizer_ == "rmsprop") {
       // schema::slots_per_parameter's order: mean square, [momentum], [mean gradient]
       t.slot0 = slots_.get();
-      t.slot1 = rmsprop_.momentum > 0 ? slots_.get() + n_params_ : nullptr;
-      t.slot2 = rmsprop_.centered ? slots_.get() + (t.slot1 ? 2 : 1) * n_params_ : nullptr;
+      t.slot1 = rmsprop_.momentum > 0 ? slots_.get() + n_device_ : nullptr;
+      t.slot2 = rmsprop_.centered ? slots_.get() + (t.slot1 ? 2 : 1) * n_device_ : nullptr;
       k::rmsprop_update(&t, 1, rmsprop_, state_.get(), samples, s);
     } else {
       t.slot0 = n_slots_ ? slots_.get() : nullptr;
@@ -1148,14 +1162,37 @@ void CudaEngine::get_params(float* out, uint64_t count) const {
   dev_->make_current();
   if (count != n_params_)
     invalid("get_params: count " + std::to_string(count) + " != param_count " + std::to_string(n_params_));
-  dev_->download(out, params_.get(), count * sizeof(float));
+  std::vector<float> d(n_device_);
+  dev_->download(d.data(), params_.get(), n_device_ * sizeof(float));
+  to_logical(d.data(), out, 1);
 }
 
 void CudaEngine::set_params(const float* in, uint64_t count) {
   dev_->make_current();
   if (count != n_params_)
     invalid("set_params: count " + std::to_string(count) + " != param_count " + std::to_string(n_params_));
-  dev_->upload(params_.get(), in, count * sizeof(float));
+  const std::vector<float> d = to_device(in, 1);
+  dev_->upload(params_.get(), d.data(), n_device_ * sizeof(float));
+}
+
+std::vector<float> CudaEngine::to_device(const float* logical, size_t arrays) const {
+  std::vector<float> d(arrays * n_device_, 0.f);
+  for (size_t a = 0; a < arrays; ++a)
+    for (const auto& l : layers_)
+      std::copy_n(logical + a * n_params_ + l->loff, l->psize, d.begin() + static_cast<ptrdiff_t>(a * n_device_ + l->poff));
+  return d;
+}
+
+void CudaEngine::to_logical(const float* device, float* logical, size_t arrays) const {
+  for (size_t a = 0; a < arrays; ++a)
+    for (const auto& l : layers_) std::copy_n(device + a * n_device_ + l->poff, l->psize, logical + a * n_params_ + l->loff);
+}
+
+std::vector<size_t> CudaEngine::param_offsets() const {
+  std::vector<size_t> o;
+  for (const auto& l : layers_)
+    if (l->psize) o.push_back(l->poff);
+  return o;
 }
 
 
@@ -1176,8 +1213,11 @@ std::string CudaEngine::state_dict() const {
   EngineState s = shape_of_state();
   s.seed = seed_;
   s.step = step_;
-  dev_->download(s.params.data(), params_.get(), n_params_ * sizeof(float));
-  dev_->download(s.slots.data(), slots_.get(), n_slots_ * sizeof(float));
+  std::vector<float> d(n_device_ * std::max<size_t>(slots_per_param_, 1));
+  dev_->download(d.data(), params_.get(), n_device_ * sizeof(float));
+  to_logical(d.data(), s.params.data(), 1);
+  dev_->download(d.data(), slots_.get(), slots_per_param_ * n_device_ * sizeof(float));
+  to_logical(d.data(), s.slots.data(), slots_per_param_);
   size_t j = 0;
   for (const auto& l : layers_)
     if (l->kind == Kind::batchnorm) {
@@ -1202,8 +1242,9 @@ void CudaEngine::load_state(std::string_view b) {
   drop_graphs();  // a graph holds the seed in its dropout keys
   const k::StepState state{s.step, 0.f};
   dev_->upload(state_.get(), &state, sizeof state);
-  dev_->upload(params_.get(), s.params.data(), n_params_ * sizeof(float));
-  dev_->upload(slots_.get(), s.slots.data(), n_slots_ * sizeof(float));
+  const std::vector<float> params = to_device(s.params.data(), 1), slots = to_device(s.slots.data(), slots_per_param_);
+  dev_->upload(params_.get(), params.data(), n_device_ * sizeof(float));
+  dev_->upload(slots_.get(), slots.data(), slots_per_param_ * n_device_ * sizeof(float));
   size_t j = 0;
   for (const auto& l : layers_)
     if (l->kind == Kind::batchnorm) {

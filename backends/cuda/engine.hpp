@@ -87,6 +87,10 @@ class CudaEngine : public Engine {
   const char* build() const { return Device::build_name(); }
   // Collectives the device has been given so far (tests: which path a step took).
   uint64_t collectives() const { return dev_->collectives_issued(); }
+  // Where each layer's parameters start in the device's flat buffer, and its length with the
+  // gaps that align them, in floats (tests).
+  std::vector<size_t> param_offsets() const;
+  size_t device_param_count() const { return n_device_; }
 
  private:
   struct BoundSet {
@@ -152,7 +156,14 @@ class CudaEngine : public Engine {
   size_t output_ = 0;                            // the output layer's position in layers_
   uint32_t classes_ = 0;
   uint64_t seed_ = 0;
-  size_t n_params_ = 0;
+  size_t n_params_ = 0;  // the model's parameters: param_count(), the state's layout
+  // The device's layout of params_, grads_ and each optimizer slot: every layer's slice starts
+  // at a multiple of kParamAlign floats (256 bytes: the alignment cudaMalloc gives, which
+  // cuBLAS's and NCCL's vectorized paths want), zeros between.
+  static constexpr size_t kParamAlign = 64;
+  size_t n_device_ = 0;
+  std::vector<float> to_device(const float* logical, size_t arrays) const;  // `arrays` layouts end to end
+  void to_logical(const float* device, float* logical, size_t arrays) const;
   Buffer<float> params_, grads_, slots_;
   size_t n_slots_ = 0;
   std::string optimizer_;

@@ -1055,6 +1055,30 @@ TEST(CudaEngine, PiecewiseConstantDecayTrainsLikeCpu) {
                      64, kParamTol);
 }
 
+// The device's parameter layout: every layer's slice starts on a 256-byte boundary (the convnet's
+// slices of 108 (conv2d), 12 (BatchNorm's beta), ... floats leave gaps of zeros), while get_params, the state
+// and the clipping norms see the model's layout without gaps: the convnet, clipped per variable
+// and globally, still trains in lockstep with the cpu backend, and its state moves between them.
+TEST(CudaEngine, ParameterSlicesStartOn256ByteBoundaries) {
+  ModelSpec m = convnet(24);
+  cu::CudaEngine e(m, Communicator{});
+  const std::vector<size_t> offsets = e.param_offsets();
+  ASSERT_FALSE(offsets.empty());
+  for (size_t i = 0; i < offsets.size(); ++i)
+    EXPECT_EQ(offsets[i] * sizeof(float) % 256, 0u) << "layer slice " << i << " at float " << offsets[i];
+  EXPECT_GT(e.device_param_count(), e.param_count()) << "no gaps: the test would not see the layout";
+  std::vector<float> p(e.param_count());
+  e.get_params(p.data(), p.size());
+  auto c = cpu::make_engine(m, Communicator{});
+  EXPECT_EQ(p, params_of(*c)) << "get_params is the model's layout";
+  for (const char* clip : {"clipnorm", "global_clipnorm"}) {  // SGD: see TwoNodesFollowCpuOnTwoNodes
+    m.optimizer = "sgd";
+    m.optimizer_options = opts({{"learning_rate", "0.05"}, {"momentum", "0.9"}, {clip, "0.05"}});
+    expect_agreement((std::string("convnet sgd, ") + clip + ", aligned slices").c_str(), m, 16, kParamTol);
+  }
+  expect_state_moves_between_engines(m, make_batch(25, 6, features(m)));
+}
+
 // Clipping on 2 ranks: each replica clips the same allreduced mean, so both hold the same bits,
 // and they follow the cpu backend on 2 ranks.
 TEST(CudaEngine, ClippedScheduledTwoNodesAreIdentical) {
