@@ -43,12 +43,26 @@ void bias_grad(const float* dy, size_t rows, size_t width, float* dbias, double*
 }
 
 void softmax_xent(const float* logits, const int32_t* labels, size_t rows, size_t classes, float* loss, float* hit,
-                  float* dlogits, Stream s) {
+                  float* dlogits, double* ws, Stream s) {
   constexpr const char* what = "softmax_xent";
   if (rows == 0) return;
   impl::require(classes > 0, what, "classes must be at least 1");
   impl::require(loss && hit, what, "loss and hit are required");
-  for_n(s, rows, XentRow{logits, labels, classes, loss, hit, dlogits}, what);
+  if (!ws || classes <= kXentWideClasses) {
+    for_n(s, rows, XentRow{logits, labels, classes, loss, hit, dlogits}, what);
+    return;
+  }
+  const XentWide w{logits, labels, rows, classes, xent_slices(classes), ws};
+  for_n(s, w.parts(), XentSliceMax{w}, what);
+  for_n(s, rows, XentRowMax{w, hit}, what);
+  for_n(s, w.parts(), XentSliceSum{w}, what);
+  for_n(s, rows, XentRowLoss{w, loss}, what);
+  if (dlogits) for_n(s, rows * classes, XentGrad{w, dlogits}, what);
+}
+
+void softmax_xent(const float* logits, const int32_t* labels, size_t rows, size_t classes, float* loss, float* hit,
+                  float* dlogits, Stream s) {
+  softmax_xent(logits, labels, rows, classes, loss, hit, dlogits, nullptr, s);
 }
 
 void reduce_sum(const float* x, size_t n, double* out, double* ws, Stream s) {

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <utility>
 
 namespace sk = skyforge::kernels;
@@ -167,6 +168,45 @@ TEST_F(Gpu, ConvFilterGradIsTheHostBuildBitForBit) {
     sync();
     EXPECT_EQ(dw.host(), host_conv_filter_grad(x, dy, g, t.filters)) << g.H << "x" << g.W << "x" << g.C;
   }
+}
+
+// softmax_xent's wide-row stages as the host build runs them (xent.hpp), from the same functors.
+struct HostXent {
+  std::vector<float> loss, hit, d;
+};
+HostXent host_wide_xent(const std::vector<float>& l, const std::vector<int32_t>& labels, size_t classes) {
+  const size_t rows = labels.size();
+  HostXent o{std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows * classes)};
+  std::vector<double> ws(sk::softmax_xent_workspace(rows, classes));
+  const sk::XentWide w{l.data(), labels.data(), rows, classes, sk::xent_slices(classes), ws.data()};
+  for (size_t i = 0; i < w.parts(); ++i) sk::XentSliceMax{w}(i);
+  for (size_t n = 0; n < rows; ++n) sk::XentRowMax{w, o.hit.data()}(n);
+  for (size_t i = 0; i < w.parts(); ++i) sk::XentSliceSum{w}(i);
+  for (size_t n = 0; n < rows; ++n) sk::XentRowLoss{w, o.loss.data()}(n);
+  for (size_t i = 0; i < rows * classes; ++i) sk::XentGrad{w, o.d.data()}(i);
+  return o;
+}
+
+// A language model's vocabulary at a small batch: the wide path's loss, hits and gradient are
+// the host build's bit for bit (portable exp and log, double sums in one order).
+TEST_F(Gpu, WideSoftmaxXentIsTheHostBuildBitForBit) {
+  const size_t rows = 64, classes = 32768;
+  const auto z = kref::randn(rows * classes, 9, 5.f);
+  std::vector<int32_t> labels(rows);
+  for (size_t n = 0; n < rows; ++n) labels[n] = static_cast<int32_t>((n * 7919) % classes);
+  labels[3] = -1;
+  Dev<float> l(z), loss(rows), hit(rows), d(rows * classes);
+  Dev<int32_t> lab(labels);
+  Dev<double> ws(sk::softmax_xent_workspace(rows, classes));
+  sk::softmax_xent(l.get(), lab.get(), rows, classes, loss.get(), hit.get(), d.get(), ws.get(), s_);
+  sync();
+  const HostXent want = host_wide_xent(z, labels, classes);
+  const auto gl = loss.host();
+  for (size_t n = 0; n < rows; ++n)  // a bad label's NaN: any NaN (the libraries' nanf differ)
+    if (std::isnan(want.loss[n])) EXPECT_TRUE(std::isnan(gl[n])) << n;
+    else EXPECT_EQ(std::memcmp(&gl[n], &want.loss[n], sizeof(float)), 0) << n << ": " << gl[n] << " vs " << want.loss[n];
+  EXPECT_EQ(hit.host(), want.hit);
+  EXPECT_EQ(d.host(), want.d);
 }
 
 TEST_F(Gpu, MultiTensorAdamMatchesTheHostRule) {

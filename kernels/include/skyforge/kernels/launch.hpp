@@ -17,6 +17,7 @@
 #include "reduce.hpp"
 #include "step.hpp"
 #include "window.hpp"
+#include "xent.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -70,7 +71,13 @@ void bias_grad(const float* dy, size_t rows, size_t width, float* dbias, double*
 // ---- loss --------------------------------------------------------------------------------------
 // Sparse softmax cross-entropy from logits [rows, classes] (xent.hpp): per-row loss, hit (1 when
 // the first argmax is the label, else 0; reduce_sum counts them) and, if dlogits is not null,
-// the gradient of each row's loss (softmax - onehot).
+// the gradient of each row's loss (softmax - onehot). ws: softmax_xent_workspace(rows, classes)
+// doubles (xent.hpp): rows of more than kXentWideClasses classes are then split into slices over
+// many threads, in stages (the same bits on any thread count and in both builds); narrower rows,
+// and every row when ws is null, take one thread a row.
+void softmax_xent(const float* logits, const int32_t* labels, size_t rows, size_t classes, float* loss, float* hit,
+                  float* dlogits, double* ws, Stream s = {});
+// The same with one thread a row at every width (no workspace).
 void softmax_xent(const float* logits, const int32_t* labels, size_t rows, size_t classes, float* loss, float* hit,
                   float* dlogits, Stream s = {});
 
