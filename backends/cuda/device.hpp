@@ -41,6 +41,12 @@ struct DeviceOptions {
   // automatic: NHWC, or with autotune whichever is faster, transforms included.
   enum class ConvLayout { automatic, nhwc, nchw };
   ConvLayout conv_layout = ConvLayout::automatic;
+  // The GEMMs' precision ("Mixed precision"): fp32, or bf16 as Keras' mixed_bfloat16 computes:
+  // every GEMM (dense, conv2d through im2col, attention) multiplies its operands rounded to
+  // bfloat16 (kernels/bf16.hpp) and sums in FP32; weights, gradients, optimizer state and every
+  // other layer stay FP32.
+  enum class Precision { fp32, bf16 };
+  Precision precision = Precision::fp32;
   // Test-only (no plugin option sets it): one rank runs the data-parallel path anyway. The CUDA
   // build makes an NCCL communicator of one rank, so the bucketed allreduce on the collectives
   // stream, the captured collectives and ncclCommAbort run on a machine with one GPU (NCCL
@@ -83,7 +89,8 @@ class Device {
   void copy(void* dst, const void* src, size_t bytes);      // device -> device
   void zero(void* p, size_t bytes);
 
-  // Row-major C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C (cblas_sgemm's contract).
+  // Row-major C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C (cblas_sgemm's contract);
+  // with precision bf16, of A and B rounded to bfloat16 (this and the two calls below).
   void gemm(bool trans_a, bool trans_b, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
             const float* B, size_t ldb, float beta, float* C, size_t ldc);
 
@@ -101,7 +108,8 @@ class Device {
                      kernels::Activation act, float* C);
 
   // conv2d on the device's own convolutions (cuDNN in the CUDA build), window g with g.batch
-  // set, w in Keras' layout (kh, kw, C, filters), no bias. false: not done (the host build; a
+  // set, w in Keras' layout (kh, kw, C, filters), no bias. false: not done (the host build;
+  // precision bf16, whose convolutions are im2col + the bf16 GEMM; a
   // padding cuDNN cannot express, since it pads both sides alike; no algorithm that fits the
   // workspace): the engine then runs im2col + GEMM. conv_backward: dw (Keras' layout, overwritten;
   // null when the engine takes it itself, kernels::conv_filter_grad for a thin window) and, if dx

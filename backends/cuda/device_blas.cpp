@@ -2,6 +2,8 @@
 // bias and ReLU epilogues, each fused shape's plan kept (plan_cache.hpp).
 #include "device_cuda_impl.hpp"
 
+#include <skyforge/kernels/bf16.hpp>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -20,10 +22,29 @@ void Device::Impl::init_blas() {
   check(cublasLtCreate(&lt), "cublasLtCreate");
 }
 
+const void* Device::Impl::bf16_operand(const float* p, size_t rows, size_t cols, size_t ld, size_t batch,
+                                       size_t stride, Grown& scratch) {
+  const size_t n = (batch - 1) * stride + (rows - 1) * ld + cols;  // the values between rows too: unread
+  grow(scratch, n * sizeof(uint16_t), "a bf16 GEMM operand's scratch");
+  kernels::to_bf16(p, static_cast<uint16_t*>(scratch.p), n, kernels::Stream{stream});
+  return scratch.p;
+}
+
 // cuBLAS is column-major: a row-major [M, N] matrix is its column-major transpose, so
-// C^T = op(B)^T op(A)^T is the same call with the operands swapped.
+// C^T = op(B)^T op(A)^T is the same call with the operands swapped. With precision bf16 the
+// operands go in rounded to bfloat16 and cuBLAS sums their products in FP32 (CUBLAS_COMPUTE_32F).
 void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
                   const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+  if (impl_->bf16() && M && N && K) {
+    const void* a = impl_->bf16_operand(A, ta ? K : M, ta ? M : K, lda, 1, 0, impl_->bf16_a);
+    const void* b = impl_->bf16_operand(B, tb ? N : K, tb ? K : N, ldb, 1, 0, impl_->bf16_b);
+    check(cublasGemmEx(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                       static_cast<int>(M), static_cast<int>(K), &alpha, b, CUDA_R_16BF, static_cast<int>(ldb), a,
+                       CUDA_R_16BF, static_cast<int>(lda), &beta, C, CUDA_R_32F, static_cast<int>(ldc),
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (bf16)");
+    return;
+  }
   check(cublasSgemm(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
                     static_cast<int>(M), static_cast<int>(K), &alpha, B, static_cast<int>(ldb), A,
                     static_cast<int>(lda), &beta, C, static_cast<int>(ldc)),
@@ -34,6 +55,18 @@ void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, c
 void Device::gemm_strided_batched(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A,
                                   size_t lda, size_t stride_a, const float* B, size_t ldb, size_t stride_b, float beta,
                                   float* C, size_t ldc, size_t stride_c, size_t batch) {
+  if (impl_->bf16() && M && N && K && batch) {
+    const void* a = impl_->bf16_operand(A, ta ? K : M, ta ? M : K, lda, batch, stride_a, impl_->bf16_a);
+    const void* b = impl_->bf16_operand(B, tb ? N : K, tb ? K : N, ldb, batch, stride_b, impl_->bf16_b);
+    check(cublasGemmStridedBatchedEx(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, b,
+                                     CUDA_R_16BF, static_cast<int>(ldb), static_cast<long long>(stride_b), a,
+                                     CUDA_R_16BF, static_cast<int>(lda), static_cast<long long>(stride_a), &beta, C,
+                                     CUDA_R_32F, static_cast<int>(ldc), static_cast<long long>(stride_c),
+                                     static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx (bf16)");
+    return;
+  }
   check(cublasSgemmStridedBatched(impl_->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B,
                                   static_cast<int>(ldb), static_cast<long long>(stride_b), A, static_cast<int>(lda),
@@ -50,9 +83,10 @@ void Device::gemm_bias_act(size_t M, size_t N, size_t K, const float* A, const f
     gemm(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
     kernels::bias_activation_forward(C, bias, M, N, act, stream_);
   };
-  // The epilogues used: relu and none; every other activation runs after the GEMM.
+  // The epilogues used: relu and none; every other activation runs after the GEMM. bf16 GEMMs
+  // take the two-step path (gemm() rounds the operands).
   const bool epilogue_act = act == kernels::Activation::relu || act == kernels::Activation::linear;
-  if (!epilogue_act || (!bias && act == kernels::Activation::linear)) return fallback();
+  if (!epilogue_act || (!bias && act == kernels::Activation::linear) || impl_->bf16()) return fallback();
   if (bias && reinterpret_cast<uintptr_t>(bias) % 16 != 0) return fallback();  // the BIAS epilogues need 16 bytes
   const cublasLtEpilogue_t epilogue = act == kernels::Activation::relu
                                           ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)

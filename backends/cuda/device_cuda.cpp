@@ -63,7 +63,7 @@ Device::Impl::~Impl() {
   lt_plans.clear();
   conv_plans.clear();
   if (dnn) cudnnDestroy(dnn);
-  for (Grown* g : {&dnn_workspace, &kernel_krsc, &grad_krsc, &nchw_in, &nchw_out})
+  for (Grown* g : {&dnn_workspace, &kernel_krsc, &grad_krsc, &nchw_in, &nchw_out, &bf16_a, &bf16_b})
     if (g->p) cudaFree(g->p);
   for (void* p : retired) cudaFree(p);
   if (lt) cublasLtDestroy(lt);

@@ -92,6 +92,7 @@ struct Device::Impl {
   PlanCache<LtPlan, 9> lt_plans;       // gemm_bias_act's, by shape, epilogue and alignments
   void init_blas();  // the handles and the workspace, on `stream`
 
+
   // ---- cuDNN (device_cudnn.cpp) ----
   cudnnHandle_t dnn = nullptr;    // conv2d (made at the first one)
   // cuDNN's workspace and the conv2d kernels in its layout (KRSC) and their gradients: grown
@@ -116,6 +117,13 @@ struct Device::Impl {
     check(cudaMalloc(&g.p, bytes), "cudaMalloc (conv2d scratch)");
     g.bytes = bytes;
   }
+  // precision bf16 (device_blas.cpp): a GEMM operand (`batch` row-major matrices `stride`
+  // apart, each `rows` rows of `cols` values `ld` apart) rounded to bfloat16 (kernels/bf16.hpp)
+  // into bf16_a or bf16_b, grown outside captures (every shape runs eager before it is captured).
+  bool bf16() const { return options.precision == DeviceOptions::Precision::bf16; }
+  Grown bf16_a, bf16_b;
+  const void* bf16_operand(const float* p, size_t rows, size_t cols, size_t ld, size_t batch, size_t stride,
+                           Grown& scratch);
   PlanCache<ConvPlan, 13> conv_plans;  // conv2d's, by window and filters
   bool may_time();
   ConvPlan* conv_setup(const kernels::WindowShape& g, size_t filters);

@@ -263,6 +263,7 @@ bool Device::Impl::may_time() {
 
 bool Device::conv_forward(const kernels::WindowShape& g, size_t filters, const float* x, const float* w, float* y) {
   Impl& d = *impl_;
+  if (d.bf16()) return false;  // im2col + the bf16 GEMM (device.hpp)
   if (!d.dnn) {
     d.no_capture("the first conv2d");
     check(cudaSetDevice(d.device), "cudaSetDevice");

@@ -2,6 +2,8 @@
 // Used by the tests of the engine on machines without a GPU (docs/compute-backends.md).
 #include "device.hpp"
 
+#include <skyforge/kernels/bf16.hpp>
+
 #include <cblas.h>
 
 #include <chrono>
@@ -13,6 +15,7 @@ namespace skyforge::cuda {
 
 struct Device::Impl {
   Communicator comm;
+  bool bf16 = false;  // precision bf16: the GEMMs' operands rounded (bf16.hpp)
   bool data_parallel = false;  // more than one rank, or collectives_alone
   std::string failure;         // abort()'s reason: every later collective throws it
   void usable() const {
@@ -43,6 +46,7 @@ struct HostGraph : Device::Graph {
 Device::Device(const Communicator& comm, const Host&, const DeviceOptions& options) : impl_(std::make_unique<Impl>()) {
   impl_->comm = comm;
   impl_->data_parallel = comm.size() > 1 || options.collectives_alone;
+  impl_->bf16 = options.precision == DeviceOptions::Precision::bf16;
 }
 Device::~Device() = default;
 
@@ -76,23 +80,37 @@ void Device::zero(void* p, size_t bytes) {
   if (bytes) kernels::run_or_record(stream_, [=] { std::memset(p, 0, bytes); });
 }
 
+namespace {
+// With precision bf16, the floats a row-major operand spans (`batch` matrices `stride` apart,
+// each `rows` rows of `cols` values `ld` apart) rounded to bf16 into `scratch`, which then
+// stands for it; the values between rows are rounded too, unread. Runs when the GEMM runs (a
+// replay rounds that replay's values).
+const float* operand(bool bf16, const float* p, size_t rows, size_t cols, size_t ld, size_t batch, size_t stride,
+                     std::vector<float>& scratch) {
+  if (!bf16 || rows == 0 || cols == 0 || batch == 0) return p;
+  const size_t n = (batch - 1) * stride + (rows - 1) * ld + cols;
+  scratch.resize(n);
+  kernels::round_bf16(p, scratch.data(), n, kernels::Stream{});
+  return scratch.data();
+}
+thread_local std::vector<float> scratch_a, scratch_b;
+}  // namespace
+
 void Device::gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
                   const float* B, size_t ldb, float beta, float* C, size_t ldc) {
-  kernels::run_or_record(stream_, [=] {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
-                static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
-                beta, C, static_cast<int>(ldc));
-  });
+  gemm_strided_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
 }
 
 void Device::gemm_strided_batched(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A,
                                   size_t lda, size_t stride_a, const float* B, size_t ldb, size_t stride_b, float beta,
                                   float* C, size_t ldc, size_t stride_c, size_t batch) {
-  kernels::run_or_record(stream_, [=] {
+  kernels::run_or_record(stream_, [=, bf16 = impl_->bf16] {
+    const float* a = operand(bf16, A, ta ? K : M, ta ? M : K, lda, batch, stride_a, scratch_a);
+    const float* b = operand(bf16, B, tb ? N : K, tb ? K : N, ldb, batch, stride_b, scratch_b);
     for (size_t i = 0; i < batch; ++i)
       cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
-                  static_cast<int>(N), static_cast<int>(K), alpha, A + i * stride_a, static_cast<int>(lda),
-                  B + i * stride_b, static_cast<int>(ldb), beta, C + i * stride_c, static_cast<int>(ldc));
+                  static_cast<int>(N), static_cast<int>(K), alpha, a + i * stride_a, static_cast<int>(lda),
+                  b + i * stride_b, static_cast<int>(ldb), beta, C + i * stride_c, static_cast<int>(ldc));
   });
 }
 

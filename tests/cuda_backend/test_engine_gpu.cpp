@@ -4,6 +4,7 @@
 // docs/compute-backends.md, "The cuda engine".
 #include "common.hpp"
 #include "engine.hpp"
+#include "bf16_training.hpp"
 #include "sync_batchnorm.hpp"
 
 #include <skyforge/thread_group.hpp>
@@ -342,4 +343,26 @@ TEST(Gpu, AbortingNcclWhileAGraphIsInFlightReturns) {
     ADD_FAILURE() << "the aborted device did not go down within 60 s";
     std::_Exit(1);
   }
+}
+
+// precision = "bf16" on the GPU (cublasGemmEx and cublasGemmStridedBatchedEx on bf16 operands,
+// FP32 sums; convolutions through im2col): the host build's checks (test_bf16.cpp), the same
+// bounds: a step from the cpu backend's FP32 state within bf16's rounding of it, and the main
+// job's MLP after 1,000 steps within 1% of FP32's loss.
+TEST(Gpu, Bf16StepsAreFp32sToBf16Rounding) {
+  std::string why;
+  if (!try_make(mlp(1), &why, bf16_options())) GTEST_SKIP() << why;
+  for (const ModelSpec& m : {mlp(75), convnet(76)}) {
+    const auto [loss, weights] = bf16_steps_beside_cpu(m);
+    std::printf("GPU bf16 step vs the cpu backend's FP32 step: loss %.3g (relative), weights %.3g\n", loss, weights);
+    EXPECT_LE(loss, 1e-2);
+    EXPECT_LE(weights, 1e-3);
+    EXPECT_GT(weights, 0.0);
+  }
+}
+
+TEST(Gpu, Bf16MainJobsMlpAfter1000StepsIsWithinOnePercentOfFp32) {
+  std::string why;
+  if (!try_make(mlp(1), &why, bf16_options())) GTEST_SKIP() << why;
+  expect_main_jobs_mlp_within_one_percent("cuda");
 }

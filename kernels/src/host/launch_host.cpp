@@ -31,6 +31,7 @@ const char* build_name() { return "host"; }
 
 }  // namespace skyforge::kernels
 
+#include "../bf16.inl"
 #include "../clip.inl"
 #include "../data.inl"
 #include "../dense.inl"
