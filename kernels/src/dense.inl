@@ -55,7 +55,7 @@ void softmax_xent(const float* logits, const int32_t* labels, size_t rows, size_
   const XentWide w{logits, labels, rows, classes, xent_slices(classes), ws};
   for_n(s, w.parts(), XentSliceMax{w}, what);
   for_n(s, rows, XentRowMax{w, hit}, what);
-  for_n(s, w.parts(), XentSliceSum{w}, what);
+  for_n(s, w.parts(), XentSliceSum{w, dlogits}, what);
   for_n(s, rows, XentRowLoss{w, loss}, what);
   if (dlogits) for_n(s, rows * classes, XentGrad{w, dlogits}, what);
 }

@@ -181,7 +181,7 @@ HostXent host_wide_xent(const std::vector<float>& l, const std::vector<int32_t>&
   const sk::XentWide w{l.data(), labels.data(), rows, classes, sk::xent_slices(classes), ws.data()};
   for (size_t i = 0; i < w.parts(); ++i) sk::XentSliceMax{w}(i);
   for (size_t n = 0; n < rows; ++n) sk::XentRowMax{w, o.hit.data()}(n);
-  for (size_t i = 0; i < w.parts(); ++i) sk::XentSliceSum{w}(i);
+  for (size_t i = 0; i < w.parts(); ++i) sk::XentSliceSum{w, o.d.data()}(i);
   for (size_t n = 0; n < rows; ++n) sk::XentRowLoss{w, o.loss.data()}(n);
   for (size_t i = 0; i < rows * classes; ++i) sk::XentGrad{w, o.d.data()}(i);
   return o;

@@ -69,10 +69,11 @@ struct XentRow {
 // softmax_xent_workspace(rows, classes) doubles:
 //   XentSliceMax  rows * K calls: each slice's first maximum (NaN skipped) and where it is;
 //   XentRowMax    rows calls: the row's first maximum m (NaN when l_0 is, as XentRow) -> hit;
-//   XentSliceSum  rows * K calls: each slice's sum of exp(l_j - m), in double, in index order;
+//   XentSliceSum  rows * K calls: each slice's sum of e_j = exp(l_j - m), in double, in index
+//                 order (each e_j kept in dlogits as a float, when there is a gradient);
 //   XentRowLoss   rows calls: S = the slices' sums in order k = 0 .. K-1 ->
 //                 loss = m + log S - l_y (in double, then rounded);
-//   XentGrad      rows * classes calls: dlogits_j = float(exp(l_j - m) / S) - [j = y].
+//   XentGrad      rows * classes calls: dlogits_j = float(e_j / S) - [j = y].
 // The loss agrees with XentRow's to float rounding (XentRow sums in float, this in double).
 inline constexpr size_t kXentWideClasses = 4096;  // wider rows take the staged path
 inline constexpr size_t kXentSlice = 128;         // classes a slice holds, at least
@@ -143,12 +144,17 @@ struct XentRowMax {
 
 struct XentSliceSum {
   XentWide w;
+  float* e;  // null, or dlogits: each exp(l_j - m) kept (rounded to float) for XentGrad
   SF_HD void operator()(size_t i) const {
     const size_t n = i / w.K, k = i % w.K;
     const float* l = w.logits + n * w.classes;
     const double m = w.row_max()[n];
     double s = 0.0;
-    for (size_t j = k; j < w.classes; j += w.K) s += portable_exp(static_cast<double>(l[j]) - m);
+    for (size_t j = k; j < w.classes; j += w.K) {
+      const double v = portable_exp(static_cast<double>(l[j]) - m);
+      s += v;
+      if (e) e[n * w.classes + j] = static_cast<float>(v);
+    }
     w.ws[i] = s;
   }
 };
@@ -171,7 +177,7 @@ struct XentRowLoss {
 
 struct XentGrad {
   XentWide w;
-  float* dlogits;
+  float* dlogits;  // holds XentSliceSum's exp(l_j - m)
   SF_HD void operator()(size_t i) const {
     const size_t n = i / w.classes, j = i % w.classes;
     const int32_t label = w.labels[n];
@@ -179,7 +185,7 @@ struct XentGrad {
       dlogits[i] = 0.f;
       return;
     }
-    const float p = static_cast<float>(portable_exp(static_cast<double>(w.logits[i]) - w.row_max()[n]) / w.row_sum()[n]);
+    const float p = static_cast<float>(static_cast<double>(dlogits[i]) / w.row_sum()[n]);
     dlogits[i] = j == static_cast<size_t>(label) ? p - 1.f : p;
   }
 };
