@@ -511,7 +511,8 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
     if (static_cast<double>(batch) * static_cast<double>(std::max(numel(l->out), numel(l->in))) >= 2147483647.0)
       invalid("batch " + std::to_string(batch) + " is too large for layer " + std::to_string(l->index) + " (" +
               l->type + "): its activations would exceed 2^31 elements");
-  size_t widest = numel(input_shape_), ws = k::reduce_workspace(batch, 1);
+  size_t widest = numel(input_shape_),
+         ws = std::max(k::reduce_workspace(batch, 1), k::softmax_xent_workspace(batch, classes_));
   for (auto& l : layers_) {
     const size_t n = numel(l->out);
     widest = std::max(widest, n);
@@ -741,7 +742,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
   const float* logits = forward(x_.get(), batch, train);
   size_t m = mark();
   k::softmax_xent(logits, labels_.get(), batch, classes_, loss_.get(), hit_.get(),
-                  train && loss_slot_ != GradTarget::kNone ? gslots_[loss_slot_].get() : nullptr, s);
+                  train && loss_slot_ != GradTarget::kNone ? gslots_[loss_slot_].get() : nullptr, ws_.get(), s);
   k::reduce_sum(loss_.get(), batch, sums_.get(), ws_.get(), s);
   k::reduce_sum(hit_.get(), batch, sums_.get() + 1, ws_.get(), s);
   k::fill(sums_.get() + 2, 1, static_cast<double>(batch), s);

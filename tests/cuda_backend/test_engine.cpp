@@ -1079,6 +1079,18 @@ TEST(CudaEngine, ParameterSlicesStartOn256ByteBoundaries) {
   expect_state_moves_between_engines(m, make_batch(25, 6, features(m)));
 }
 
+// More than 4096 classes (a vocabulary's softmax) take the loss's staged path, each row split
+// over many threads (docs/kernels.md, "Wide rows"): in lockstep with the cpu backend as the
+// per-row path is.
+TEST(CudaEngine, ManyClassesTrainLikeCpu) {
+  ModelSpec m;
+  m.input_shape = {8, 8, 1};
+  m.layers = {layer("flatten"), layer("dense", {{"units", "32"}, {"activation", "relu"}}),
+              layer("dense", {{"units", "5000"}})};
+  m.seed = 26;
+  expect_lockstep(m, 12, [](uint64_t seed, uint32_t n) { return make_batch(seed, n, 64, 5000); });
+}
+
 // Clipping on 2 ranks: each replica clips the same allreduced mean, so both hold the same bits,
 // and they follow the cpu backend on 2 ranks.
 TEST(CudaEngine, ClippedScheduledTwoNodesAreIdentical) {
