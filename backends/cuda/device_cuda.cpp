@@ -143,7 +143,7 @@ void Device::Impl::pageable_copy(void* dst, const void* src, size_t bytes, cudaM
 void Device::synchronize() { impl_->synchronize(); }
 void Device::Impl::synchronize() {
   no_capture("synchronize");
-  if (!nccl && !failed) {
+  if (!nccl) {  // nothing on the stream waits on a peer (none, or the communicator was aborted)
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return;
   }

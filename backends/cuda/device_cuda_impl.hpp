@@ -114,7 +114,7 @@ struct Device::Impl {
     if (g.p) retired.push_back(g.p);
     g.p = nullptr;
     g.bytes = 0;
-    check(cudaMalloc(&g.p, bytes), "cudaMalloc (conv2d scratch)");
+    check(cudaMalloc(&g.p, bytes), (std::string("cudaMalloc (") + what + ")").c_str());
     g.bytes = bytes;
   }
   // precision bf16 (device_blas.cpp): a GEMM operand (`batch` row-major matrices `stride`

@@ -138,7 +138,7 @@ void Device::Impl::quiesce(const char* what) {
   if (nccl) wait_until([this] { return cudaStreamQuery(collectives); }, what);
 }
 void Device::Impl::wait_until(const std::function<cudaError_t()>& query, const char* what) {
-  if (!nccl && !failed) {  // one rank: nothing can hang on a peer
+  if (!nccl) {  // one rank, or an aborted communicator: nothing can hang on a peer
     for (int spins = 0;;) {
       const cudaError_t e = query();
       if (e == cudaSuccess) return;

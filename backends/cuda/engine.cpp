@@ -297,11 +297,12 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
     l->loff = n_params_;
     n_params_ += l->psize;
     if (l->psize) {  // each slice on a 256-byte boundary: GEMM operands, buckets, the update's vectors
-      l->poff = (n_device_ + kParamAlign - 1) / kParamAlign * kParamAlign;
+      l->poff = aligned(n_device_);
       n_device_ = l->poff + l->psize;
     }
     layers_.push_back(std::move(l));
   }
+  n_device_ = aligned(n_device_);  // each optimizer slot array starts aligned too
   output_ = position[graph.output];
   try {
     classes_ = schema::classes_of(layers_[output_]->out, graph.output, layers_[output_]->type);
@@ -360,6 +361,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
       for (uint64_t w : graph.shapes[l->index].weights) variables.push_back(w);
       end = l->poff + l->psize;
     }
+    if (n_device_ > end) variables.push_back(n_device_ - end);
     const std::vector<uint64_t> table = k::clip_table(variables);
     clip_table_ = Buffer<uint64_t>(*dev_, table.size());
     dev_->upload(clip_table_.get(), table.data(), table.size() * sizeof(uint64_t));
@@ -980,9 +982,10 @@ void CudaEngine::usable() const {
 }
 
 // Data parallel, every rank runs each step's collectives in the same order. A step that fails on
-// this rank once its argument checks have passed leaves the peers in collectives this rank will
-// not join (or join with the next step's data): the engine is failed from then on, and the
-// device aborts its collectives so the peers fail too instead of waiting out the timeout.
+// this rank — its own argument checks included (a bad label on one rank alone), since the peers
+// go on into the step — leaves them in collectives this rank will not join (or would join with
+// its next step's data): the engine is failed from then on, and the device aborts its
+// collectives (NCCL), which a peer's transport may notice before the collective timeout.
 template <class Step>
 void CudaEngine::with_peers(const char* what, const Step& step) {
   try {
@@ -1002,8 +1005,10 @@ void CudaEngine::with_peers(const char* what, const Step& step) {
 StepResult CudaEngine::train_step(const float* x, const int32_t* y, uint32_t batch) {
   dev_->make_current();
   usable();
-  stage(x, y, batch, "train_step");
-  with_peers("train_step", [&] { enqueue(batch, true, false); });
+  with_peers("train_step", [&] {
+    stage(x, y, batch, "train_step");
+    enqueue(batch, true, false);
+  });
   ++step_;
   return read_sums();
 }
@@ -1011,8 +1016,10 @@ StepResult CudaEngine::train_step(const float* x, const int32_t* y, uint32_t bat
 StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batch) {
   dev_->make_current();
   usable();
-  stage(x, y, batch, "eval_step");
-  with_peers("eval_step", [&] { enqueue(batch, false, false); });
+  with_peers("eval_step", [&] {
+    stage(x, y, batch, "eval_step");
+    enqueue(batch, false, false);
+  });
   return read_sums();
 }
 
@@ -1025,26 +1032,26 @@ StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batc
                                const char* what) {
   dev_->make_current();
   usable();
-  const auto it = data_.find(data);
-  if (it == data_.end()) throw unknown_data(data);
-  if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
-  if (!idx) invalid(std::string(what) + ": idx is NULL");
-  const uint64_t n = it->second.n;
-  for (uint32_t i = 0; i < batch; ++i)
-    if (idx[i] >= n)
-      invalid(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " + std::to_string(i) +
-              " is outside bound set " + std::to_string(data) + " of " + std::to_string(n) + " samples");
-  ensure_capacity(batch);
-  // The indices go up without a wait, outside any graph (a graph would read the staging
-  // buffer it was captured with); the batch is gathered on the device.
-  dev_->upload_async(idx_.get(), idx, size_t{batch} * sizeof(uint64_t));
-  const BoundSet& set = it->second;
-  auto step = [&] {
-    k::gather_rows(set.x.get(), set.y.get(), idx_.get(), batch, numel(input_shape_), x_.get(), labels_.get(),
-                   dev_->stream());
-    enqueue(batch, train, deferred);
-  };
   with_peers(what, [&] {
+    const auto it = data_.find(data);
+    if (it == data_.end()) throw unknown_data(data);
+    if (batch == 0) invalid(std::string(what) + ": batch must be > 0");
+    if (!idx) invalid(std::string(what) + ": idx is NULL");
+    const uint64_t n = it->second.n;
+    for (uint32_t i = 0; i < batch; ++i)
+      if (idx[i] >= n)
+        invalid(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " + std::to_string(i) +
+                " is outside bound set " + std::to_string(data) + " of " + std::to_string(n) + " samples");
+    ensure_capacity(batch);
+    // The indices go up without a wait, outside any graph (a graph would read the staging
+    // buffer it was captured with); the batch is gathered on the device.
+    dev_->upload_async(idx_.get(), idx, size_t{batch} * sizeof(uint64_t));
+    const BoundSet& set = it->second;
+    auto step = [&] {
+      k::gather_rows(set.x.get(), set.y.get(), idx_.get(), batch, numel(input_shape_), x_.get(), labels_.get(),
+                     dev_->stream());
+      enqueue(batch, train, deferred);
+    };
     StepGraph* g = nullptr;
     if (eopt_.graphs) {
       const GraphKey mine{data, generation_, batch, train, deferred, 0};
@@ -1174,6 +1181,7 @@ void CudaEngine::set_params(const float* in, uint64_t count) {
     invalid("set_params: count " + std::to_string(count) + " != param_count " + std::to_string(n_params_));
   const std::vector<float> d = to_device(in, 1);
   dev_->upload(params_.get(), d.data(), n_device_ * sizeof(float));
+  dev_->zero(grads_.get(), n_device_ * sizeof(float));  // the gaps, as load_state says
 }
 
 std::vector<float> CudaEngine::to_device(const float* logical, size_t arrays) const {
@@ -1246,6 +1254,9 @@ void CudaEngine::load_state(std::string_view b) {
   const std::vector<float> params = to_device(s.params.data(), 1), slots = to_device(s.slots.data(), slots_per_param_);
   dev_->upload(params_.get(), params.data(), n_device_ * sizeof(float));
   dev_->upload(slots_.get(), slots.data(), slots_per_param_ * n_device_ * sizeof(float));
+  // The gaps of grads_ are zeros no layer writes, except a clipping scale of NaN (a diverged
+  // step) times them: a loaded state starts from zeros there, or every later norm stays NaN.
+  dev_->zero(grads_.get(), n_device_ * sizeof(float));
   size_t j = 0;
   for (const auto& l : layers_)
     if (l->kind == Kind::batchnorm) {

@@ -161,6 +161,7 @@ class CudaEngine : public Engine {
   // at a multiple of kParamAlign floats (256 bytes: the alignment cudaMalloc gives, which
   // cuBLAS's and NCCL's vectorized paths want), zeros between.
   static constexpr size_t kParamAlign = 64;
+  static size_t aligned(size_t n) { return (n + kParamAlign - 1) / kParamAlign * kParamAlign; }
   size_t n_device_ = 0;
   std::vector<float> to_device(const float* logical, size_t arrays) const;  // `arrays` layouts end to end
   void to_logical(const float* device, float* logical, size_t arrays) const;

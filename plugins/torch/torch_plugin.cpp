@@ -35,9 +35,11 @@ class Torch : public skyforge::Framework {
     // Gloo and NCCL bind to the interface the hostname resolves to unless told: on a pool of
     // several hosts whose names resolve to 127.0.x.x, each rank would offer its peers a loopback
     // address. The interface that holds the node's pool address is the one its peers reach.
-    if (const std::string ifname = fw::interface_of(info.private_ip); !ifname.empty())
-      for (const char* key : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
-        if (!env.get(key)) env.set(key, ifname);
+    // Gloo takes an interface's name; NCCL a prefix unless it starts with "=".
+    if (const std::string ifname = fw::interface_of(info.private_ip); !ifname.empty()) {
+      if (!env.get("GLOO_SOCKET_IFNAME")) env.set("GLOO_SOCKET_IFNAME", ifname);
+      if (!env.get("NCCL_SOCKET_IFNAME")) env.set("NCCL_SOCKET_IFNAME", "=" + ifname);
+    }
   }
 
   std::vector<std::string> launcher(const skyforge::InstanceInfo&, std::vector<std::string> argv) override {

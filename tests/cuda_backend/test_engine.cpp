@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <tuple>
 #include <functional>
 #include <memory>
@@ -920,6 +921,32 @@ TEST(CudaEngine, ARankWhoseStepFailsAmongPeersRefusesEveryLaterStep) {
                Left);
 }
 
+// A batch one rank alone refuses (a label out of range there) is such a failure too: its peers
+// go on into the step. The refusal keeps its own status; later steps are refused as above.
+TEST(CudaEngine, ABadBatchOnOneRankFailsThatRanksEngine) {
+  const ModelSpec m = mlp(43);
+  const size_t f = features(m);
+  Batch b = make_batch(401, 8, f);
+  ThreadGroup group(2);
+  struct Refused {};
+  EXPECT_THROW(group.run([&](uint32_t rank) {
+                 auto e = cu::make_engine(m, Communicator(group.comm(rank)));
+                 if (rank == 0) {  // its peer leaves the step: its collectives fail
+                   EXPECT_THROW(e->train_step(b.x.data(), b.y.data(), 8), skyforge::Error);
+                   return;
+                 }
+                 Batch mine = b;
+                 mine.y[3] = 12;
+                 EXPECT_EQ(status_of([&] { e->train_step(mine.x.data(), mine.y.data(), 8); }).first, SF_ERR_INVALID);
+                 const auto [st, msg] = status_of([&] { e->train_step(b.x.data(), b.y.data(), 8); });
+                 EXPECT_EQ(st, SF_ERR);
+                 EXPECT_NE(msg.find("label 12 of sample 3 is outside [0, 10)"), std::string::npos) << msg;
+                 EXPECT_NE(msg.find("refuses every later step"), std::string::npos) << msg;
+                 throw Refused{};
+               }),
+               Refused);
+}
+
 // Device::probe's architecture rule (arch.hpp), with the default CMAKE_CUDA_ARCHITECTURES
 // "80-real;90-real;90-virtual" as CMake hands it over: real {80, 90}, PTX {90}.
 TEST(CudaArch, ABuildRunsWhereItsCodeOrItsPtxRuns) {
@@ -1077,6 +1104,29 @@ TEST(CudaEngine, ParameterSlicesStartOn256ByteBoundaries) {
     expect_agreement((std::string("convnet sgd, ") + clip + ", aligned slices").c_str(), m, 16, kParamTol);
   }
   expect_state_moves_between_engines(m, make_batch(25, 6, features(m)));
+}
+
+// A diverged step (a NaN input) with global_clipnorm scales every gradient, the layout's gaps
+// too, by NaN; a state loaded after it must train as it does in a fresh engine, not carry the
+// NaN gaps into every later norm.
+TEST(CudaEngine, AStateLoadedAfterADivergedStepTrainsAsInAFreshEngine) {
+  ModelSpec m = convnet(27);
+  m.optimizer = "sgd";
+  m.optimizer_options = opts({{"learning_rate", "0.05"}, {"global_clipnorm", "0.5"}});
+  const Batch good = make_batch(28, 6, features(m));
+  Batch bad = good;
+  bad.x[5] = std::numeric_limits<float>::quiet_NaN();
+  auto e = cu::make_engine(m, Communicator{});
+  e->train_step(good.x.data(), good.y.data(), 6);
+  const std::string saved = e->state_dict();
+  e->train_step(bad.x.data(), bad.y.data(), 6);
+  ASSERT_TRUE(std::isnan(params_of(*e)[0])) << "the step did not diverge: the test would not see the gaps";
+  e->load_state(saved);
+  auto fresh = cu::make_engine(m, Communicator{});
+  fresh->load_state(saved);
+  e->train_step(good.x.data(), good.y.data(), 6);
+  fresh->train_step(good.x.data(), good.y.data(), 6);
+  EXPECT_EQ(params_of(*e), params_of(*fresh));
 }
 
 // More than 4096 classes (a vocabulary's softmax) take the loss's staged path, each row split

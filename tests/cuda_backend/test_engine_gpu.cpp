@@ -304,11 +304,14 @@ TEST(Gpu, OneRankThroughNcclTrainsTheBitsOfOneRankWithout) {
   }
 }
 
-// ncclCommAbort while a graph holding NCCL launches is in flight: 200 replays of a captured
-// step of allreduces are queued, then the device aborts. abort() returns (no deadlock between
-// the abort and the graphs waiting for it: it destroys their executables first), later
-// collectives refuse with its reason, and the device goes down. A watchdog fails the test
-// instead of hanging it.
+// ncclCommAbort while graphs of the communicator are in flight: 200 replays of a captured step
+// are queued — 8 copies of 256 MiB on the stream (about 1.5 ms a replay on an H100) around
+// in-place allreduces on the collectives stream (which NCCL skips on one rank: the graph holds
+// their fork and join, and the communicator) — then the device aborts. abort() returns while
+// they run (it destroys the executables first: ncclCommAbort waits for every graph that holds
+// the communicator), later collectives and replays refuse with its reason, and the device goes
+// down. A watchdog fails the test instead of hanging it. What one GPU cannot show: NCCL's own
+// kernels waiting on a peer (two ranks).
 TEST(Gpu, AbortingNcclWhileAGraphIsInFlightReturns) {
   std::string why;
   if (!try_make(mlp(1), &why)) GTEST_SKIP() << why;
@@ -317,11 +320,15 @@ TEST(Gpu, AbortingNcclWhileAGraphIsInFlightReturns) {
   o.collectives_alone = true;
   auto dev = std::make_unique<cu::Device>(Communicator(one.comm(0)), skyforge::Host{}, o);
   ASSERT_TRUE(dev->data_parallel());
-  constexpr size_t kFloats = size_t{16} << 20;  // 64 MiB: each replay takes a while
-  cu::Buffer<float> buf(*dev, kFloats);
+  constexpr size_t kFloats = size_t{64} << 20;  // 256 MiB
+  cu::Buffer<float> buf(*dev, kFloats), other(*dev, kFloats);
   dev->zero(buf.get(), kFloats * sizeof(float));
   dev->begin_capture();
-  for (int i = 0; i < 4; ++i) dev->allreduce_sum(buf.get(), kFloats);
+  for (int i = 0; i < 4; ++i) {
+    dev->copy(other.get(), buf.get(), kFloats * sizeof(float));
+    dev->allreduce_sum(buf.get(), kFloats);
+    dev->copy(buf.get(), other.get(), kFloats * sizeof(float));
+  }
   dev->join_collectives();
   auto graph = dev->end_capture();
   for (int i = 0; i < 200; ++i) dev->replay(*graph);
@@ -336,6 +343,7 @@ TEST(Gpu, AbortingNcclWhileAGraphIsInFlightReturns) {
   EXPECT_EQ(status_of([&] { dev->replay(*graph); }).first, SF_ERR) << "a graph of the aborted communicator replayed";
   auto gone = std::async(std::launch::async, [&] {
     graph.reset();
+    other.reset();
     buf.reset();
     dev.reset();
   });

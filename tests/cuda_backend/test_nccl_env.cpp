@@ -12,7 +12,7 @@ namespace cu = skyforge::cuda;
 namespace {
 
 TEST(NcclEnv, TheInterfaceThatHoldsThePoolAddress) {
-  EXPECT_EQ(cu::nccl_socket_ifname(nullptr, "127.0.0.1"), "lo");
+  EXPECT_EQ(cu::nccl_socket_ifname(nullptr, "127.0.0.1"), "=lo");  // exactly lo, not a prefix
 }
 
 TEST(NcclEnv, NothingWhereNoInterfaceHoldsTheAddress) {
@@ -34,7 +34,7 @@ TEST(NcclEnv, ExportSetsOnlyAnUnsetVariable) {
   EXPECT_EQ(std::getenv("NCCL_SOCKET_IFNAME"), nullptr);
   cu::export_nccl_socket_ifname("127.0.0.1");
   ASSERT_NE(std::getenv("NCCL_SOCKET_IFNAME"), nullptr);
-  EXPECT_STREQ(std::getenv("NCCL_SOCKET_IFNAME"), "lo");
+  EXPECT_STREQ(std::getenv("NCCL_SOCKET_IFNAME"), "=lo");
   ::setenv("NCCL_SOCKET_IFNAME", "^docker", 1);
   cu::export_nccl_socket_ifname("127.0.0.1");
   EXPECT_STREQ(std::getenv("NCCL_SOCKET_IFNAME"), "^docker");

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <regex>
 #include <set>
@@ -210,6 +211,11 @@ TEST_F(EnvCommandE2E, PrintsNodeOnesEnvironmentSorted) {
   EXPECT_TRUE(is_port(vars["MASTER_PORT"])) << vars["MASTER_PORT"];
   EXPECT_FALSE(vars["MASTER_ADDR"].empty());
   EXPECT_EQ(vars["PET_RDZV_ENDPOINT"], vars["MASTER_ADDR"] + ":" + vars["MASTER_PORT"]);
+  // The interface that holds the node's pool address (the local provider's: loopback), NCCL's
+  // named exactly ("=lo"), since NCCL reads a bare name as a prefix.
+  ASSERT_EQ(vars["SKYFORGE_PRIVATE_IP"], "127.0.0.1");
+  if (!std::getenv("GLOO_SOCKET_IFNAME")) EXPECT_EQ(vars["GLOO_SOCKET_IFNAME"], "lo");
+  if (!std::getenv("NCCL_SOCKET_IFNAME")) EXPECT_EQ(vars["NCCL_SOCKET_IFNAME"], "=lo");
 }
 
 // --json: one JSON object (parsed by Python's json module) with string values and the same
