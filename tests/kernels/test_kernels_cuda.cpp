@@ -5,6 +5,7 @@
 // which is missing.
 #include "reference.hpp"
 
+#include <skyforge/kernels/bf16.hpp>
 #include <skyforge/kernels/optimizer.hpp>
 #include <skyforge/kernels/window.hpp>
 
@@ -238,3 +239,22 @@ TEST_F(Gpu, MultiTensorAdamMatchesTheHostRule) {
 }
 
 }  // namespace
+
+// precision = "bf16"'s operand rounding (bf16.hpp) on the GPU: __float_as_uint's path gives the
+// host's memcpy path's bits on every 4099th float bit pattern (a million: every exponent and
+// sign, NaNs included) and on each pattern's tie point.
+TEST_F(Gpu, Bf16RoundingIsTheHostsBitForBit) {
+  std::vector<float> x;
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099)
+    for (uint32_t v : {static_cast<uint32_t>(u), (static_cast<uint32_t>(u) & 0xffff0000u) | 0x8000u}) {
+      float f;
+      std::memcpy(&f, &v, sizeof f);
+      x.push_back(f);
+    }
+  Dev<float> dx(x);
+  Dev<uint16_t> dy(x.size());
+  sk::to_bf16(dx.get(), dy.get(), x.size(), s_);
+  sync();
+  const std::vector<uint16_t> got = dy.host();
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], sk::bf16_bits(x[i])) << i;
+}
