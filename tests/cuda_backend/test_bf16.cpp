@@ -19,16 +19,8 @@ namespace k = skyforge::kernels;
 
 namespace {
 
-uint32_t bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-float from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
+uint32_t bits(float x) { return k::float_bits(x); }
+float from_bits(uint32_t u) { return k::float_of_bits(u); }
 
 // The nearest bf16 by exact arithmetic: the two bf16 values around x (x truncated, and the next
 // one away from zero), the closer in long double, a tie going to the one whose last kept bit is 0.
