@@ -8,15 +8,20 @@ import statistics
 from dataclasses import dataclass, field
 
 BATCHES = (64, 1024)
-TARGETS = {64: 2.0, 1024: 1.0}  # batch: the FP32 ratio to the best PyTorch configuration (issue 37)
+TARGETS = {64: 2.0, 1024: 1.0}  # batch: skyforge's ratio to the best PyTorch configuration (issue 37)
+PRECISIONS = ("fp32", "tf32", "bf16")  # the groups a skyforge row is compared within
+TARGETED = ("fp32", "bf16")  # the groups TARGETS holds for; TF32's ratio is for information
 
 
 @dataclass(frozen=True)
 class Row:
     """One configuration. precision: "fp32" (no TF32 anywhere), "tf32" (TF32 matmuls and
-    convolutions) or "default" (PyTorch's: TF32 convolutions, FP32 matmuls); a row is compared
-    with the best PyTorch row of its own precision. needs: None (every model), "conv" (models
-    with a convolution) or "channels_last" (models where channels_last is chosen)."""
+    convolutions), "bf16" (matmuls and convolutions on bfloat16 operands with FP32 sums, FP32
+    weights and optimizer state: skyforge's precision = "bf16", PyTorch's
+    torch.autocast(dtype=torch.bfloat16); TF32 off for what stays FP32) or "default" (PyTorch's:
+    TF32 convolutions, FP32 matmuls); a row is compared with the best PyTorch row of its own
+    precision. needs: None (every model), "conv" (models with a convolution) or "channels_last"
+    (models where channels_last is chosen)."""
     key: str
     label: str
     kind: str  # "skyforge" or "torch"
@@ -33,6 +38,7 @@ class Row:
 SKYFORGE_ROWS = [
     Row("sky1", "skyforge cuda 1 GPU", "skyforge", "fp32"),
     Row("sky1tf32", "skyforge cuda 1 GPU tf32", "skyforge", "tf32", plugin={"tf32": "true"}),
+    Row("sky1bf16", "skyforge cuda 1 GPU bf16", "skyforge", "bf16", plugin={"precision": '"bf16"'}),
     Row("sky1nchw", "skyforge cuda 1 GPU nchw", "skyforge", "fp32", plugin={"conv_layout": '"nchw"'}, needs="conv"),
     Row("sky1tune", "skyforge cuda 1 GPU autotuned", "skyforge", "fp32", plugin={"autotune": "true"}, needs="conv"),
     Row("sky1fast", "skyforge cuda 1 GPU tf32 autotuned", "skyforge", "tf32",
@@ -53,6 +59,11 @@ TORCH_ROWS = [
         fused=True, channels_last=True, needs="channels_last"),
     Row("rotf32", "PyTorch reduce-overhead TF32", "torch", "tf32", cudnn={"benchmark": True}, compile=RO, fused=True),
     Row("rotf32cl", "PyTorch reduce-overhead TF32 ch_last", "torch", "tf32", cudnn={"benchmark": True}, compile=RO,
+        fused=True, channels_last=True, needs="channels_last"),
+    Row("bf16", "PyTorch eager autocast bf16", "torch", "bf16"),
+    Row("robf16", "PyTorch reduce-overhead autocast bf16", "torch", "bf16", cudnn={"benchmark": True}, compile=RO,
+        fused=True),
+    Row("robf16cl", "PyTorch reduce-overhead bf16 ch_last", "torch", "bf16", cudnn={"benchmark": True}, compile=RO,
         fused=True, channels_last=True, needs="channels_last"),
 ]
 
@@ -105,9 +116,9 @@ def applies(row, traits):
     return row.needs is None or traits[row.needs]
 
 
-def missing_feature(torch, row, optimizer):
-    """Why this torch cannot build the row (a sentence), or None. optimizer: the model's
-    torch.optim class name ("Adam" or "AdamW")."""
+def missing_feature(torch, row, optimizer, device):
+    """Why this torch cannot build the row on `device` ("cuda", or "cpu" for the dry run) (a
+    sentence), or None. optimizer: the model's torch.optim class name ("Adam" or "AdamW")."""
     if row.kind != "torch":
         return None
     version = getattr(torch, "__version__", "?")
@@ -120,8 +131,13 @@ def missing_feature(torch, row, optimizer):
             return f"torch {version}'s torch.optim.{optimizer} has no " + " or ".join(f"{p}=" for p in absent)
     if row.channels_last and not hasattr(torch, "channels_last"):
         return f"torch {version} has no torch.channels_last"
-    if row.precision in ("fp32", "tf32") and not (hasattr(torch.backends.cuda.matmul, "allow_tf32")
-                                                  and hasattr(torch.backends.cudnn, "allow_tf32")):
+    if row.precision == "bf16":
+        if not (hasattr(torch, "autocast") and hasattr(torch, "bfloat16")):
+            return f"torch {version} has no torch.autocast (PyTorch >= 1.10)"
+        if device == "cuda" and not torch.cuda.is_bf16_supported():
+            return f"torch {version} on {torch.cuda.get_device_name(0)}: no bf16 (torch.cuda.is_bf16_supported())"
+    if row.precision != "default" and not (hasattr(torch.backends.cuda.matmul, "allow_tf32")
+                                           and hasattr(torch.backends.cudnn, "allow_tf32")):
         return f"torch {version} has no allow_tf32 switches"
     return None
 
@@ -151,10 +167,10 @@ def best(cells, candidates):
 
 
 def peers(cells, table_rows):
-    """{precision: the best PyTorch row's key} over one model and batch's cells, for "fp32" and
-    "tf32" (a precision with no PyTorch row measured is left out)."""
+    """{precision: the best PyTorch row's key} over one model and batch's cells, for each of
+    PRECISIONS (a precision with no PyTorch row measured is left out)."""
     out = {}
-    for precision in ("fp32", "tf32"):
+    for precision in PRECISIONS:
         key = best(cells, [r.key for r in table_rows if r.kind == "torch" and r.precision == precision])
         if key:
             out[precision] = key
@@ -165,19 +181,19 @@ def verdicts(cells, table_rows, batch):
     """The targets at this batch size, one per precision with a skyforge 1-GPU row measured:
     {"precision", "ours": its best row's key, "peer": the best PyTorch row's of that precision
     (None: none measured), "ratios": ours / peer round by round, "target": TARGETS[batch],
-    "met": the median ratio reaches it (FP32's verdict; None for TF32, where the issue sets
-    none)}. [] at a batch size without a target."""
+    "met": the median ratio reaches it (FP32's and bf16's verdicts; None for TF32, where the
+    issue sets none)}, in PRECISIONS' order. [] at a batch size without a target."""
     if batch not in TARGETS:
         return []
     out, best_peer = [], peers(cells, table_rows)
-    for precision in ("fp32", "tf32"):
+    for precision in PRECISIONS:
         ours = best(cells, [r.key for r in table_rows if r.kind == "skyforge" and r.procs == 1
                             and r.precision == precision])
         if not ours:
             continue
         peer = best_peer.get(precision)
         q = ratios(cells, ours, peer) if peer else []
-        met = statistics.median(q) >= TARGETS[batch] if q and precision == "fp32" else None
+        met = statistics.median(q) >= TARGETS[batch] if q and precision in TARGETED else None
         out.append({"precision": precision, "ours": ours, "peer": peer, "ratios": q, "target": TARGETS[batch],
                     "met": met})
     return out

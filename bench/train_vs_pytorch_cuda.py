@@ -1,6 +1,6 @@
 """The GPU half of bench/train_vs_pytorch.py (`--backend cuda`): skyforge's cuda backend vs
 PyTorch on the same GPU, measured in the same run. NOT RUN ON A GPU YET in this form (the
-peers below, the rounds and the ResNet and ViT); an earlier form ran on an H100
+peers below, the bf16 rows, the rounds and the ResNet and ViT); an earlier form ran on an H100
 (docs/performance.md, "Training on a GPU").
 
 For each model (mlp, convnet, resnet, vit: the examples, as the CPU bench checks them; PyTorch's
@@ -12,6 +12,9 @@ The rows (bench/cuda_peers.py holds them; --configs picks them by key):
   sky1      skyforge cuda 1 GPU: `skyforge run` of the example with backend = "cuda", [pool]
             accelerator = "cuda", nodes = 1. FP32, deterministic (the default).
   sky1tf32  the same with the plugin's tf32 = true (TF32 tensor cores).
+  sky1bf16  the same with the plugin's precision = "bf16" (Keras' mixed_bfloat16: every GEMM, the
+            convolutions' through im2col, on bf16 operands with FP32 sums; FP32 weights and
+            optimizer state; docs/compute-backends.md, "Mixed precision").
   sky1nchw  (models with a convolution) conv_layout = "nchw": cuDNN's convolutions in NCHW.
   sky1tune  (models with a convolution) autotune = true, FP32, deterministic: each convolution's
             fastest deterministic algorithm, timed at its first step, or the engine's im2col + GEMM
@@ -35,13 +38,19 @@ The rows (bench/cuda_peers.py holds them; --configs picks them by key):
             capturable=True), cudnn.benchmark = True, TF32 off.
   rocl      (channels_last models) ro with the model in torch.channels_last.
   rotf32    ro with TF32 on.  rotf32cl  (channels_last models) rotf32 in torch.channels_last.
+  bf16      eager with the forward under torch.autocast("cuda", dtype=torch.bfloat16): FP32 master
+            weights and optimizer state, as sky1bf16 and Keras' mixed_bfloat16; the loss from the
+            logits cast to FP32; TF32 off for what stays FP32.
+  robf16    ro under the same autocast (fused, capturable Adam/AdamW on the FP32 weights).
+  robf16cl  (channels_last models) robf16 in torch.channels_last.
 
 channels_last is chosen per model, the reason printed: for models of 2 convolutions or more
 (convnet, resnet), not for the MLP (none) or the ViT (one patch convolution, then matmuls).
 torch.compile runs one static graph per batch shape (dynamic=False), as skyforge captures one
 per shape. Each PyTorch feature is detected in the torch at hand: a row whose feature is missing
 (torch.compile before 2.0, fused= or capturable= in an optimizer, channels_last, the TF32
-switches) is left out, and the output says which and why; nothing is estimated.
+switches, torch.autocast, a GPU with bf16: torch.cuda.is_bf16_supported()) is left out, and the
+output says which and why; nothing is estimated.
 
 Every configuration trains one epoch more than the figure covers, and that first epoch is left
 out of the time on both sides: it holds the one-time costs (cuDNN's and cuBLAS' loading and
@@ -57,19 +66,22 @@ the warm-up one included), peak device memory (the largest `used_memory` nvidia-
 the configuration's processes, polled every 0.1 s, the CUDA context included on both sides;
 where nvidia-smi names none of them, as in a container, the largest rise of the GPUs' used
 memory, marked), and two ratios, each taken within a round: to PyTorch eager (the torch row),
-and for skyforge's 1-GPU rows to the best PyTorch row of the same precision (FP32 or TF32: the
-one with the highest median samples/s at that model and batch). Then the targets (issue 37):
-skyforge's best FP32 row >= 1.0x the best PyTorch FP32 row at batch 1024 and >= 2x at batch 64;
-the TF32 pair for information; bf16 waits for the plugin's precision = "bf16". With two GPUs or
-more, the allreduce bus bandwidth (nccl-tests' definition) at 8 MiB and 256 MiB, in place:
-nccl-tests' `all_reduce_perf` (when it is on PATH) beside the cuda engine's own gradient
-allreduce (`bench_allreduce --nccl`): target >= 90% of NCCL's figure at both sizes.
+and for skyforge's 1-GPU rows to the best PyTorch row of the same precision (FP32, TF32 or bf16:
+the one with the highest median samples/s at that model and batch). Then the targets (issue 37):
+skyforge's best FP32 row >= 1.0x the best PyTorch FP32 row at batch 1024 and >= 2x at batch 64,
+and the same for the bf16 row against the best PyTorch bf16 row; the TF32 pair for information.
+With two GPUs or more, the allreduce bus bandwidth (nccl-tests' definition) at 8 MiB and 256 MiB,
+in place: nccl-tests' `all_reduce_perf` (when it is on PATH) beside the cuda engine's own
+gradient allreduce (`bench_allreduce --nccl`): target >= 90% of NCCL's figure at both sizes.
 
 --dry-run needs neither a GPU nor skyforge: it builds every PyTorch configuration this torch has
-on the CPU and trains it one step (fused= and capturable= left out there, CUDA tensors only), and
-says why each absent one is absent. Without a usable GPU the bench itself says why and exits 2.
+on the CPU and trains it one step (fused= and capturable= left out there, CUDA tensors only;
+torch.autocast("cpu", dtype=torch.bfloat16) standing in for CUDA's in the bf16 rows), and says
+why each absent one is absent. Without a usable GPU the bench itself says why and exits 2.
 """
+import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -170,8 +182,9 @@ def optimizer_name(base, model):
 
 def torch_setup(base, torch, spec, dev, updates):
     """The twin of spec's model on dev, set up as its row asks: (the twin, the module to call, the
-    optimizer, each of `updates` updates' (lr, eps), notes on what was left out)."""
-    if spec["precision"] in ("fp32", "tf32"):
+    optimizer, each of `updates` updates' (lr, eps), the forward's precision (a function giving a
+    fresh context: autocast or none), notes on what was left out or stood in)."""
+    if spec["precision"] != "default":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = spec["precision"] == "tf32"
     for name, value in spec["cudnn"].items():  # deterministic, benchmark
         setattr(torch.backends.cudnn, name, value)
@@ -186,7 +199,12 @@ def torch_setup(base, torch, spec, dev, updates):
     elif spec["fused"]:
         notes.append("fused= and capturable= left out (CUDA tensors only)")
     opt, settings = base.torch_optimizer(net.parameters(), base.example(spec["model"])["train"], updates, **options)
-    return net, model, opt, settings, notes
+    cast = contextlib.nullcontext
+    if spec["precision"] == "bf16":  # FP32 master weights: only the forward's ops are cast
+        cast = functools.partial(torch.autocast, dev.type, dtype=torch.bfloat16)
+        if dev.type != "cuda":
+            notes.append(f'torch.autocast("{dev.type}", dtype=torch.bfloat16) standing in for CUDA\'s')
+    return net, model, opt, settings, cast, notes
 
 
 def step_marker(torch, spec):
@@ -197,12 +215,14 @@ def step_marker(torch, spec):
     return getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", lambda: None)
 
 
-def train_step(F, model, opt, setting, x, y, mark):
+def train_step(F, model, opt, setting, x, y, mark, cast):
     for group in opt.param_groups:  # the schedule's rate, Keras' epsilon placement
         group["lr"], group["eps"] = setting
     mark()
     opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
+    with cast():
+        logits = model(x)
+    loss = F.cross_entropy(logits.float(), y)  # in FP32, as skyforge's (and Keras') loss
     loss.backward()
     opt.step()
     return loss
@@ -224,7 +244,7 @@ def run_torch(base, spec):
     xtr, ytr, xte, yte = (torch.from_numpy(a).to(dev) for a in base.load_fashion_mnist())
     n, batch = ytr.shape[0], spec["batch"]
     steps = -(-n // batch)
-    net, model, opt, settings, _ = torch_setup(base, torch, spec, dev, steps * (spec["epochs"] + 1))
+    net, model, opt, settings, cast, _ = torch_setup(base, torch, spec, dev, steps * (spec["epochs"] + 1))
     if spec["channels_last"]:
         xtr = xtr.contiguous(memory_format=torch.channels_last)
     mark = step_marker(torch, spec)
@@ -239,11 +259,11 @@ def run_torch(base, spec):
         perm = torch.randperm(n, generator=gen, device=dev)
         for s in range(steps):
             idx = perm[s * batch:(s + 1) * batch]
-            train_step(F, model, opt, settings[epoch * steps + s], xtr[idx], ytr[idx], mark)
+            train_step(F, model, opt, settings[epoch * steps + s], xtr[idx], ytr[idx], mark, cast)
     torch.cuda.synchronize()
     train_s, first_s = time.perf_counter() - t1, t1 - t0
     net.eval()
-    with torch.no_grad():
+    with torch.no_grad(), cast():  # in the precision it trained in
         correct = sum(int((net(xte[i:i + 1024]).argmax(1) == yte[i:i + 1024]).sum()) for i in range(0, yte.shape[0], 1024))
     return {"train_seconds": train_s, "first_epoch_seconds": first_s, "samples": n * spec["epochs"],
             "test_accuracy": correct / yte.shape[0],
@@ -251,6 +271,7 @@ def run_torch(base, spec):
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32, "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
             "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "autocast": "bfloat16" if spec["precision"] == "bf16" else None,
             "optimizer": type(opt).__name__ + ("(fused, capturable)" if spec["fused"] else ""),
             "cudagraph_skips": cudagraph_skips() if spec["compile"] == cuda_peers.RO else None}
 
@@ -330,17 +351,17 @@ def allreduce_report(bw, why, ebw, ewhy, gpus):
     return f"\nallreduce bus bandwidth, in place, {gpus} GPU(s):\n" + "\n".join(lines)
 
 
-def plan(base, torch, table_rows, models):
+def plan(base, torch, table_rows, models, device):
     """What runs: ({model: its rows, in table order}, [(model, row, why absent)], {model: the
     channels_last choice's reason}): a row runs for the models it applies to, when this torch
-    has its features."""
+    has its features on `device` ("cuda", or "cpu" for the dry run)."""
     runs, absent, why = {}, [], {}
     for m in models:
         traits, why[m] = cuda_peers.model_traits(base.example(m)["train"]["layers"])
         runs[m] = []
         for row in table_rows:
             if cuda_peers.applies(row, traits):
-                reason = cuda_peers.missing_feature(torch, row, optimizer_name(base, m))
+                reason = cuda_peers.missing_feature(torch, row, optimizer_name(base, m), device)
                 if reason:
                     absent.append((m, row, reason))
                 else:
@@ -359,8 +380,6 @@ def verdict_lines(found, labels, fmt_range):
         verdict = {True: "met", False: "NOT met", None: "for information (the targets are FP32's and bf16's)"}[v["met"]]
         lines.append(f"{name}: {labels[v['ours']]} / {labels[v['peer']]} = {fmt_range(v['ratios'], '.2f')}x; "
                      f"target >= {v['target']:.1f}x: {verdict}")
-    if found:
-        lines.append('BF16: no row yet: it waits for the cuda plugin\'s precision = "bf16"')
     return lines
 
 
@@ -416,7 +435,7 @@ def main(base, args, models, epochs, skyforge):
     import torch
     gpus = torch.cuda.device_count()
     table_rows = [r for r in cuda_peers.rows(gpus) if r.key in keys]
-    runs, absent, why = plan(base, torch, table_rows, models)
+    runs, absent, why = plan(base, torch, table_rows, models, "cuda")
     if "skyN" in keys and gpus < 2:
         sky_n = next(r for r in cuda_peers.rows(2) if r.key == "skyN")
         absent += [(m, sky_n, "one GPU (it needs 2 or more)") for m in models]
@@ -467,17 +486,31 @@ def main(base, args, models, epochs, skyforge):
     return 1 if failed else 0
 
 
+def mixed_precision_check(torch, net, opt, cast, x, row):
+    """A bf16 row after its step: (its forward under `cast` gives bf16 logits and its weights and
+    optimizer state are FP32, what the dry run says of it); (True, "") for other rows."""
+    if row.precision != "bf16":
+        return True, ""
+    with torch.no_grad(), cast():
+        logits = net(x).dtype
+    state = [t.dtype for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.is_floating_point()]
+    fp32 = all(p.dtype == torch.float32 for p in net.parameters()) and bool(state) and set(state) == {torch.float32}
+    return logits == torch.bfloat16 and fp32, (f", {str(logits).replace('torch.', '')} logits, "
+                                               f"{'FP32' if fp32 else 'NOT FP32'} weights and optimizer state")
+
+
 def dry_run(base, models):
     """--dry-run: every PyTorch configuration this torch has, built on the CPU and trained one step
     of 8 random images; each absent one with the reason. 0 when every built one stepped (a finite
-    loss, every parameter moved, channels_last weights where the row asks)."""
+    loss, every parameter moved, channels_last weights where the row asks; a bf16 row's forward
+    gives bf16 logits while its weights and optimizer state stay FP32)."""
     import torch
     import torch.nn.functional as F
     switches = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
                 (torch.backends.cudnn, "benchmark"), (torch.backends.cudnn, "deterministic")]
     print(f"dry run: torch {torch.__version__} on the CPU, one step of 8 images per PyTorch configuration "
           "(no GPU, no skyforge, no figure)")
-    runs, absent, why = plan(base, torch, cuda_peers.rows(2), models)
+    runs, absent, why = plan(base, torch, cuda_peers.rows(2), models, "cpu")
     failures = 0
     for m in models:
         print(f"{m} ({optimizer_name(base, m)}): {why[m]}")
@@ -489,24 +522,25 @@ def dry_run(base, models):
             saved = [getattr(obj, name) for obj, name in switches]
             try:
                 # 2 updates' settings, the second's taken: a warm-up schedule's first rate is 0.
-                net, model, opt, settings, notes = torch_setup(base, torch, spec, torch.device("cpu"), 2)
+                net, model, opt, settings, cast, notes = torch_setup(base, torch, spec, torch.device("cpu"), 2)
                 set_to = ", ".join(f"{'matmul' if obj is torch.backends.cuda.matmul else 'cudnn'}.{name} "
                                    f"{getattr(obj, name)}" for obj, name in switches)
                 g = torch.Generator().manual_seed(base.SEED)
                 x, y = torch.rand(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g)
                 before = [p.detach().clone() for p in net.parameters()]
-                loss = float(train_step(F, model, opt, settings[1], x, y, step_marker(torch, spec)))
+                loss = float(train_step(F, model, opt, settings[1], x, y, step_marker(torch, spec), cast))
                 moved = all(not torch.equal(a, p) for a, p in zip(before, net.parameters()))
                 weights = [p for p in net.parameters() if p.dim() == 4]
                 # Every 4-d weight channels_last, and one not NCHW too (a 1-channel one is both).
                 layout_ok = not row.channels_last or (all(p.is_contiguous(memory_format=torch.channels_last)
                                                           for p in weights)
                                                       and any(not p.is_contiguous() for p in weights))
-                ok = math.isfinite(loss) and moved and layout_ok
+                precision_ok, precision = mixed_precision_check(torch, net, opt, cast, x, row)
+                ok = math.isfinite(loss) and moved and layout_ok and precision_ok
                 result = (f"{'one step' if ok else 'FAILED'}: loss {loss:.4f}, "
                           f"{'every' if moved else 'NOT every'} parameter moved, {type(opt).__name__}"
                           + (", channels_last weights" if row.channels_last and layout_ok else "")
-                          + (", weights NOT channels_last" if not layout_ok else "")
+                          + (", weights NOT channels_last" if not layout_ok else "") + precision
                           + f"; {set_to}" + "".join("; " + n for n in notes))
             except Exception as e:  # said, and the other configurations still built
                 ok, result = False, f"FAILED: {type(e).__name__}: {e}"

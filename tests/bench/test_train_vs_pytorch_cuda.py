@@ -1,10 +1,12 @@
 """The GPU table of bench/train_vs_pytorch.py (--backend cuda) on a machine without a GPU: its rows
-and arguments, its medians, ranges, ratios and targets (bench/cuda_peers.py), the dry run that
-builds every PyTorch configuration on the CPU, and the exit 2 that says why no figure is made."""
+and arguments, its medians, ranges, ratios and targets (bench/cuda_peers.py), the manifests of
+skyforge's rows as the host checks them, the dry run that builds every PyTorch configuration on the
+CPU (bf16 under CPU autocast), and the exit 2 that says why no figure is made."""
 import inspect
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -36,13 +38,17 @@ def test_rows_have_unique_keys_and_a_multi_gpu_row_only_with_two_gpus():
 
 def test_every_row_declares_its_precision_and_the_fused_ones_are_cuda_graphs():
     for r in cuda_peers.rows(2):
-        assert r.kind in ("skyforge", "torch") and r.precision in ("fp32", "tf32", "default")
+        assert r.kind in ("skyforge", "torch") and r.precision in cuda_peers.PRECISIONS + ("default",)
         assert r.needs in (None, "conv", "channels_last")
         assert not r.fused or r.compile == cuda_peers.RO
     torch_rows = [r for r in cuda_peers.rows(2) if r.kind == "torch"]
-    # The issue's peers: reduce-overhead with the fused optimizer, channels_last, TF32, fp32det.
-    assert {("fp32", False), ("fp32", True), ("tf32", False), ("tf32", True)} <= \
+    # The issue's peers: reduce-overhead with the fused optimizer, channels_last, TF32, bf16, fp32det.
+    assert {("fp32", False), ("fp32", True), ("tf32", False), ("tf32", True), ("bf16", False), ("bf16", True)} <= \
         {(r.precision, r.channels_last) for r in torch_rows if r.compile == cuda_peers.RO and r.fused}
+    # bf16: eager autocast too; skyforge's row is the plugin's precision = "bf16" and nothing else.
+    assert any(r.precision == "bf16" and not r.compile for r in torch_rows)
+    assert [r.plugin for r in cuda_peers.rows(1) if r.kind == "skyforge" and r.precision == "bf16"] == \
+        [{"precision": '"bf16"'}]
     det = next(r for r in torch_rows if r.key == "fp32det")
     assert det.precision == "fp32" and det.cudnn == {"deterministic": True}
     # Each precision of skyforge's 1-GPU rows has PyTorch rows to be compared with.
@@ -73,6 +79,7 @@ def test_models_choose_their_rows_from_their_layers():
     assert "9 convolutions" in traits["resnet"][1] and "patch embedding" in traits["vit"][1]
     keys = {m: {r.key for r in cuda_peers.rows(1) if cuda_peers.applies(r, t)} for m, (t, _) in traits.items()}
     assert "rocl" in keys["resnet"] and "rocl" not in keys["vit"] and "fp32det" in keys["vit"]
+    assert {"robf16cl", "bf16", "sky1bf16"} <= keys["resnet"] and "robf16cl" not in keys["vit"]
     assert not {"sky1nchw", "fp32det", "torchbench", "fp32cl"} & keys["mlp"]
 
 
@@ -90,7 +97,8 @@ def cells_of(figures):
 
 ROUNDS = {"sky1": [100.0, 110.0, 90.0], "sky1tune": [95.0, 100.0, 85.0], "sky1tf32": [300.0, 330.0, 310.0],
           "torch": [40.0, 50.0, 45.0], "fp32": [50.0, 60.0, 40.0], "ro": [80.0, 100.0, 70.0],
-          "tf32": [100.0, 100.0, 100.0], "rotf32": [400.0, None, 200.0]}
+          "tf32": [100.0, 100.0, 100.0], "rotf32": [400.0, None, 200.0],
+          "sky1bf16": [900.0, 1000.0, 800.0], "bf16": [300.0, 250.0, 400.0], "robf16": [500.0, 400.0, 300.0]}
 
 
 def test_ratios_are_taken_within_rounds():
@@ -102,7 +110,8 @@ def test_ratios_are_taken_within_rounds():
 
 def test_the_best_peer_is_the_highest_median_of_its_precision():
     rows = cuda_peers.rows(1)
-    assert cuda_peers.peers(cells_of(ROUNDS), rows) == {"fp32": "ro", "tf32": "rotf32"}
+    # bf16: robf16's median 400 over eager autocast's 300.
+    assert cuda_peers.peers(cells_of(ROUNDS), rows) == {"fp32": "ro", "tf32": "rotf32", "bf16": "robf16"}
     # `torch` (PyTorch's default: TF32 convolutions) is the peer of neither precision.
     assert cuda_peers.peers(cells_of({"torch": [1e9], "fp32": [1.0]}), rows) == {"fp32": "fp32"}
     assert cuda_peers.best(cells_of(ROUNDS), ["sky1", "sky1tune"]) == "sky1"
@@ -112,11 +121,17 @@ def test_the_best_peer_is_the_highest_median_of_its_precision():
 def test_verdicts_against_the_targets():
     rows, cells = cuda_peers.rows(1), cells_of(ROUNDS)
     at1024 = cuda_peers.verdicts(cells, rows, 1024)
-    fp32, tf32 = at1024
+    fp32, tf32, bf16 = at1024
     assert (fp32["precision"], fp32["ours"], fp32["peer"], fp32["target"], fp32["met"]) == ("fp32", "sky1", "ro", 1.0, True)
     assert fp32["ratios"] == [100 / 80, 110 / 100, 90 / 70]
     assert (tf32["ours"], tf32["peer"], tf32["met"]) == ("sky1tf32", "rotf32", None)  # no TF32 target
-    assert cuda_peers.verdicts(cells, rows, 64)[0]["met"] is False  # median 1.25 < 2
+    # bf16 has the FP32 targets: 900/500, 1000/400, 800/300 -> median 2.5 >= 1 and >= 2.
+    assert (bf16["ours"], bf16["peer"], bf16["target"], bf16["met"]) == ("sky1bf16", "robf16", 1.0, True)
+    assert bf16["ratios"] == [900 / 500, 1000 / 400, 800 / 300]
+    at64 = cuda_peers.verdicts(cells, rows, 64)
+    assert [(v["precision"], v["met"]) for v in at64] == [("fp32", False), ("tf32", None), ("bf16", True)]  # 1.25 < 2
+    slow = cells_of(dict(ROUNDS, sky1bf16=[700.0, 700.0, 700.0]))  # 1.4, 1.75, 2.33: median 1.75 < 2
+    assert cuda_peers.verdicts(slow, rows, 64)[2]["met"] is False and cuda_peers.verdicts(slow, rows, 1024)[2]["met"]
     assert cuda_peers.verdicts(cells, rows, 128) == []
     lone = cuda_peers.verdicts(cells_of({"sky1": [1.0], "torch": [1.0]}), rows, 64)
     assert lone == [{"precision": "fp32", "ours": "sky1", "peer": None, "ratios": [], "target": 2.0, "met": None}]
@@ -131,7 +146,9 @@ def test_the_table_prints_median_and_range():
                         "target >= 2.0x: NOT met")
     assert lines[1] == ("TF32: skyforge cuda 1 GPU tf32 / PyTorch reduce-overhead TF32 = 1.15 (0.75-1.55)x; "
                         "target >= 2.0x: for information (the targets are FP32's and bf16's)")
-    assert lines[2] == 'BF16: no row yet: it waits for the cuda plugin\'s precision = "bf16"'
+    assert lines[2] == ("BF16: skyforge cuda 1 GPU bf16 / PyTorch reduce-overhead autocast bf16 = 2.50 (1.80-2.67)x; "
+                        "target >= 2.0x: met")
+    assert len(lines) == 3
     lone = gpu.verdict_lines(cuda_peers.verdicts(cells_of({"sky1": [1.0]}), cuda_peers.rows(1), 64), labels,
                              base.fmt_range)
     assert lone[0] == "FP32: skyforge cuda 1 GPU: no PyTorch FP32 row measured, no ratio"
@@ -139,7 +156,8 @@ def test_the_table_prints_median_and_range():
 
 def test_the_table_of_measured_cells():
     rows = {r.key: r for r in cuda_peers.rows(1)}
-    runs = {"convnet": [rows[k] for k in ("sky1", "sky1tf32", "torch", "fp32", "fp32det", "ro", "tf32", "rotf32")]}
+    runs = {"convnet": [rows[k] for k in ("sky1", "sky1tf32", "sky1bf16", "torch", "fp32", "fp32det", "ro", "tf32",
+                                          "rotf32", "bf16", "robf16")]}
     cells = [dict(c, model="convnet", batch=1024, test_accuracy=0.5 + c["round"] / 100, peak_device_mib=100 * c["round"],
                   peak_device_of="device rise" if c["key"] == "tf32" else "processes",
                   cudagraph_skips=1 if c["key"] == "rotf32" and c["round"] == 3 else 0) for c in cells_of(ROUNDS)]
@@ -151,28 +169,72 @@ def test_the_table_of_measured_cells():
     assert by_key["ro"].endswith("the best PyTorch FP32 row") and by_key["torch"].endswith("1.00 (1.00-1.00)x")
     assert by_key["tf32"].endswith("peak: the GPUs' rise")
     assert by_key["rotf32"].endswith("the best PyTorch TF32 row; CUDA graphs skipped (torch.compile's log says why)")
+    assert by_key["sky1bf16"].endswith("2.50 (1.80-2.67)x of robf16")
+    assert by_key["robf16"].endswith("the best PyTorch BF16 row") and by_key["bf16"].endswith("7.50 (5.00-8.89)x")
     assert lines[-3].endswith("target, convnet batch 1024: FP32: skyforge cuda 1 GPU / PyTorch reduce-overhead no "
                               "TF32 = 1.25 (1.10-1.29)x; target >= 1.0x: met")
+    assert lines[-1].endswith("target, convnet batch 1024: BF16: skyforge cuda 1 GPU bf16 / PyTorch reduce-overhead "
+                              "autocast bf16 = 2.50 (1.80-2.67)x; target >= 1.0x: met")
     assert [(t["model"], t["batch"], t["precision"], t["met"]) for t in targets] == \
-        [("convnet", 1024, "fp32", True), ("convnet", 1024, "tf32", None)]
+        [("convnet", 1024, "fp32", True), ("convnet", 1024, "tf32", None), ("convnet", 1024, "bf16", True)]
+
+
+def test_every_skyforge_row_makes_a_manifest_the_host_accepts(tmp_path):
+    # skyforge validate checks [[plugins]] options against the cuda plugin's plugin.toml.
+    plugin = Path(SKYFORGE).resolve().parents[1] / "lib" / "skyforge" / "plugins" / "cuda_backend" / "plugin.toml"
+    if not os.access(SKYFORGE, os.X_OK) or not plugin.exists():
+        pytest.skip(f"{SKYFORGE} or its cuda plugin ({plugin}) is not built")
+
+    def validate(plugin_options):
+        job = tmp_path / "job.toml"
+        job.write_text(gpu.derive(base, "convnet", 1, 2, 64, plugin_options))
+        return subprocess.run([SKYFORGE, "validate", str(job)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+
+    for r in cuda_peers.rows(1):
+        if r.kind == "skyforge":
+            p = validate(r.plugin)
+            assert p.returncode == 0, (r.key, p.stderr)
+    p = validate({"precision": '"bf17"'})  # the same check refuses what the plugin lacks
+    assert p.returncode == 2 and "precision: 'bf17' is not one of: fp32, bf16" in p.stderr
 
 
 # ---- with this machine's torch --------------------------------------------------------------------
 def test_missing_features_are_detected_not_assumed():
     torch = pytest.importorskip("torch")
     rows = {r.key: r for r in cuda_peers.rows(1)}
-    for key in ("compile", "ro"):
-        why = cuda_peers.missing_feature(torch, rows[key], "Adam")
+    for key in ("compile", "ro", "robf16"):
+        why = cuda_peers.missing_feature(torch, rows[key], "Adam", "cpu")
         assert (why is None) == hasattr(torch, "compile")
         assert why is None or "has no torch.compile" in why
-    assert cuda_peers.missing_feature(torch, rows["sky1"], "Adam") is None
-    assert cuda_peers.missing_feature(torch, rows["fp32det"], "AdamW") is None
+    assert cuda_peers.missing_feature(torch, rows["sky1"], "Adam", "cpu") is None
+    assert cuda_peers.missing_feature(torch, rows["fp32det"], "AdamW", "cpu") is None
+    # Eager autocast bf16 on the CPU: torch.autocast since 1.10 (Debian's 1.13 has it).
+    assert (cuda_peers.missing_feature(torch, rows["bf16"], "Adam", "cpu") is None) == hasattr(torch, "autocast")
     eager_fused = cuda_peers.Row("x", "x", "torch", "fp32", fused=True)
     for name in ("Adam", "AdamW"):
         params = inspect.signature(getattr(torch.optim, name)).parameters
-        why = cuda_peers.missing_feature(torch, eager_fused, name)
+        why = cuda_peers.missing_feature(torch, eager_fused, name, "cpu")
         assert (why is None) == ("fused" in params and "capturable" in params), why
         assert why is None or f"torch.optim.{name} has no" in why
+
+
+def test_a_torch_without_bf16_says_so():
+    # Stand-ins for what the real torch at hand cannot show: a torch before torch.autocast, and a
+    # CUDA device without bf16 (before Ampere), each the attributes missing_feature reads.
+    bf16 = next(r for r in cuda_peers.rows(1) if r.key == "bf16")
+    switches = types.SimpleNamespace(allow_tf32=False)
+    backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=switches), cudnn=switches)
+    old = types.SimpleNamespace(__version__="1.9.0", bfloat16=object(), backends=backends)
+    assert cuda_peers.missing_feature(old, bf16, "Adam", "cpu") == "torch 1.9.0 has no torch.autocast (PyTorch >= 1.10)"
+    cuda = types.SimpleNamespace(is_bf16_supported=lambda: False, get_device_name=lambda i: "Tesla V100-SXM2-16GB")
+    volta = types.SimpleNamespace(__version__="2.5.1", autocast=object(), bfloat16=object(), cuda=cuda,
+                                  backends=backends)
+    assert cuda_peers.missing_feature(volta, bf16, "Adam", "cuda") == \
+        "torch 2.5.1 on Tesla V100-SXM2-16GB: no bf16 (torch.cuda.is_bf16_supported())"
+    assert cuda_peers.missing_feature(volta, bf16, "Adam", "cpu") is None  # the dry run's CPU autocast
+    ampere = types.SimpleNamespace(**dict(vars(volta), cuda=types.SimpleNamespace(is_bf16_supported=lambda: True)))
+    assert cuda_peers.missing_feature(ampere, bf16, "Adam", "cuda") is None
 
 
 def test_dry_run_builds_every_pytorch_configuration_on_the_cpu():
@@ -195,7 +257,7 @@ def test_dry_run_builds_every_pytorch_configuration_on_the_cpu():
                 assert line is None, line
             elif r.kind == "skyforge":
                 assert line.endswith("on a GPU only"), line
-            elif cuda_peers.missing_feature(torch, r, gpu.optimizer_name(base, m)):
+            elif cuda_peers.missing_feature(torch, r, gpu.optimizer_name(base, m), "cpu"):
                 assert ": absent: torch " in line, line
             else:
                 assert ": one step: " in line and "every parameter moved" in line, line
@@ -203,6 +265,12 @@ def test_dry_run_builds_every_pytorch_configuration_on_the_cpu():
                 if r.precision != "default":
                     tf32 = r.precision == "tf32"
                     assert f"matmul.allow_tf32 {tf32}, cudnn.allow_tf32 {tf32}" in line, line
+                # A bf16 row's forward is bf16 under CPU autocast, standing in for CUDA's; its
+                # weights and Adam's state FP32 (master weights).
+                bf16 = ", bfloat16 logits, FP32 weights and optimizer state;" in line
+                stand_in = 'torch.autocast("cpu", dtype=torch.bfloat16) standing in for CUDA\'s' in line
+                assert bf16 == stand_in == (r.precision == "bf16"), line
+    assert "  bf16       PyTorch eager autocast bf16: one step: " in out
     assert "no channels_last rows: one convolution" in out and "channels_last rows: 3 convolutions" in out
 
 
