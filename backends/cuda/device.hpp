@@ -185,6 +185,13 @@ class Device {
   uint64_t issued_ = 0;  // collectives_issued()
 };
 
+// The floats a row-major GEMM operand spans: `batch` matrices `stride` apart, each `rows` rows
+// of `cols` values `ld` apart (what both builds round to bf16 with precision bf16; the values
+// between rows are rounded too, unread).
+inline size_t operand_span(size_t rows, size_t cols, size_t ld, size_t batch, size_t stride) {
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
 // conv2d's backward as im2col + GEMM + col2im on d's GEMMs and the kernels: the engine's way
 // where the device's own convolutions are not used, and a candidate the CUDA build times against
 // cuDNN's with autotune ("Convolution algorithms"). dw (Keras' layout, overwritten) = col^T dy

@@ -24,7 +24,7 @@ void Device::Impl::init_blas() {
 
 const void* Device::Impl::bf16_operand(const float* p, size_t rows, size_t cols, size_t ld, size_t batch,
                                        size_t stride, Grown& scratch) {
-  const size_t n = (batch - 1) * stride + (rows - 1) * ld + cols;  // the values between rows too: unread
+  const size_t n = operand_span(rows, cols, ld, batch, stride);
   grow(scratch, n * sizeof(uint16_t), "a bf16 GEMM operand's scratch");
   kernels::to_bf16(p, static_cast<uint16_t*>(scratch.p), n, kernels::Stream{stream});
   return scratch.p;

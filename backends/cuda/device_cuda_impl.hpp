@@ -117,9 +117,8 @@ struct Device::Impl {
     check(cudaMalloc(&g.p, bytes), (std::string("cudaMalloc (") + what + ")").c_str());
     g.bytes = bytes;
   }
-  // precision bf16 (device_blas.cpp): a GEMM operand (`batch` row-major matrices `stride`
-  // apart, each `rows` rows of `cols` values `ld` apart) rounded to bfloat16 (kernels/bf16.hpp)
-  // into bf16_a or bf16_b, grown outside captures (every shape runs eager before it is captured).
+  // precision bf16 (device_blas.cpp): a GEMM operand (operand_span) rounded to bfloat16
+  // (kernels/bf16.hpp) into bf16_a or bf16_b, grown outside captures (every shape runs eager before it is captured).
   bool bf16() const { return options.precision == DeviceOptions::Precision::bf16; }
   Grown bf16_a, bf16_b;
   const void* bf16_operand(const float* p, size_t rows, size_t cols, size_t ld, size_t batch, size_t stride,

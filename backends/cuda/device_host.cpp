@@ -81,14 +81,12 @@ void Device::zero(void* p, size_t bytes) {
 }
 
 namespace {
-// With precision bf16, the floats a row-major operand spans (`batch` matrices `stride` apart,
-// each `rows` rows of `cols` values `ld` apart) rounded to bf16 into `scratch`, which then
-// stands for it; the values between rows are rounded too, unread. Runs when the GEMM runs (a
-// replay rounds that replay's values).
+// With precision bf16, the operand (operand_span) rounded to bf16 into `scratch`, which then
+// stands for it. Runs when the GEMM runs (a replay rounds that replay's values).
 const float* operand(bool bf16, const float* p, size_t rows, size_t cols, size_t ld, size_t batch, size_t stride,
                      std::vector<float>& scratch) {
   if (!bf16 || rows == 0 || cols == 0 || batch == 0) return p;
-  const size_t n = (batch - 1) * stride + (rows - 1) * ld + cols;
+  const size_t n = operand_span(rows, cols, ld, batch, stride);
   scratch.resize(n);
   kernels::round_bf16(p, scratch.data(), n, kernels::Stream{});
   return scratch.data();
