@@ -75,8 +75,9 @@ std::string state_of(keras::Backend b, const Model& m, const Model& other_model)
 
 // Bound data (abi.h, ABI 1.8), where the backend keeps data: steps on a bound set's samples by
 // index are the plain steps on the same samples bit for bit, whether their results are returned
-// or deferred; take_results sums the deferred ones and then starts from zero; an index past the
-// set and a released set are refused with a message.
+// or deferred, and whether step_batches (ABI 1.9, where the table has it) named their batch first;
+// take_results sums the deferred ones and then starts from zero; an index past the set and a
+// released set are refused with a message.
 std::string bound_data_of(keras::Backend b, const Model& m) {
   const Batch all = batch_of(m, 23, 500);
   Engine plain(b, m, 51), bound(b, m, 51);
@@ -93,6 +94,7 @@ std::string bound_data_of(keras::Backend b, const Model& m) {
       d.y.push_back(one.y[0]);
     }
     const sf_step_result rp = plain.step(true, d.x, d.y, d.n);
+    if (s % 2) bound.step_batches(d.n);
     if (s == 1) {
       sf_step_result rb;
       bound.indexed(true, steps[s], &rb);

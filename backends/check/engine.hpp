@@ -88,6 +88,12 @@ class Engine {
     if (st != SF_OK && why) *why = message();
     return st;
   }
+  // ABI 1.9, where the table has it: every rank's batch for the next indexed step (one rank here).
+  void step_batches(uint32_t batch) {
+    const sf_compute_hooks& h = h_->hooks();
+    if (h.struct_size >= offsetof(sf_compute_hooks, step_batches) + sizeof(h.step_batches) && h.step_batches)
+      check(h.step_batches(h_->self(), h_->engine(), &batch, 1), "step_batches");
+  }
   void indexed(bool train, const std::vector<uint64_t>& idx, sf_step_result* r) {
     check(try_indexed(train, data_, idx, r), train ? "train_step_indexed" : "eval_step_indexed");
   }

@@ -346,6 +346,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, const Communicator& comm, const Ho
   sums_ = Buffer<double>(*dev_, kSums);
   pending_ = Buffer<double>(*dev_, kSums);
   dev_->zero(pending_.get(), kSums * sizeof(double));
+  pending_before_ = Buffer<double>(*dev_, kSums);
   state_ = Buffer<k::StepState>(*dev_, 1);
   const k::StepState start{};
   dev_->upload(state_.get(), &start, sizeof start);
@@ -498,9 +499,11 @@ CudaEngine::~CudaEngine() {
   if (!convs.empty()) std::fprintf(stderr, "  conv2d windows:\n%s", convs.c_str());
 }
 
-void CudaEngine::drop_graphs() {
-  graphs_.clear();
-  ++generation_;
+// A conv2d layer's im2col buffer for batches up to `batch`, in floats.
+static size_t col_floats(const Layer& l, uint32_t batch) {
+  k::WindowShape g = l.win;
+  g.batch = batch;
+  return g.positions() * g.col_width();
 }
 
 void CudaEngine::ensure_capacity(uint32_t batch) {
@@ -508,61 +511,70 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
   // Steps may still run on the device (deferred, replayed): freeing their buffers would wait
   // for them without the collective timeout's watch, so wait here, watched.
   if (capacity_) dev_->synchronize();
-  drop_graphs();  // they hold the buffers' old addresses
   for (const auto& l : layers_)
     if (static_cast<double>(batch) * static_cast<double>(std::max(numel(l->out), numel(l->in))) >= 2147483647.0)
       invalid("batch " + std::to_string(batch) + " is too large for layer " + std::to_string(l->index) + " (" +
               l->type + "): its activations would exceed 2^31 elements");
+  // The graphs captured so far stay (dropping them on one rank alone would part it from its
+  // peers' choices): each keeps the buffers it points at, which go to `old` as they are
+  // replaced and live as long as the last such graph. Without graphs they go at once.
+  auto old = std::make_shared<std::vector<std::shared_ptr<void>>>();
+  bool kept = false;
+  for (auto& [key, g] : graphs_)
+    if (g.graph) g.keep.push_back(old), kept = true;
+  auto renew = [&]<class T>(Buffer<T>& b, size_t n) {
+    if (kept && b.get()) old->push_back(std::make_shared<Buffer<T>>(std::move(b)));
+    b = Buffer<T>(*dev_, n);
+  };
   size_t widest = numel(input_shape_),
          ws = std::max(k::reduce_workspace(batch, 1), k::softmax_xent_workspace(batch, classes_));
   for (auto& l : layers_) {
     const size_t n = numel(l->out);
     widest = std::max(widest, n);
-    if (!l->alias()) l->y = Buffer<float>(*dev_, size_t{batch} * n);
+    if (!l->alias()) renew(l->y, size_t{batch} * n);
     if (k::slope_reads_input(l->act) && (l->kind == Kind::dense || l->kind == Kind::conv2d))
-      l->pre = Buffer<float>(*dev_, size_t{batch} * n);
+      renew(l->pre, size_t{batch} * n);
     if (l->kind == Kind::dense) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->units));
     if (l->kind == Kind::batchnorm) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->C));
     if (l->kind == Kind::conv2d) {
       k::WindowShape g = l->win;
       g.batch = batch;
-      l->col.reset();  // col_of makes it at capacity when the layer needs one
+      // col_of makes one at the layer's first use; a layer that has one gets it now, so a
+      // shape first run before the growth is captured after it without an allocation.
+      if (l->col.get()) renew(l->col, col_floats(*l, batch));
       ws = std::max(ws, k::reduce_workspace(g.positions(), l->units));
       if (k::thin_window(g)) ws = std::max(ws, k::conv_filter_grad_workspace(g, l->units));
     }
-    if (l->kind == Kind::max_pool) l->arg = Buffer<int32_t>(*dev_, size_t{batch} * n);
+    if (l->kind == Kind::max_pool) renew(l->arg, size_t{batch} * n);
     if (l->kind == Kind::layer_norm) {
-      l->mean = Buffer<float>(*dev_, l->rows(batch));
-      l->invstd = Buffer<float>(*dev_, l->rows(batch));
+      renew(l->mean, l->rows(batch));
+      renew(l->invstd, l->rows(batch));
       ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->C));
     }
     if (l->kind == Kind::attention) {
+      if (kept) old->push_back(std::make_shared<Attention>(std::move(*l->attention)));  // its buffers
       l->attention->reserve(*dev_, batch);
       ws = std::max(ws, l->attention->workspace(batch));
     }
     if (l->kind == Kind::embedding) {
-      l->order = Buffer<int32_t>(*dev_, k::embedding_backward_workspace(size_t{batch} * numel(l->in)));
+      renew(l->order, k::embedding_backward_workspace(size_t{batch} * numel(l->in)));
       ws = std::max(ws, k::reduce_workspace(size_t{batch} * numel(l->in), 1));
     }
     if (l->kind == Kind::position_embedding) ws = std::max(ws, k::reduce_workspace(batch, n));
   }
-  x_ = Buffer<float>(*dev_, size_t{batch} * numel(input_shape_));
-  gslots_.clear();
-  for (size_t i = 0; i < n_gslots_; ++i) gslots_.emplace_back(*dev_, size_t{batch} * widest);
-  loss_ = Buffer<float>(*dev_, batch);
-  hit_ = Buffer<float>(*dev_, batch);
-  labels_ = Buffer<int32_t>(*dev_, batch);
-  idx_ = Buffer<uint64_t>(*dev_, batch);
-  ws_ = Buffer<double>(*dev_, ws);
+  renew(x_, size_t{batch} * numel(input_shape_));
+  gslots_.resize(n_gslots_);
+  for (auto& slot : gslots_) renew(slot, size_t{batch} * widest);
+  renew(loss_, batch);
+  renew(hit_, batch);
+  renew(labels_, batch);
+  renew(idx_, batch);
+  renew(ws_, ws);
   capacity_ = batch;
 }
 
 float* CudaEngine::col_of(Layer& l) {
-  if (!l.col.get()) {
-    k::WindowShape g = l.win;
-    g.batch = capacity_;
-    l.col = Buffer<float>(*dev_, g.positions() * g.col_width());
-  }
+  if (!l.col.get()) l.col = Buffer<float>(*dev_, col_floats(l, capacity_));
   return l.col.get();
 }
 
@@ -727,7 +739,7 @@ void CudaEngine::stage(const float* x, const int32_t* y, uint32_t batch, const c
 // and the optimizer update. The step's sums are made global on the device (one small allreduce
 // of three doubles beside the gradients'), and the update reads the global sample count there,
 // so nothing here needs the host to wait: a deferred step only adds its sums to pending_.
-void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
+void CudaEngine::enqueue(uint32_t batch, bool train, bool pend) {
   const k::Stream s = dev_->stream();
   const bool dp = dev_->data_parallel();
   if (profiling_) {  // a step that failed while profiled left its marks
@@ -934,7 +946,7 @@ void CudaEngine::enqueue(uint32_t batch, bool train, bool deferred) {
     k::advance_step(state_.get(), s);
   }
   span(Part::optimizer, 0, m);
-  if (deferred) k::accumulate(pending_.get(), sums_.get(), kSums, s);
+  if (pend) k::accumulate(pending_.get(), sums_.get(), kSums, s);
   span(Part::step, 0, start);
   if (profiling_) {
     profiling_ = false;
@@ -1030,6 +1042,8 @@ StepResult CudaEngine::eval_step(const float* x, const int32_t* y, uint32_t batc
 // it runs as (docs/compute-backends.md, "Graphs").
 StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool train, bool deferred,
                                const char* what) {
+  std::vector<uint32_t> batches;  // step_batches' are this step's alone
+  batches.swap(next_batches_);
   dev_->make_current();
   usable();
   with_peers(what, [&] {
@@ -1043,32 +1057,24 @@ StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batc
         invalid(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " + std::to_string(i) +
                 " is outside bound set " + std::to_string(data) + " of " + std::to_string(n) + " samples");
     ensure_capacity(batch);
-    // The indices go up without a wait, outside any graph (a graph would read the staging
-    // buffer it was captured with); the batch is gathered on the device.
-    dev_->upload_async(idx_.get(), idx, size_t{batch} * sizeof(uint64_t));
+    StepGraph* g = nullptr;
+    if (eopt_.graphs) {
+      g = &graphs_[graph_key(data, batch, train, batches)];
+      g->data = data;
+    }
+    // The indices go up without a wait, outside any graph, to the buffer the step gathers from
+    // (a graph's own: idx_ may have been replaced since it was captured); the batch is gathered
+    // on the device.
+    dev_->upload_async(g && g->graph ? g->idx : idx_.get(), idx, size_t{batch} * sizeof(uint64_t));
+    // Every bound-data step adds its sums to pending_; one whose sums are returned leaves
+    // pending_ as it found it.
+    if (!deferred) dev_->copy(pending_before_.get(), pending_.get(), kSums * sizeof(double));
     const BoundSet& set = it->second;
     auto step = [&] {
       k::gather_rows(set.x.get(), set.y.get(), idx_.get(), batch, numel(input_shape_), x_.get(), labels_.get(),
                      dev_->stream());
-      enqueue(batch, train, deferred);
+      enqueue(batch, train, true);
     };
-    StepGraph* g = nullptr;
-    if (eopt_.graphs) {
-      const GraphKey mine{data, generation_, batch, train, deferred, 0};
-      std::string key(reinterpret_cast<const char*>(&mine), sizeof mine);
-      if (comm_.size() > 1) {
-        // Whether an NCCL launch is captured, and from which capture, must be the same on every
-        // rank: the graph is chosen by every rank's key (their batches differ at an epoch's end,
-        // one rank's buffers may have grown), so every rank makes the same choice at each step.
-        key = comm_.allgather(key);
-        std::string gens;
-        for (size_t r = 0; r < comm_.size(); ++r)
-          gens.append(key, r * sizeof mine + offsetof(GraphKey, generation), sizeof mine.generation);
-        if (gens != generations_) graphs_.clear();  // a rank dropped its graphs: every rank does
-        generations_ = std::move(gens);
-      }
-      g = &graphs_[key];
-    }
     if (g && g->graph) {
       dev_->replay(*g->graph);
       ++stats_.replayed;
@@ -1084,16 +1090,49 @@ StepResult CudaEngine::indexed(uint64_t data, const uint64_t* idx, uint32_t batc
         dev_->abort_capture();
         throw;
       }
+      g->idx = idx_.get();
       ++stats_.captured;
       dev_->replay(*g->graph);
       ++stats_.replayed;
     }
+    if (!deferred) dev_->copy(pending_.get(), pending_before_.get(), kSums * sizeof(double));
   });
   if (train) ++step_;
   return deferred ? StepResult{} : read_sums();
 }
 
+// Whether an NCCL launch is captured, and from which capture, must be the same on every rank
+// (NCCL's rule), and the ranks' batches differ at an epoch's end: the key names every rank's
+// batch. From step_batches, the schedule every rank shares, no exchange is needed; without it,
+// every rank's own key is gathered (a collective of a few bytes, each step).
+std::string CudaEngine::graph_key(uint64_t data, uint32_t batch, bool train, const std::vector<uint32_t>& batches) {
+  GraphKey mine;
+  mine.data = data;  // the same on every rank: bind_data numbers its calls, which are collective
+  mine.batch = batch;
+  mine.train = train;
+  const auto bytes = [](const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); };
+  if (!batches.empty()) {
+    if (batches[comm_.rank()] != batch)
+      invalid("step_batches gave rank " + std::to_string(comm_.rank()) + " a batch of " +
+              std::to_string(batches[comm_.rank()]) + ", but its step has " + std::to_string(batch) + " samples");
+    mine.batch = 0;
+    return "s" + bytes(&mine, sizeof mine) + bytes(batches.data(), batches.size() * sizeof(uint32_t));
+  }
+  const std::string key = bytes(&mine, sizeof mine);
+  return "g" + (comm_.size() > 1 ? comm_.allgather(key) : key);
+}
+
+void CudaEngine::step_batches(std::span<const uint32_t> batches) {
+  if (batches.size() != comm_.size())
+    invalid("step_batches: " + std::to_string(batches.size()) + " batches for a pool of " +
+            std::to_string(comm_.size()) + " ranks");
+  next_batches_.assign(batches.begin(), batches.end());
+}
+
 uint64_t CudaEngine::bind_data(const float* x, const int32_t* y, uint64_t n) {
+  // Every call takes a number, bound or refused, so the sets' numbers agree on every rank (a
+  // graph's key holds it: graph_key).
+  const uint64_t id = next_data_++;
   dev_->make_current();
   if (!x || !y) invalid("bind_data: x and y are required");
   if (n == 0) invalid("bind_data: no samples");
@@ -1117,7 +1156,6 @@ uint64_t CudaEngine::bind_data(const float* x, const int32_t* y, uint64_t n) {
   }
   dev_->upload(b.x.get(), x, n * sample * sizeof(float));
   dev_->upload(b.y.get(), y, n * sizeof(int32_t));
-  const uint64_t id = next_data_++;
   data_.emplace(id, std::move(b));
   return id;
 }
@@ -1127,7 +1165,7 @@ void CudaEngine::release_data(uint64_t data) {
   const auto it = data_.find(data);
   if (it == data_.end()) throw unknown_data(data);
   dev_->synchronize();  // no queued gather still reads it
-  drop_graphs();
+  std::erase_if(graphs_, [&](const auto& e) { return e.second.data == data; });  // they gather from it
   data_.erase(it);
 }
 
@@ -1248,7 +1286,7 @@ void CudaEngine::load_state(std::string_view b) {
   }
   step_ = s.step;
   seed_ = s.seed;  // dropout masks follow the run, not this engine's spec
-  drop_graphs();  // a graph holds the seed in its dropout keys
+  graphs_.clear();  // a graph holds the seed in its dropout keys (load_state is collective, as steps are)
   const k::StepState state{s.step, 0.f};
   dev_->upload(state_.get(), &state, sizeof state);
   const std::vector<float> params = to_device(s.params.data(), 1), slots = to_device(s.slots.data(), slots_per_param_);

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,7 @@ class CudaEngine : public Engine {
   StepResult train_step_indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool deferred) override;
   StepResult eval_step_indexed(uint64_t data, const uint64_t* idx, uint32_t batch, bool deferred) override;
   StepResult take_results() override;
+  void step_batches(std::span<const uint32_t> batches) override;
 
   uint64_t step() const { return step_; }
   GraphStats graph_stats() const {
@@ -104,23 +106,27 @@ class CudaEngine : public Engine {
   // a window takes the same path every time, and every shape runs eager before it is captured.
   float* col_of(Layer& l);
   void check_batch(const void* x, const int32_t* y, uint32_t batch, const char* what) const;
-  // A step's shape on this rank, for which a graph is kept: a graph holds the set's and the
-  // buffers' pointers and the batch as values, so each of them is part of the key, and
-  // `generation` moves whenever something a graph holds changes (the buffers grow, a state is
-  // loaded, a set released). Data parallel, the key is every rank's, gathered each step
-  // (docs/compute-backends.md, "Graphs": capture is collective in NCCL).
+  // A bound-data step's shape on this rank: a graph holds the set's pointers and the batch as
+  // values, so both are part of its key. Data parallel, the graph is chosen by every rank's
+  // shape (docs/compute-backends.md, "Graphs": capture is collective in NCCL): the caller's
+  // step_batches, or else every rank's key gathered at each step.
   struct GraphKey {
     uint64_t data = 0;
-    uint64_t generation = 0;
     uint32_t batch = 0;
-    uint8_t train = 0, deferred = 0;
-    uint16_t zero = 0;  // no indeterminate bytes in the gathered key
+    uint8_t train = 0;
+    uint8_t zero[3] = {};  // no indeterminate bytes in a gathered key
   };
-  void drop_graphs();  // what they hold changed: none may be replayed again
   struct StepGraph {
-    int seen = 0;  // eager runs so far: the second occurrence is captured
+    uint64_t data = 0;  // this rank's set: its graphs go with it (release_data)
+    int seen = 0;       // eager runs so far: the second occurrence is captured
     std::unique_ptr<Device::Graph> graph;
+    uint64_t* idx = nullptr;  // the index buffer the graph gathers from
+    // Buffers a later growth replaced (ensure_capacity), which the graph still points at.
+    std::vector<std::shared_ptr<void>> keep;
   };
+  // The key of this step's graph, the same on every rank: from `batches` (every rank's, as
+  // step_batches gave them), or, when empty, gathered from every rank.
+  std::string graph_key(uint64_t data, uint32_t batch, bool train, const std::vector<uint32_t>& batches);
   // The batch into x_ and labels_ from the host (a plain step).
   void stage(const float* x, const int32_t* y, uint32_t batch, const char* what);
   // A bound-data step: the indices go up, then gather + step run eager, captured or replayed.
@@ -131,10 +137,12 @@ class CudaEngine : public Engine {
   const float* input_of(const Layer& l, size_t j, const float* x) const;
   const float* forward(const float* x, uint32_t batch, bool training);
   // Enqueues the staged batch's step: forward, loss, and with `train` the backward, the
-  // gradient allreduce, the update and the device step counter. Deferred: its sums are added
-  // to pending_. Nothing here waits for the device or depends on host state that changes from
-  // step to step, so it can be captured as a graph.
-  void enqueue(uint32_t batch, bool train, bool deferred);
+  // gradient allreduce, the update and the device step counter. pend: its sums are added to
+  // pending_ (every bound-data step: whether they stay there is not the graph's business, so a
+  // step deferred on one rank and not on another still runs the same graph). Nothing here waits
+  // for the device or depends on host state that changes from step to step, so it can be
+  // captured as a graph.
+  void enqueue(uint32_t batch, bool train, bool pend);
   StepResult read_sums();  // waits for the step
   // Throws SF_ERR_INVALID for `count` invalid embedding indices, saying what became of them.
   void check_indices(double count, const char* consequence) const;
@@ -193,9 +201,9 @@ class CudaEngine : public Engine {
   Buffer<kernels::StepState> state_;  // the step counter, Adam's alpha, refused steps' count, on the device
   std::map<uint64_t, BoundSet> data_;
   uint64_t next_data_ = 1;
-  std::map<std::string, StepGraph> graphs_;  // by the gathered keys; after data_ and the buffers: destroyed first
-  uint64_t generation_ = 0;
-  std::string generations_;  // every rank's generation at the last step: a change drops every graph
+  std::map<std::string, StepGraph> graphs_;  // by graph_key; after data_ and the buffers: destroyed first
+  std::vector<uint32_t> next_batches_;       // step_batches' for the next indexed step
+  Buffer<double> pending_before_;            // pending_ before a step whose sums are returned
   GraphStats stats_;
   std::string arch_;  // schema::architecture_text: what a loaded state must match
   std::unique_ptr<CudaProfile> prof_;  // SKYFORGE_CUDA_PROFILE

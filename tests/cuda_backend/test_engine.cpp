@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <tuple>
 #include <functional>
 #include <memory>
@@ -720,23 +721,26 @@ TEST(CudaEngine, GraphsReplayTheEagerStepsBitForBit) {
       EXPECT_EQ(ta.samples, tb.samples);
     }
     EXPECT_TRUE(a->state_dict() == b->state_dict()) << "graphs trained other bits";
-    // b: 21 train steps of 2 shapes and 6 eval steps of 2 (deferred or not): each of the 4
-    // shapes eager once, then captured, then replayed. a: every step eager (3 evals an epoch).
+    // b: 21 train steps of 2 shapes and 6 eval steps of one (deferred or not: the same graph,
+    // whose sums a returned step takes back out of the pending ones): each of the 3 shapes
+    // eager once, then captured, then replayed. a: every step eager (3 evals an epoch).
     const cu::GraphStats ga = stats_of(*a), gb = stats_of(*b);
     EXPECT_EQ(ga.captured, 0u);
     EXPECT_EQ(ga.eager, 21u + 9u);
-    EXPECT_EQ(gb.captured, 4u);
-    EXPECT_EQ(gb.eager, 4u);
-    EXPECT_EQ(gb.replayed, 21u + 6u - 4u);
-    EXPECT_EQ(gb.kept, 4u);
+    EXPECT_EQ(gb.captured, 3u);
+    EXPECT_EQ(gb.eager, 3u);
+    EXPECT_EQ(gb.replayed, 21u + 6u - 3u);
+    EXPECT_EQ(gb.kept, 3u);
     b->release_data(db);
     EXPECT_EQ(stats_of(*b).kept, 0u) << "a released set's graphs are kept";
   }
 }
 
-// What a graph holds by value is invalidated with it: a larger batch (the buffers move), a
-// loaded state (the seed in dropout's key), another set.
-TEST(CudaEngine, GraphsAreDroppedWhenWhatTheyHoldChanges) {
+// A graph holds buffers, a set and the seed by value. Buffers that grow are kept for the graphs
+// that point at them (so growing on one rank alone changes no rank's choice of graph), and a shape
+// first run before the growth is captured after it without an allocation inside the capture; a
+// released set takes its own graphs along, and a loaded state every graph (the seed in dropout's key).
+TEST(CudaEngine, GraphsOutliveAGrowthAndGoWithWhatTheyHold) {
   const ModelSpec m = convnet(34);
   const size_t f = features(m);
   const Epoch ep = make_epoch(61, 64, f, 8);
@@ -750,21 +754,42 @@ TEST(CudaEngine, GraphsAreDroppedWhenWhatTheyHoldChanges) {
     e->train_step_indexed(d, idx.data(), static_cast<uint32_t>(idx.size()), true);
     ref->train_step_indexed(r, idx.data(), static_cast<uint32_t>(idx.size()), true);
   };
+  const std::vector<uint64_t> four(ep.steps[0].begin(), ep.steps[0].begin() + 4);
   for (int s = 0; s < 3; ++s) both(ep.steps[s]);
+  both(four);  // batch 4: eager once, before the growth
   EXPECT_EQ(stats_of(*e).kept, 1u);
   std::vector<uint64_t> wide(ep.steps[0]);
   wide.insert(wide.end(), ep.steps[1].begin(), ep.steps[1].end());  // 16 > the capacity of 8
   both(wide);
-  EXPECT_EQ(stats_of(*e).kept, 0u) << "the buffers grew; the graph of batch 8 points at the old ones";
-  for (int s = 3; s < 6; ++s) both(ep.steps[s]);
-  EXPECT_EQ(stats_of(*e).kept, 1u);
+  EXPECT_EQ(stats_of(*e).kept, 1u) << "the buffers grew and the graph of batch 8 went";
+  for (int s = 3; s < 6; ++s) both(ep.steps[s]);  // replays of batch 8, on its old buffers
+  both(four);                                     // captured (the convnet's im2col remade at the growth)
+  both(wide);
+  both(wide);
+  const cu::GraphStats g = stats_of(*e);
+  EXPECT_EQ(g.kept, 3u);
+  EXPECT_EQ(g.captured, 3u);
+  EXPECT_EQ(g.eager, 3u);  // batches 8, 4 and 16 once each
+  EXPECT_EQ(g.replayed, 8u);
+  EXPECT_TRUE(e->state_dict() == ref->state_dict()) << "a graph replayed after the growth trained other bits";
+  // Another set's graphs go with it, and this set's stay.
+  const uint64_t d2 = e->bind_data(ep.all.x.data(), ep.all.y.data(), 64);
+  const uint64_t r2 = ref->bind_data(ep.all.x.data(), ep.all.y.data(), 64);
+  for (int s = 0; s < 2; ++s) {
+    e->train_step_indexed(d2, ep.steps[s].data(), 8, true);
+    ref->train_step_indexed(r2, ep.steps[s].data(), 8, true);
+  }
+  EXPECT_EQ(stats_of(*e).kept, 4u);
+  e->release_data(d2);
+  ref->release_data(r2);
+  EXPECT_EQ(stats_of(*e).kept, 3u) << "a released set's graphs are kept, or another set's went with it";
   const std::string saved = ref->state_dict();
   e->load_state(saved);
   ref->load_state(saved);
   EXPECT_EQ(stats_of(*e).kept, 0u);
   for (int s = 0; s < 4; ++s) both(ep.steps[s]);
   EXPECT_TRUE(e->state_dict() == ref->state_dict());
-  EXPECT_GE(stats_of(*e).captured, 3u);
+  EXPECT_EQ(stats_of(*e).kept, 1u);
 }
 
 // Nothing that waits for the device may run inside a capture: the device refuses it by name, and
@@ -807,51 +832,102 @@ TEST(CudaEngine, ACaptureRefusesWhatWouldWaitForTheDevice) {
 }
 
 // Capturing an NCCL launch is collective (every rank captures the same step, and replays the
-// graph of that capture), so data parallel the choice is made from every rank's key: ranks whose
-// batches differ at an epoch's end, or one rank whose buffers grew (a larger predict() there
-// alone), still choose alike at every step. Same counts on both ranks, and the same bits as eager.
+// graph of that capture), so data parallel every rank chooses its graph by every rank's batch:
+// from step_batches (the schedule the ranks share: no exchange), or else gathered each step.
+// Ranks whose batches differ at an epoch's end, one rank whose buffers grew (a larger predict()
+// there alone), a step whose sums one rank reads back while the other defers them: the ranks
+// still choose alike at every step, and train the same bits as eager steps.
 TEST(CudaEngine, DataParallelRanksChooseGraphsAlike) {
   const ModelSpec m = with_sgd(convnet(35));
   const size_t f = features(m);
-  std::vector<cu::GraphStats> stats(2);
-  std::vector<std::vector<float>> with(2), without(2);
-  for (bool graphs : {true, false}) {
+  enum Mode { schedule, gathered, eager };
+  std::map<Mode, std::vector<cu::GraphStats>> stats;
+  std::map<Mode, std::vector<std::vector<float>>> params;
+  std::map<Mode, std::vector<std::vector<double>>> losses;  // per epoch: the returned step's, the pending ones'
+  std::map<Mode, std::vector<size_t>> allgathers;
+  for (Mode mode : {schedule, gathered, eager}) {
     ThreadGroup group(2);
+    stats[mode].resize(2), params[mode].resize(2), losses[mode].resize(2), allgathers[mode].resize(2);
     group.run([&](uint32_t rank) {
       const Batch all = make_batch(70 + rank, 48, f);
       cu::EngineOptions o;
-      o.graphs = graphs;
+      o.graphs = mode != eager;
       auto e = cu::make_engine(m, Communicator(group.comm(rank)), skyforge::Host{}, o);
       const uint64_t d = e->bind_data(all.x.data(), all.y.data(), 48);
       // Rank 0: 12, 12, 12, 5 an epoch; rank 1: 12, 12, 12, 12.
-      const std::vector<uint32_t> sizes = rank == 0 ? std::vector<uint32_t>{12, 12, 12, 5} : std::vector<uint32_t>{12, 12, 12, 12};
+      const std::vector<std::vector<uint32_t>> sizes = {{12, 12}, {12, 12}, {12, 12}, {5, 12}};
+      const size_t before = group.allgather_calls(rank);
       for (int epoch = 0; epoch < 4; ++epoch) {
         if (epoch == 2 && rank == 0) {  // rank 0 alone grows its buffers
           std::vector<float> logits(40 * 10);
           e->predict(all.x.data(), 40, logits.data());
         }
         uint64_t at = 0;
-        for (uint32_t b : sizes) {
+        for (size_t s = 0; s < sizes.size(); ++s) {
+          const uint32_t b = sizes[s][rank];
           std::vector<uint64_t> idx(b);
           for (uint32_t i = 0; i < b; ++i) idx[i] = (at + i + epoch * 7) % 48;
           at += b;
-          e->train_step_indexed(d, idx.data(), b, true);
+          if (mode == schedule) e->step_batches(sizes[s]);
+          const bool returned = rank == 0 && s == 1;  // rank 0 reads this step's sums back
+          const StepResult r = e->train_step_indexed(d, idx.data(), b, !returned);
+          if (returned) losses[mode][rank].push_back(r.loss);
         }
+        losses[mode][rank].push_back(e->take_results().loss);
       }
-      (graphs ? with : without)[rank] = params_of(*e);
-      if (graphs) stats[rank] = dynamic_cast<const cu::CudaEngine&>(*e).graph_stats();
+      allgathers[mode][rank] = group.allgather_calls(rank) - before;
+      params[mode][rank] = params_of(*e);
+      stats[mode][rank] = dynamic_cast<const cu::CudaEngine&>(*e).graph_stats();
     });
   }
-  EXPECT_EQ(stats[0].eager, stats[1].eager);
-  EXPECT_EQ(stats[0].captured, stats[1].captured);
-  EXPECT_EQ(stats[0].replayed, stats[1].replayed);
-  // Epochs 1-2: the shapes (12,12) and (5,12) eager, then captured and replayed; rank 0's growth
-  // before epoch 3 drops every graph on both ranks: eager and captured again.
-  EXPECT_EQ(stats[0].captured, 4u);
-  EXPECT_EQ(stats[0].eager, 4u);
-  EXPECT_EQ(stats[0].replayed, 12u);
-  EXPECT_EQ(with[0], with[1]);
-  EXPECT_EQ(with[0], without[0]);
+  for (Mode mode : {schedule, gathered}) {
+    const auto& st = stats[mode];
+    EXPECT_EQ(st[0].eager, st[1].eager);
+    EXPECT_EQ(st[0].captured, st[1].captured);
+    EXPECT_EQ(st[0].replayed, st[1].replayed);
+    // The shapes (12,12) and (5,12) eager once, then captured and replayed; rank 0's growth
+    // keeps its graphs (they keep the buffers they point at), so nothing is captured again.
+    EXPECT_EQ(st[0].eager, 2u);
+    EXPECT_EQ(st[0].captured, 2u);
+    EXPECT_EQ(st[0].replayed, 14u);
+    EXPECT_EQ(params[mode][0], params[mode][1]);
+    EXPECT_EQ(params[mode][0], params[eager][0]) << "graphs trained other bits";
+    EXPECT_EQ(losses[mode][0], losses[eager][0]) << "a returned step's sums were pending too, or went missing";
+    EXPECT_EQ(losses[mode][1], losses[eager][1]);
+  }
+  EXPECT_EQ(allgathers[schedule][0], 0u) << "step_batches: no exchange is needed";
+  EXPECT_EQ(allgathers[gathered][0], 16u) << "without it, one a step";
+  EXPECT_EQ(allgathers[eager][0], 0u);
+}
+
+// step_batches names every rank's batch: one per rank, this rank's its step's own. A wrong one
+// fails the step; it applies to the next step only.
+TEST(CudaEngine, StepBatchesAreCheckedAndLastOneStep) {
+  const ModelSpec m = mlp(43);
+  const Batch b = make_batch(401, 8, features(m));
+  auto e = cu::make_engine(m, Communicator{});
+  const uint64_t d = e->bind_data(b.x.data(), b.y.data(), 8);
+  const std::vector<uint64_t> idx = {0, 1, 2, 3};
+  try {
+    e->step_batches(std::vector<uint32_t>{4, 4});
+    ADD_FAILURE() << "two batches for one rank";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.status(), SF_ERR_INVALID);
+    EXPECT_NE(std::string(err.what()).find("2 batches for a pool of 1 ranks"), std::string::npos) << err.what();
+  }
+  e->step_batches(std::vector<uint32_t>{3});
+  try {
+    e->train_step_indexed(d, idx.data(), 4, true);
+    ADD_FAILURE() << "a step of 4 named 3";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("step_batches gave rank 0 a batch of 3, but its step has 4 samples"),
+              std::string::npos)
+        << err.what();
+  }
+  e->train_step_indexed(d, idx.data(), 4, true);  // the wrong one was that step's alone
+  e->step_batches(std::vector<uint32_t>{4});
+  e->train_step_indexed(d, idx.data(), 4, true);
+  EXPECT_EQ(e->take_results().samples, 8u);
 }
 
 // collectives_alone (test-only): one rank takes the data-parallel path — the loss sums and the

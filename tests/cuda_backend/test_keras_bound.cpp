@@ -9,10 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -25,6 +27,14 @@ namespace {
 
 // The real table, one without the bound-data hooks, and one that counts what keras asks.
 const sf_compute_hooks& real_hooks() { return *skyforge::detail::compute_hooks<CudaHost>(); }
+const sf_compute_hooks* without_step_batches() {
+  static sf_compute_hooks t = [] {
+    sf_compute_hooks h = real_hooks();
+    h.step_batches = nullptr;
+    return h;
+  }();
+  return &t;
+}
 const sf_compute_hooks* without_bound_data() {
   static sf_compute_hooks t = [] {
     sf_compute_hooks h = real_hooks();
@@ -214,4 +224,34 @@ TEST(KerasBoundData, OneRankWithoutBoundDataMakesEveryRankCopyBatches) {
   EXPECT_EQ(mixed[0].weights, mixed[1].weights);
   EXPECT_EQ(mixed[0].weights, plain[0].weights);
   EXPECT_EQ(mixed[0].history["loss"], plain[0].history["loss"]);
+}
+
+// fit() and evaluate() tell the engine every rank's batch at every step (step_batches, from the
+// schedule every rank shares), so the engine chooses its graphs without exchanging a key with its
+// peers each step (the "allgather 16 B" of its GraphKey): the shards here differ in size, so the
+// ranks' last batches of an epoch differ. Without the hook (an older engine table) the engine
+// gathers the key every step; both train the same bits.
+TEST(KerasBoundData, TwoRanksChooseTheirGraphsWithoutAnExchangeEachStep) {
+  std::map<bool, std::vector<FitRun>> runs;
+  std::map<bool, std::vector<size_t>> key_gathers;
+  Instance inst;
+  for (bool schedule : {true, false}) {
+    runs[schedule].resize(2);
+    key_gathers[schedule].resize(2);
+    const auto errors = real::run_ranks(2, [&](uint32_t r, const sf_communicator* comm) {
+      const Data train = make_data(r == 0 ? 250 : 245, 50 + r), val = make_data(100, 60);
+      real::CommSpy spy(comm);
+      runs[schedule][r] = fit(schedule ? &real_hooks() : without_step_batches(), inst.self,
+                              skyforge::Communicator(spy.table()), train, val, K::Data::sharded);
+      key_gathers[schedule][r] = static_cast<size_t>(std::count(spy.calls.begin(), spy.calls.end(), "allgather 16 B"));
+    });
+    for (const std::string& e : errors) ASSERT_EQ(e, "");
+  }
+  EXPECT_EQ(runs[true][0].weights, runs[true][1].weights) << "replicas differ";
+  EXPECT_EQ(runs[true][0].weights, runs[false][0].weights) << "step_batches changed what was trained";
+  EXPECT_EQ(runs[true][0].history["loss"], runs[false][0].history["loss"]);
+  EXPECT_EQ(key_gathers[true][0], 0u);
+  // 3 epochs of 21 steps of 12 (the last 10 and 5); 3 validation passes of 5 steps (50 samples
+  // a rank, 12 a step); evaluate's 7 (16 a step: 8 a rank).
+  EXPECT_EQ(key_gathers[false][0], 3u * 21 + 3 * 5 + 7);
 }

@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #define SKYFORGE_ABI_MAJOR 1
-#define SKYFORGE_ABI_MINOR 8
+#define SKYFORGE_ABI_MINOR 9
 #define SKYFORGE_ENTRY_SYMBOL "skyforge_plugin_entry"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -433,6 +433,15 @@ typedef struct sf_compute_hooks {
    * samples; correct and samples: totals; all 0 when none), which then start again from zero.
    * Waits for those steps; local (each rank's sums already cover the global batches). */
   sf_status (*take_results)(void* self, void* engine, sf_step_result* out);
+  /* ABI 1.9. Optional. Every rank's batch for the next train_step_indexed or eval_step_indexed
+   * (batches[r]: rank r's, `ranks` of them, the pool's size), from a schedule every rank knows
+   * alike (keras' fit: the global batch's shares, each rank's part size gathered once): the
+   * caller passes the same array on every rank. A GPU engine that captures steps as graphs
+   * then chooses the step's graph from it, without exchanging its choice with its peers each
+   * step; without it, it does that exchange (a few bytes, collective). It applies to the next
+   * indexed step only. SF_ERR_INVALID when ranks is not the pool's size or a batch is 0; the
+   * step fails when batches[rank] is not its batch. Engines without graphs ignore it. */
+  sf_status (*step_batches)(void* self, void* engine, const uint32_t* batches, uint32_t ranks);
 } sf_compute_hooks;
 
 /* ---- task backends (docs/plugins.md; ABI 1.5) ----------------------------------------- */

@@ -361,6 +361,8 @@ class BoundData {
       throw Error("keras: " + err, SF_ERR);
     }
     if (ok_) take();  // sums a failed fit left pending are not this one's
+    batches_ = ok_ && h.struct_size >= offsetof(sf_compute_hooks, step_batches) + sizeof(h.step_batches) &&
+               h.step_batches;
   }
   BoundData(const BoundData&) = delete;
   BoundData& operator=(const BoundData&) = delete;
@@ -368,6 +370,14 @@ class BoundData {
     if (ok_) (void)e_.hooks().release_data(e_.self(), e_.engine(), id_);
   }
   bool ok() const { return ok_; }
+  bool takes_batches() const { return batches_; }  // (the same on every rank: one engine kind)
+  // Every rank's batch for the next step (abi.h, step_batches, ABI 1.9), from the schedule every
+  // rank shares: a GPU engine then picks the step's graph without a per-step exchange.
+  void next_batches(const std::vector<uint32_t>& all) const {
+    if (batches_)
+      e_.check(e_.hooks().step_batches(e_.self(), e_.engine(), all.data(), static_cast<uint32_t>(all.size())),
+               "step_batches");
+  }
   // One step on samples idx[0 .. n); out null: deferred (take() hands its sums over).
   void train(const uint64_t* idx, uint64_t n, sf_step_result* out) const {
     e_.check(e_.hooks().train_step_indexed(e_.self(), e_.engine(), id_, idx, static_cast<uint32_t>(n), out),
@@ -388,6 +398,7 @@ class BoundData {
   const EngineHandle& e_;
   uint64_t id_ = 0;
   bool ok_ = false;
+  bool batches_ = false;  // the engine takes step_batches
 };
 
 // The C view of a model spec; owns everything the pointers point at.
@@ -682,6 +693,10 @@ class Model {
     const detail::BoundData bound(e, x, y, comm_);
     std::optional<detail::BoundData> bound_validation;  // bound at the first epoch's end
     std::vector<uint64_t> ids;
+    // Every rank's part (sharded: gathered once), so that each rank knows every rank's batch at
+    // every step (BoundData::next_batches).
+    const std::vector<uint64_t> parts = part_sizes(n, o.data == Data::sharded && bound.takes_batches());
+    std::vector<uint32_t> all_batches(W);
     using Clock = std::chrono::steady_clock;
     // Where this node is, told to the host (a status, at most every 50 ms): the host quotes it
     // when the node is lost or lags in a collective ("last seen at epoch 3/6, step 412/900;
@@ -727,16 +742,18 @@ class Model {
         return p;
       };
       for (uint64_t s = first_step; s < steps; ++s) {
-        // This rank's positions in perm for step s.
-        uint64_t begin, count;
-        if (o.data == Data::sharded) {
-          begin = s * b_local;
-          count = std::min<uint64_t>(b_local, n - begin);
-        } else {
-          const uint64_t gb = s * B, g = std::min<uint64_t>(B, n - gb);
-          begin = gb + detail::share_begin(g, W, R);
-          count = detail::share(g, W, R);
-        }
+        // Rank r's batch at step s, and this rank's positions in perm.
+        auto batch_of = [&](uint32_t r) {
+          if (o.data == Data::sharded) {
+            const uint64_t b = detail::share(B, W, r);
+            return std::min<uint64_t>(b, parts[r] - s * b);
+          }
+          return detail::share(std::min<uint64_t>(B, n - s * B), W, r);
+        };
+        const uint64_t count = batch_of(R);
+        const uint64_t begin = o.data == Data::sharded
+                                   ? s * b_local
+                                   : s * B + detail::share_begin(std::min<uint64_t>(B, n - s * B), W, R);
         sf_step_result r{};
         r.struct_size = sizeof r;
         auto add = [&](const sf_step_result& q) {
@@ -748,6 +765,8 @@ class Model {
         bool shown = true;  // the totals are this step's
         if (bound.ok()) {
           ids.assign(perm.begin() + static_cast<ptrdiff_t>(begin), perm.begin() + static_cast<ptrdiff_t>(begin + count));
+          for (uint32_t q = 0; q < W; ++q) all_batches[q] = static_cast<uint32_t>(batch_of(q));
+          bound.next_batches(all_batches);
           bound.train(ids.data(), count, tb_point ? &r : nullptr);  // its own result only for TensorBoard
           if (tb_point) add(r);
           const bool show = s + 1 == steps ||
@@ -1031,6 +1050,7 @@ class Model {
     if (err.empty() && B == 0) err = "evaluate: batch_size must be > 0";
     detail::collective_check(comm_, err);
     uint64_t begin = 0, n = y.size();
+    const uint64_t total = n;
     if (data == Data::replicated) {
       int64_t mm[2] = {static_cast<int64_t>(n), -static_cast<int64_t>(n)};
       comm_.allreduce(mm, 2, SF_REDUCE_MAX);
@@ -1071,9 +1091,17 @@ class Model {
     if (!slot) slot.emplace(e, x.subspan(begin * sample, n * sample), y.subspan(begin, n), comm_);
     const detail::BoundData& bound = *slot;
     std::vector<uint64_t> ids;
+    // Every rank's part: replicated, its share of the whole; sharded, gathered once.
+    std::vector<uint64_t> parts = part_sizes(n, data == Data::sharded && bound.takes_batches());
+    if (data == Data::replicated)
+      for (uint32_t r = 0; r < W; ++r) parts[r] = detail::share(total, W, r);
+    std::vector<uint32_t> all_batches(W);
     for (uint64_t s = 0; s < steps; ++s) {
-      const uint64_t count = n / steps + (s < n % steps ? 1 : 0);
+      auto batch_of = [&](uint32_t r) { return parts[r] / steps + (s < parts[r] % steps ? 1 : 0); };
+      const uint64_t count = batch_of(R);
       if (bound.ok()) {
+        for (uint32_t q = 0; q < W; ++q) all_batches[q] = static_cast<uint32_t>(batch_of(q));
+        bound.next_batches(all_batches);
         ids.resize(count);
         std::iota(ids.begin(), ids.end(), at);
         bound.eval(ids.data(), count, nullptr);
@@ -1094,6 +1122,14 @@ class Model {
     out.loss = seen ? loss_sum / static_cast<double>(seen) : std::nan("");
     out.accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : std::nan("");
     return out;
+  }
+
+  // Every rank's n, gathered when `gather` (collective then, and the same on every rank), else n
+  // for every rank (what replicated data has).
+  std::vector<uint64_t> part_sizes(uint64_t n, bool gather) const {
+    std::vector<uint64_t> all(comm_.size(), n);
+    if (gather && comm_.size() > 1) comm_.allgather(&n, sizeof n, all.data());
+    return all;
   }
 
   Checkpoint decode_and_check(std::string_view bytes, const std::string& name) const {

@@ -25,6 +25,7 @@
 #include <optional>
 #include <random>
 #include <stdexcept>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -504,6 +505,10 @@ class Engine {
   virtual StepResult train_step_indexed(uint64_t data, const uint64_t*, uint32_t, bool) { throw unknown_data(data); }
   virtual StepResult eval_step_indexed(uint64_t data, const uint64_t*, uint32_t, bool) { throw unknown_data(data); }
   virtual StepResult take_results() { return {}; }
+  // ABI 1.9 (abi.h, sf_compute_hooks::step_batches): every rank's batch for the next indexed
+  // step, from a schedule every rank shares (checked by the glue: one per rank, none 0). An
+  // engine that captures steps as graphs chooses the step's graph from it; the default ignores it.
+  virtual void step_batches(std::span<const uint32_t>) {}
   std::string last_error;  // the C glue keeps the engine's last failure here
 
  protected:
@@ -872,6 +877,15 @@ const sf_compute_hooks* compute_hooks() {
     };
     t.take_results = [](void*, void* e, sf_step_result* out) noexcept {
       return engine_guard(e, [&](Engine& en) { fill(out, en.take_results()); });
+    };
+    t.step_batches = [](void*, void* e, const uint32_t* batches, uint32_t ranks) noexcept {
+      return engine_guard(e, [&](Engine& en) {
+        if (!batches || ranks == 0) throw Error("step_batches: no batches", SF_ERR_INVALID);
+        const std::span<const uint32_t> all(batches, ranks);
+        for (uint32_t r = 0; r < ranks; ++r)
+          if (all[r] == 0) throw Error("step_batches: rank " + std::to_string(r) + "'s batch is 0", SF_ERR_INVALID);
+        en.step_batches(all);
+      });
     };
     return t;
   }();

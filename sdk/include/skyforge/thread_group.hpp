@@ -46,6 +46,7 @@ class ThreadGroup {
   // Rank `rank`'s communicator; lives as long as the group. Use it from that rank's thread only.
   const sf_communicator* comm(uint32_t rank) const { return &ranks_[rank].comm; }
   size_t allreduce_calls(uint32_t rank) const { return ranks_[rank].allreduces; }
+  size_t allgather_calls(uint32_t rank) const { return ranks_[rank].allgathers; }
   // Runs fn(rank) on `size` threads and joins them. Every rank makes the same collective calls
   // in the same order; a rank whose fn throws leaves the group (the others' collectives then
   // fail with SF_ERR instead of waiting for it forever), and run() rethrows the first exception.
@@ -71,7 +72,7 @@ class ThreadGroup {
   struct Rank {
     ThreadGroup* group = nullptr;
     sf_communicator comm{};
-    size_t allreduces = 0;
+    size_t allreduces = 0, allgathers = 0;
   };
   template <class T>
   static void sum(Rank* me, T* data, size_t n) {
@@ -109,6 +110,7 @@ class ThreadGroup {
   }
   static sf_status allgather(void* ctx, const void* in, size_t bytes, void* out) {
     auto* me = static_cast<Rank*>(ctx);
+    ++me->allgathers;
     ThreadGroup& g = *me->group;
     g.ptrs_[me->comm.rank] = const_cast<void*>(in);
     g.bar_.arrive_and_wait();
