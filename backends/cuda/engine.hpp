@@ -119,10 +119,11 @@ class CudaEngine : public Engine {
   struct StepGraph {
     uint64_t data = 0;  // this rank's set: its graphs go with it (release_data)
     int seen = 0;       // eager runs so far: the second occurrence is captured
+    // Buffers a later growth replaced (ensure_capacity), which the graph still points at
+    // (declared before it: freed after it).
+    std::vector<std::shared_ptr<void>> keep;
     std::unique_ptr<Device::Graph> graph;
     uint64_t* idx = nullptr;  // the index buffer the graph gathers from
-    // Buffers a later growth replaced (ensure_capacity), which the graph still points at.
-    std::vector<std::shared_ptr<void>> keep;
   };
   // The key of this step's graph, the same on every rank: from `batches` (every rank's, as
   // step_batches gave them), or, when empty, gathered from every rank.

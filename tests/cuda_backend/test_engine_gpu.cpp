@@ -15,6 +15,7 @@
 #include <future>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 using namespace cuda_test;
@@ -276,7 +277,9 @@ TEST(Gpu, OneRankThroughNcclTrainsTheBitsOfOneRankWithout) {
     const Batch all = make_batch(9, n, f);
     std::vector<std::vector<float>> params;
     std::vector<uint64_t> collectives;
-    for (const auto& [alone, graphs] : {std::pair{false, true}, std::pair{true, false}, std::pair{true, true}}) {
+    // (alone, graphs, step_batches): the last chooses its graphs from the batches it is told.
+    for (const auto& [alone, graphs, told] : {std::tuple{false, true, false}, std::tuple{true, false, false},
+                                              std::tuple{true, true, false}, std::tuple{true, true, true}}) {
       cu::EngineOptions o;
       o.collectives_alone = alone;
       o.graphs = graphs;
@@ -288,6 +291,7 @@ TEST(Gpu, OneRankThroughNcclTrainsTheBitsOfOneRankWithout) {
         for (uint32_t at = 0; at < n; at += batch) {
           std::vector<uint64_t> idx;
           for (uint32_t i = at; i < std::min(n, at + batch); ++i) idx.push_back((i * 37u + epoch) % n);
+          if (told) e->step_batches(std::vector<uint32_t>{static_cast<uint32_t>(idx.size())});
           e->train_step_indexed(d, idx.data(), static_cast<uint32_t>(idx.size()), true);
         }
         e->take_results();
@@ -301,6 +305,7 @@ TEST(Gpu, OneRankThroughNcclTrainsTheBitsOfOneRankWithout) {
     EXPECT_EQ(collectives[0], 0u);
     EXPECT_GT(collectives[1], collectives[2]) << "every step eager gives NCCL more launches than two captures";
     EXPECT_GT(collectives[2], 0u);
+    EXPECT_EQ(collectives[3], collectives[2]) << "step_batches chose other graphs";
   }
 }
 

@@ -1050,7 +1050,7 @@ class Model {
     if (err.empty() && B == 0) err = "evaluate: batch_size must be > 0";
     detail::collective_check(comm_, err);
     uint64_t begin = 0, n = y.size();
-    const uint64_t total = n;
+    const uint64_t given = n;
     if (data == Data::replicated) {
       int64_t mm[2] = {static_cast<int64_t>(n), -static_cast<int64_t>(n)};
       comm_.allreduce(mm, 2, SF_REDUCE_MAX);
@@ -1094,7 +1094,7 @@ class Model {
     // Every rank's part: replicated, its share of the whole; sharded, gathered once.
     std::vector<uint64_t> parts = part_sizes(n, data == Data::sharded && bound.takes_batches());
     if (data == Data::replicated)
-      for (uint32_t r = 0; r < W; ++r) parts[r] = detail::share(total, W, r);
+      for (uint32_t r = 0; r < W; ++r) parts[r] = detail::share(given, W, r);
     std::vector<uint32_t> all_batches(W);
     for (uint64_t s = 0; s < steps; ++s) {
       auto batch_of = [&](uint32_t r) { return parts[r] / steps + (s < parts[r] % steps ? 1 : 0); };
