@@ -47,6 +47,13 @@ struct DeviceOptions {
   // other layer stay FP32.
   enum class Precision { fp32, bf16 };
   Precision precision = Precision::fp32;
+  // The deterministic reductions' accumulator (docs/kernels.md, "Reductions"; the Stream that
+  // stream() hands out carries it): fp64 (doubles), fp32 (pairs of floats: FP32 instructions
+  // only, for GPUs whose FP64 is slow), or automatic: fp32 where the GPU's FP32 rate is more
+  // than twice its FP64 rate (cudaDevAttrSingleToDoublePrecisionPerfRatio > 2: L4, L40S, RTX;
+  // not A100, H100, H200), else fp64; the host build's is fp64. The two give different bits.
+  enum class Reductions { automatic, fp64, fp32 };
+  Reductions reductions = Reductions::automatic;
   // Test-only (no plugin option sets it): one rank runs the data-parallel path anyway. The CUDA
   // build makes an NCCL communicator of one rank, so the bucketed allreduce on the collectives
   // stream, the captured collectives and ncclCommAbort run on a machine with one GPU (NCCL

@@ -47,6 +47,8 @@ Device::Device(const Communicator& comm, const Host&, const DeviceOptions& optio
   impl_->comm = comm;
   impl_->data_parallel = comm.size() > 1 || options.collectives_alone;
   impl_->bf16 = options.precision == DeviceOptions::Precision::bf16;
+  stream_.reduction = options.reductions == DeviceOptions::Reductions::fp32 ? kernels::Reduction::fp32
+                                                                           : kernels::Reduction::fp64;  // auto: fp64 here
 }
 Device::~Device() = default;
 

@@ -44,6 +44,7 @@ PluginOption one_of(std::string name, Enum EngineOptions::*field, std::vector<st
 const std::vector<PluginOption>& plugin_options() {
   using Layout = DeviceOptions::ConvLayout;
   using Precision = DeviceOptions::Precision;
+  using Reductions = DeviceOptions::Reductions;
   constexpr int64_t kMaxBucketMb = 4096;
   static const std::vector<PluginOption> table = {
       {"bucket_cap_mb", "integer", {}, "an integer from 1 to " + std::to_string(kMaxBucketMb) + " (MiB)",
@@ -63,6 +64,8 @@ const std::vector<PluginOption>& plugin_options() {
       one_of<Layout>("conv_layout", &EngineOptions::conv_layout,
                      {{"auto", Layout::automatic}, {"nhwc", Layout::nhwc}, {"nchw", Layout::nchw}}),
       one_of<Precision>("precision", &EngineOptions::precision, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}}),
+      one_of<Reductions>("reductions", &EngineOptions::reductions,
+                         {{"auto", Reductions::automatic}, {"fp64", Reductions::fp64}, {"fp32", Reductions::fp32}}),
   };
   return table;
 }

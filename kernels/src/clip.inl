@@ -16,8 +16,11 @@ void clip_gradients(float* grad, const ClipLayout& l, const ClipConfig& c, const
   double* part = ws;
   double* squares = ws + l.blocks;
   for_n(s, l.size, ScaleToMean{grad, samples}, what);
-  for_n(s, l.blocks, ClipBlockSquares{grad, l, part}, what);
-  for_n(s, l.count, ClipVariableSquares{l, part, squares}, what);
+  with_sum(s.reduction, [&](auto sum) {
+    using A = decltype(sum);
+    for_n(s, l.blocks, ClipBlockSquares<A>{grad, l, part}, what);
+    for_n(s, l.count, ClipVariableSquares<A>{l, part, squares}, what);
+  });
   if (c.clipnorm > 0) {
     for_n(s, l.size, ClipEach{grad, l, squares, static_cast<float>(c.clipnorm)}, what);
     return;

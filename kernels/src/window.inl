@@ -37,7 +37,11 @@ void conv_filter_grad(const float* x, const float* dy, const WindowShape& g, siz
                 what, "x and dy must each hold fewer than 2^31 elements");
   const size_t cols = g.col_width() * filters;
   const size_t K = reduce_split(g.positions(), cols);  // at least 1: with no position, dw is 0
-  impl::reduce_stages<1>(s, cols, K, ConvFilterPartials{x, dy, g, filters, cols, K, ws}, StoreFloat{dw}, ws, what);
+  with_sum(s.reduction, [&](auto sum) {
+    using A = decltype(sum);
+    impl::reduce_stages<1, A>(s, cols, K, ConvFilterPartials<A>{x, dy, g, filters, cols, K, ws}, StoreFloat{dw}, ws,
+                              what);
+  });
 }
 
 void global_avg_pool_forward(const float* x, float* y, size_t batch, size_t hw, size_t C, Stream s) {

@@ -63,6 +63,7 @@ TEST(CudaPluginOptions, AbsentOptionsKeepTheirDefaultsAndGivenOnesReachTheEngine
                                                              {"deterministic", "false"},
                                                              {"autotune", "true"},
                                                              {"conv_layout", "nchw"},
+                                                             {"reductions", "fp32"},
                                                              {"not_ours", "x"}}));
   EXPECT_EQ(o.bucket_bytes, size_t{16} << 20);
   EXPECT_FALSE(o.graphs);
@@ -70,6 +71,9 @@ TEST(CudaPluginOptions, AbsentOptionsKeepTheirDefaultsAndGivenOnesReachTheEngine
   EXPECT_FALSE(o.deterministic);
   EXPECT_TRUE(o.autotune);
   EXPECT_EQ(o.conv_layout, cu::DeviceOptions::ConvLayout::nchw);
+  EXPECT_EQ(o.reductions, cu::DeviceOptions::Reductions::fp32);
+  EXPECT_EQ(cu::EngineOptions{}.reductions, cu::DeviceOptions::Reductions::automatic);
+  EXPECT_EQ(cu::read_plugin_options(given({{"reductions", "fp64"}})).reductions, cu::DeviceOptions::Reductions::fp64);
   EXPECT_EQ(cu::read_plugin_options(given({{"conv_layout", "nhwc"}})).conv_layout,
             cu::DeviceOptions::ConvLayout::nhwc);
   EXPECT_EQ(cu::read_plugin_options(given({{"conv_layout", "auto"}})).conv_layout,
@@ -79,6 +83,8 @@ TEST(CudaPluginOptions, AbsentOptionsKeepTheirDefaultsAndGivenOnesReachTheEngine
 
 TEST(CudaPluginOptions, AValueAnOptionDoesNotTakeIsRefusedNamingItAndWhatItTakes) {
   EXPECT_EQ(refusal("conv_layout", "NCHW"), "option 'conv_layout': expected \"auto\", \"nhwc\" or \"nchw\", got 'NCHW'");
+  EXPECT_EQ(refusal("reductions", "double"),
+            "option 'reductions': expected \"auto\", \"fp64\" or \"fp32\", got 'double'");
   EXPECT_EQ(refusal("tf32", "yes"), "option 'tf32': expected true or false, got 'yes'");
   EXPECT_EQ(refusal("cuda_graphs", "1"), "option 'cuda_graphs': expected true or false, got '1'");
   for (const char* bad : {"0", "4097", "-1", "16MiB", "", "99999999999999999999"})

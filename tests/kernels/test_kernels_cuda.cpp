@@ -128,7 +128,7 @@ std::vector<float> host_conv_filter_grad(const std::vector<float>& x, const std:
   const size_t cols = g.col_width() * filters;
   size_t K = sk::reduce_split(g.positions(), cols);
   std::vector<double> ws(sk::conv_filter_grad_workspace(g, filters));
-  const sk::ConvFilterPartials first{x.data(), dy.data(), g, filters, cols, K, ws.data()};
+  const sk::ConvFilterPartials<sk::DoubleSum> first{x.data(), dy.data(), g, filters, cols, K, ws.data()};
   for (size_t i = 0; i < K * cols; ++i) first(i);
   double *in = ws.data(), *spare = ws.data() + 2 * K * cols;
   for (; K > sk::kReduceFanIn; std::swap(in, spare)) {

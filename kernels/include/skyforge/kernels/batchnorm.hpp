@@ -16,14 +16,15 @@
 
 namespace skyforge::kernels {
 
-// Statistics terms: sum x and sum x^2, in double.
+// Statistics terms: sum x and sum x^2 (reduce.hpp's accumulator A).
 struct BnStatsTerm {
   const float* x;
   size_t C;
-  SF_HD void operator()(size_t r, size_t c, double* a) const {
-    const double v = x[r * C + c];
-    a[0] += v;
-    a[1] += v * v;
+  template <class A>
+  SF_HD void operator()(size_t r, size_t c, A* a) const {
+    const float v = x[r * C + c];
+    a[0].add(v);
+    a[1].add_product(v, v);
   }
 };
 
@@ -113,11 +114,12 @@ struct BnMovingUpdate {
 struct BnBackTerm {
   const float *x, *relu_y, *dy, *mean, *invstd;
   size_t C;
-  SF_HD void operator()(size_t r, size_t c, double* a) const {
+  template <class A>
+  SF_HD void operator()(size_t r, size_t c, A* a) const {
     const size_t i = r * C + c;
     const float dv = !relu_y || relu_y[i] > 0.f ? dy[i] : 0.f;
-    a[0] += static_cast<double>(dv);
-    a[1] += static_cast<double>(dv * ((x[i] - mean[c]) * invstd[c]));
+    a[0].add(dv);
+    a[1].add(dv * ((x[i] - mean[c]) * invstd[c]));
   }
 };
 

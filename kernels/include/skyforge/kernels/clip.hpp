@@ -3,10 +3,13 @@
 // all of them together. The norms are summed the one way every engine sums them: each
 // variable's squares in blocks of kClipBlock elements from its start, each block in order in
 // double, then the blocks in order, then (global_clipnorm) the variables in order, so the cpu
-// engine and the cuda engine's builds compute the same bits on any thread count.
+// engine and the cuda engine's builds compute the same bits on any thread count. (With
+// Reduction::fp32 the blocks and their sums are in pairs of floats, sums.hpp: other bits, as
+// deterministic; the variables' totals are doubles either way.)
 #pragma once
 
 #include "hd.hpp"
+#include "sums.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -17,12 +20,16 @@ namespace skyforge::kernels {
 
 inline constexpr size_t kClipBlock = 4096;
 
-// Sum of x[i]^2 over [0, n) in double, in order (one block).
-SF_HD inline double block_sum_squares(const float* x, size_t n) {
-  double acc = 0;
-  for (size_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];  // exact products: FMA or not
+// Sum of x[i]^2 over [0, n) in the accumulator A (sums.hpp), in order (one block): each
+// product exact, so an FMA or not gives the same bits.
+template <class A>
+SF_HD inline A block_squares(const float* x, size_t n) {
+  A acc;
+  for (size_t i = 0; i < n; ++i) acc.add_product(x[i], x[i]);
   return acc;
 }
+// The same in double (the cpu engine's).
+SF_HD inline double block_sum_squares(const float* x, size_t n) { return block_squares<DoubleSum>(x, n).value(); }
 
 // std::min / std::max as the host computes them (the first argument when unordered: a NaN norm
 // stays NaN on every build).
@@ -85,7 +92,8 @@ struct ScaleToMean {
   SF_HD void operator()(size_t i) const { g[i] *= static_cast<float>(1.0 / *samples); }
 };
 
-// part[j] = block j's sum of squares.
+// part[j] = block j's sum of squares (as A stores it).
+template <class A>
 struct ClipBlockSquares {
   const float* g;
   ClipLayout l;
@@ -94,19 +102,20 @@ struct ClipBlockSquares {
     const uint32_t v = l.variable_of_block(j);
     const uint64_t begin = l.offset()[v] + (j - l.first_block()[v]) * kClipBlock;
     const uint64_t end = l.offset()[v + 1] < begin + kClipBlock ? l.offset()[v + 1] : begin + kClipBlock;
-    part[j] = block_sum_squares(g + begin, end - begin);
+    block_squares<A>(g + begin, end - begin).store(part + j);
   }
 };
 
-// squares[v] = variable v's blocks added in order.
+// squares[v] = variable v's blocks added in order (in A, the total as a double).
+template <class A>
 struct ClipVariableSquares {
   ClipLayout l;
   const double* part;
   double* squares;
   SF_HD void operator()(size_t v) const {
-    double acc = 0;
-    for (uint64_t j = l.first_block()[v]; j < l.first_block()[v + 1]; ++j) acc += part[j];
-    squares[v] = acc;
+    A acc;
+    for (uint64_t j = l.first_block()[v]; j < l.first_block()[v + 1]; ++j) acc.add(A::load(part + j));
+    squares[v] = acc.value();
   }
 };
 

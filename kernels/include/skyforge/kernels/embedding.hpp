@@ -33,7 +33,8 @@ struct EmbeddingGather {
 struct InvalidIndexTerm {
   const float* x;
   size_t input_dim;
-  SF_HD void operator()(size_t r, size_t, double* a) const { a[0] += embedding_index(x[r], input_dim) < 0 ? 1.0 : 0.0; }
+  template <class A>
+  SF_HD void operator()(size_t r, size_t, A* a) const { a[0].add(embedding_index(x[r], input_dim) < 0 ? 1.f : 0.f); }
 };
 
 // Backward, pass 1, row r: rank[r] = its place in the rows sorted by (index, row), or -1 for an

@@ -7,7 +7,9 @@
 // Arguments that break a documented limit throw std::invalid_argument before anything runs.
 //
 // Layouts are row-major. `ws` is a workspace of reduce_workspace(rows, cols) doubles in the
-// pointers' memory (reduce.hpp); kernels that take one overwrite it.
+// pointers' memory (reduce.hpp); kernels that take one overwrite it. Their sums, said below to be
+// "in double", are in the Stream's reduction: doubles, or with Reduction::fp32 pairs of floats
+// (sums.hpp), handed out as double.
 #pragma once
 
 #include "clip.hpp"
@@ -29,9 +31,11 @@ namespace skyforge::kernels {
 
 // A cudaStream_t in the CUDA build (null: the legacy default stream). In the host build a null
 // handle runs each call at once; a handle pointing at a HostRecording records the call instead
-// (the host build's stream capture, docs/kernels.md "Graphs").
+// (the host build's stream capture, docs/kernels.md "Graphs"). reduction: the accumulator of
+// the deterministic reductions the calls on it run (sums.hpp; docs/kernels.md, "Reductions").
 struct Stream {
   void* handle = nullptr;
+  Reduction reduction = Reduction::fp64;
 };
 
 // The host build's stand-in for a captured CUDA graph: each launch recorded with its arguments
@@ -218,9 +222,9 @@ void batchnorm_backward_dx(const float* x, const float* relu_y, const float* dy,
 void im2col(const float* x, float* col, const WindowShape& g, Stream s = {});
 void col2im(const float* col, float* dx, const WindowShape& g, Stream s = {});
 // conv2d's kernel gradient without a GEMM: dw[ky, kx, c, f] (Keras' layout, overwritten) = the
-// sum over every position p of x under (ky, kx, c) at p times dy[p, f], products and sums in
-// double in a shape-only order (window.hpp, ConvFilterPartials): deterministic, and bit-identical
-// between the two builds. For thin windows (thin_window), where it is the fastest deterministic
+// sum over every position p of x under (ky, kx, c) at p times dy[p, f], products exact and sums
+// in the stream's accumulator in a shape-only order (window.hpp, ConvFilterPartials):
+// deterministic, and bit-identical between the two builds. For thin windows (thin_window), where it is the fastest deterministic
 // way; any window works, x and dy each below 2^31 elements. ws: conv_filter_grad_workspace(g,
 // filters) doubles.
 void conv_filter_grad(const float* x, const float* dy, const WindowShape& g, size_t filters, float* dw, double* ws,

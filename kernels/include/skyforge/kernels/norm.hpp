@@ -46,10 +46,11 @@ struct LayerNormRow {
 struct LayerNormParamTerm {
   const float *x, *dy, *mean, *invstd;
   size_t F;
-  SF_HD void operator()(size_t r, size_t j, double* a) const {
+  template <class A>
+  SF_HD void operator()(size_t r, size_t j, A* a) const {
     const size_t i = r * F + j;
-    a[0] += static_cast<double>(dy[i] * ((x[i] - mean[r]) * invstd[r]));
-    a[1] += static_cast<double>(dy[i]);
+    a[0].add(dy[i] * ((x[i] - mean[r]) * invstd[r]));
+    a[1].add(dy[i]);
   }
 };
 

@@ -1,6 +1,7 @@
 // Deterministic reductions (docs/kernels.md, "Reductions"): column sums of a row-major
-// [rows, cols] matrix in double, split in a way that depends on the shape only, so every
-// backend, thread count and GPU adds the same terms in the same order.
+// [rows, cols] matrix, split in a way that depends on the shape only, so every backend, thread
+// count and GPU adds the same terms in the same order, in an accumulator A of sums.hpp (a
+// double, or with Reduction::fp32 a pair of floats) that each partial is stored as.
 //
 // Stage 1 (ColumnPartials, rows' worth of work spread over K * cols calls): partial k of
 // column c adds rows k, k + K, k + 2K, ... in that order. Neighbouring calls read neighbouring
@@ -15,6 +16,7 @@
 #pragma once
 
 #include "hd.hpp"
+#include "sums.hpp"
 
 namespace skyforge::kernels {
 
@@ -43,19 +45,19 @@ SF_HD inline size_t reduce_partials(size_t rows, size_t cols) {
 }
 SF_HD inline size_t reduce_workspace(size_t rows, size_t cols) { return reduce_partials(rows, cols) + 2 * cols; }
 
-// Term: SF_HD void operator()(size_t r, size_t c, double* acc) const, adding row r's Q terms.
-// part[(q * K + k) * cols + c] receives partial k of quantity q for column c.
-template <int Q, class Term>
+// Term: template <class A> SF_HD void operator()(size_t r, size_t c, A* acc) const, adding
+// row r's Q terms (A::add, A::add_product). part[(q * K + k) * cols + c] receives partial k of
+// quantity q for column c (A::store).
+template <int Q, class Term, class A = DoubleSum>
 struct ColumnPartials {
   Term term;
   size_t rows, cols, K;
   double* part;
   SF_HD void operator()(size_t i) const {
     const size_t k = i / cols, c = i % cols;
-    double acc[Q];
-    for (int q = 0; q < Q; ++q) acc[q] = 0.0;
+    A acc[Q];
     for (size_t r = k; r < rows; r += K) term(r, c, acc);
-    for (int q = 0; q < Q; ++q) part[(q * K + k) * cols + c] = acc[q];
+    for (int q = 0; q < Q; ++q) acc[q].store(part + (q * K + k) * cols + c);
   }
 };
 
@@ -65,22 +67,24 @@ template <int Q>
 struct PartialsTerm {
   const double* in;
   size_t K_in, cols;
-  SF_HD void operator()(size_t r, size_t c, double* a) const {
-    for (int q = 0; q < Q; ++q) a[q] += in[(q * K_in + r) * cols + c];
+  template <class A>
+  SF_HD void operator()(size_t r, size_t c, A* a) const {
+    for (int q = 0; q < Q; ++q) a[q].add(A::load(in + (q * K_in + r) * cols + c));
   }
 };
 
-// Finish: SF_HD void operator()(size_t c, const double* total) const, with Q totals.
-template <int Q, class Finish>
+// Finish: SF_HD void operator()(size_t c, const double* total) const, with Q totals (A::value).
+template <int Q, class Finish, class A = DoubleSum>
 struct ColumnTotals {
   Finish finish;
   size_t cols, K;
   const double* part;
   SF_HD void operator()(size_t c) const {
-    double s[Q];
-    for (int q = 0; q < Q; ++q) s[q] = 0.0;
+    A acc[Q];
     for (size_t k = 0; k < K; ++k)
-      for (int q = 0; q < Q; ++q) s[q] += part[(q * K + k) * cols + c];
+      for (int q = 0; q < Q; ++q) acc[q].add(A::load(part + (q * K + k) * cols + c));
+    double s[Q];
+    for (int q = 0; q < Q; ++q) s[q] = acc[q].value();
     finish(c, s);
   }
 };
@@ -88,15 +92,17 @@ struct ColumnTotals {
 struct SumTerm {
   const float* x;
   size_t cols;
-  SF_HD void operator()(size_t r, size_t c, double* a) const { a[0] += static_cast<double>(x[r * cols + c]); }
+  template <class A>
+  SF_HD void operator()(size_t r, size_t c, A* a) const { a[0].add(x[r * cols + c]); }
 };
 
 struct SumSquaresTerm {
   const float* x;
   size_t cols;
-  SF_HD void operator()(size_t r, size_t c, double* a) const {
-    const double v = x[r * cols + c];
-    a[0] += v * v;
+  template <class A>
+  SF_HD void operator()(size_t r, size_t c, A* a) const {
+    const float v = x[r * cols + c];
+    a[0].add_product(v, v);
   }
 };
 

@@ -86,11 +86,13 @@ struct Col2ImElem {
 
 // conv2d's kernel gradient as a column reduction (reduce.hpp) of a virtual [positions, kh * kw *
 // C * F] matrix whose row p, column ((ky, kx, c), f) is x under (ky, kx, c) at position p times
-// dy[p, f]: each product and sum in double, split by shape only, so it is deterministic on every
-// backend, thread count and GPU. Stage 1: partial k of column col adds rows k, k + K, k + 2K, ...
-// in that order (ColumnPartials' rule); a position's (n, oy, ox) is carried from row to row by
-// adding K's, so the loop divides nothing, and indexes in 32 bits (x and dy hold fewer than 2^31
-// elements; K <= 2^17, so r stays below 2^32 past the last row). The later stages are reduce.hpp's.
+// dy[p, f]: each product exact and each sum in the accumulator A (reduce.hpp, sums.hpp), split by
+// shape only, so it is deterministic on every backend, thread count and GPU. Stage 1: partial k
+// of column col adds rows k, k + K, k + 2K, ... in that order (ColumnPartials' rule); a
+// position's (n, oy, ox) is carried from row to row by adding K's, so the loop divides nothing,
+// and indexes in 32 bits (x and dy hold fewer than 2^31 elements; K <= 2^17, so r stays below
+// 2^32 past the last row). The later stages are reduce.hpp's.
+template <class A>
 struct ConvFilterPartials {
   const float* x;
   const float* dy;
@@ -111,7 +113,7 @@ struct ConvFilterPartials {
     // a row past the last, read as 0: for a finite dy, adding a zero product leaves the sum as
     // skipping it would (the sum is never -0; an infinite dy makes NaN, as im2col + GEMM does).
     constexpr int kRows = 8;
-    double acc = 0.0;
+    A acc;
     for (uint32_t r = static_cast<uint32_t>(k); r < rows;) {
       float xv[kRows], dv[kRows];
       for (int j = 0; j < kRows; ++j, r += step) {
@@ -126,9 +128,9 @@ struct ConvFilterPartials {
         if (oy >= g.Ho) oy -= g.Ho, ++n;
         n += dn;
       }
-      for (int j = 0; j < kRows; ++j) acc += static_cast<double>(xv[j]) * static_cast<double>(dv[j]);
+      for (int j = 0; j < kRows; ++j) acc.add_product(xv[j], dv[j]);
     }
-    part[k * cols + col] = acc;
+    acc.store(part + k * cols + col);
   }
 };
 
