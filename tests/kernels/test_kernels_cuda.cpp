@@ -123,30 +123,31 @@ TEST_F(Gpu, BatchNormTrainingForward) {
 
 // conv_filter_grad's stages as the host build runs them (common.hpp's reduce_stages), from the
 // same functors (the host library cannot link beside this one: the same symbols).
+template <class A>
 std::vector<float> host_conv_filter_grad(const std::vector<float>& x, const std::vector<float>& dy,
                                          const sk::WindowShape& g, size_t filters) {
   const size_t cols = g.col_width() * filters;
   size_t K = sk::reduce_split(g.positions(), cols);
   std::vector<double> ws(sk::conv_filter_grad_workspace(g, filters));
-  const sk::ConvFilterPartials<sk::DoubleSum> first{x.data(), dy.data(), g, filters, cols, K, ws.data()};
+  const sk::ConvFilterPartials<A> first{x.data(), dy.data(), g, filters, cols, K, ws.data()};
   for (size_t i = 0; i < K * cols; ++i) first(i);
   double *in = ws.data(), *spare = ws.data() + 2 * K * cols;
   for (; K > sk::kReduceFanIn; std::swap(in, spare)) {
     const size_t next = sk::reduce_next(K);
-    const sk::ColumnPartials<1, sk::PartialsTerm<1>> middle{{in, K, cols}, K, cols, next, spare};
+    const sk::ColumnPartials<1, sk::PartialsTerm<1>, A> middle{{in, K, cols}, K, cols, next, spare};
     for (size_t i = 0; i < next * cols; ++i) middle(i);
     K = next;
   }
   std::vector<float> dw(cols);
-  const sk::ColumnTotals<1, sk::StoreFloat> last{{dw.data()}, cols, K, in};
+  const sk::ColumnTotals<1, sk::StoreFloat, A> last{{dw.data()}, cols, K, in};
   for (size_t c = 0; c < cols; ++c) last(c);
   return dw;
 }
 
-// Products exact in double and sums in one order: the GPU's kernel gradient is the host's bit
-// for bit. The seed convnet's thin first layer at batch 1024 (802,816 positions, 108 outputs),
-// a strided window whose last row and column run one past the image, and a wide one padded by
-// 2 on every side.
+// Products exact and sums in one order: the GPU's kernel gradient is the host's bit for bit, in
+// doubles and (Reduction::fp32) in pairs of floats. The seed convnet's thin first layer at batch
+// 1024 (802,816 positions, 108 outputs), a strided window whose last row and column run one past
+// the image, and a wide one padded by 2 on every side.
 TEST_F(Gpu, ConvFilterGradIsTheHostBuildBitForBit) {
   auto window = [](size_t batch, uint32_t H, uint32_t W, uint32_t C, uint32_t k, uint32_t s, uint32_t pad,
                    uint32_t Ho, uint32_t Wo) {
@@ -167,7 +168,10 @@ TEST_F(Gpu, ConvFilterGradIsTheHostBuildBitForBit) {
     Dev<double> ws(sk::conv_filter_grad_workspace(g, t.filters));
     sk::conv_filter_grad(dx.get(), ddy.get(), g, t.filters, dw.get(), ws.get(), s_);
     sync();
-    EXPECT_EQ(dw.host(), host_conv_filter_grad(x, dy, g, t.filters)) << g.H << "x" << g.W << "x" << g.C;
+    EXPECT_EQ(dw.host(), host_conv_filter_grad<sk::DoubleSum>(x, dy, g, t.filters)) << g.H << "x" << g.W << "x" << g.C;
+    sk::conv_filter_grad(dx.get(), ddy.get(), g, t.filters, dw.get(), ws.get(), {s_.handle, sk::Reduction::fp32});
+    sync();
+    EXPECT_EQ(dw.host(), host_conv_filter_grad<sk::FloatPairSum>(x, dy, g, t.filters)) << "fp32 " << g.H << "x" << g.W;
   }
 }
 

@@ -15,31 +15,22 @@
 
 namespace skyforge::kernels {
 
-// A host product pinned in a register as rounded, which ends contraction where the target has an fma.
+// a * b rounded to T (double, or float for sums.hpp's pairs), never fused with a later sum:
+// __dmul_rn / __fmul_rn on the GPU; on the host the product is pinned in a register, which ends
+// contraction where the target has an fma.
 template <class T>
-inline T pinned(T p) {
+SF_HD inline T mul_rn(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == sizeof(float)) return __fmul_rn(a, b);
+  else return __dmul_rn(a, b);
+#else
+  T p = a * b;
 #if defined(__GNUC__) && defined(__x86_64__)
   __asm__("" : "+x"(p));
 #elif defined(__GNUC__) && defined(__aarch64__)
   __asm__("" : "+w"(p));
 #endif
   return p;
-}
-
-// a * b rounded to double (to float: fmul_rn), never fused with a later sum: __dmul_rn
-// (__fmul_rn) on the GPU, pinned on the host.
-SF_HD inline double mul_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return pinned(a * b);
-#endif
-}
-SF_HD inline float fmul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return pinned(a * b);
 #endif
 }
 

@@ -7,7 +7,7 @@
 //                 rate is 1/64 of FP32 (L4, L40S, RTX). About 2^-44 relative per add: near a
 //                 double's accuracy, a float's range (a sum past 3.4e38 is not finite).
 // Both add the same terms in the same order, and each operation is one IEEE rounding with no
-// product left to a compiler's contraction (portable_math.hpp's fmul_rn), so each gives the
+// product left to a compiler's contraction (portable_math.hpp's mul_rn), so each gives the
 // same bits in both builds and on any thread count. A pair is stored in a workspace's double
 // slot (8 bytes), so the workspace is the same for both. Totals leave as double (value()).
 #pragma once
@@ -31,7 +31,7 @@ struct DoubleSum {
   SF_HD static DoubleSum load(const double* slot) { return {*slot}; }
 };
 
-// a * b - p exactly, for p = fmul_rn(a, b) (a float where neither under- nor overflows): the
+// a * b - p exactly, for p = mul_rn(a, b) (a float where neither under- nor overflows): the
 // GPU's fmaf; on the host the product in double (exact: 48 bits) less p, exact too, so the same
 // bits without the software fmaf a baseline x86-64 host would call.
 SF_HD inline float product_error(float a, float b, float p) {
@@ -74,7 +74,7 @@ struct FloatPairSum {
     fast_two_sum(s, e, hi, lo);
   }
   SF_HD void add_product(float a, float b) {
-    const float p = fmul_rn(a, b);
+    const float p = mul_rn(a, b);
     add(FloatPairSum{p, product_error(a, b, p)});
   }
   SF_HD double value() const { return static_cast<double>(hi) + static_cast<double>(lo); }
