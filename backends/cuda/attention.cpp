@@ -25,19 +25,19 @@ Attention::Attention(const Shape& s) : s_(s), inv_(static_cast<float>(1.0 / std:
   take(at_.bo, s.d, s.use_bias);
 }
 
-void Attention::reserve(Device& dev, uint32_t batch) {
+void Attention::reserve(Device& dev, uint32_t batch, Kept* kept) {
   const size_t rows = size_t{batch} * s_.seq, HK = s_.heads * s_.kd, HV = s_.heads * s_.vd;
   const size_t pairs = size_t{batch} * s_.heads * s_.seq * s_.seq, widest = std::max(HK, HV);
-  q_ = Buffer<float>(dev, rows * HK);
-  k_ = Buffer<float>(dev, rows * HK);
-  v_ = Buffer<float>(dev, rows * HV);
-  probs_ = Buffer<float>(dev, pairs);
-  drop_ = s_.rate > 0.f ? Buffer<float>(dev, pairs) : Buffer<float>();
-  o_ = Buffer<float>(dev, rows * HV);
-  tok_ = Buffer<float>(dev, rows * widest);
-  heads_ = Buffer<float>(dev, rows * widest);
-  dheads_ = Buffer<float>(dev, rows * widest);
-  dprobs_ = Buffer<float>(dev, pairs);
+  renew(q_, dev, rows * HK, kept);
+  renew(k_, dev, rows * HK, kept);
+  renew(v_, dev, rows * HV, kept);
+  renew(probs_, dev, pairs, kept);
+  if (s_.rate > 0.f) renew(drop_, dev, pairs, kept);
+  renew(o_, dev, rows * HV, kept);
+  renew(tok_, dev, rows * widest, kept);
+  renew(heads_, dev, rows * widest, kept);
+  renew(dheads_, dev, rows * widest, kept);
+  renew(dprobs_, dev, pairs, kept);
 }
 
 size_t Attention::workspace(uint32_t batch) const {

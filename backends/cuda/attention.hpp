@@ -22,9 +22,9 @@ class Attention {
   };
   explicit Attention(const Shape& s);
 
-  // Buffers for batches up to `batch` (outside a capture), and the doubles of `ws` the
-  // backward's bias sums need.
-  void reserve(Device& dev, uint32_t batch);
+  // Buffers for batches up to `batch` (outside a capture; the old ones go to `kept` when
+  // given: graphs still point at them), and the doubles of `ws` the backward's bias sums need.
+  void reserve(Device& dev, uint32_t batch, Kept* kept = nullptr);
   size_t workspace(uint32_t batch) const;
 
   // p: the layer's parameters in Keras' order (wq, bq, wk, bk, wv, bv, wo, bo; the biases with

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace skyforge::cuda {
 
@@ -185,11 +186,17 @@ class Device {
   // waiting on a lost peer return) and throws Error naming what happened, instead of hanging.
   void synchronize();
 
+  // Bytes held by Buffers on this device now (tests: what the engine keeps).
+  size_t buffer_bytes() const { return buffer_bytes_; }
+
  private:
+  template <class T>
+  friend class Buffer;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   kernels::Stream stream_{};
   uint64_t issued_ = 0;  // collectives_issued()
+  size_t buffer_bytes_ = 0;
 };
 
 // The floats a row-major GEMM operand spans: `batch` matrices `stride` apart, each `rows` rows
@@ -222,7 +229,9 @@ template <class T>
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Device& d, size_t n) : d_(&d), n_(n), p_(n ? static_cast<T*>(d.alloc(n * sizeof(T))) : nullptr) {}
+  Buffer(Device& d, size_t n) : d_(&d), n_(n), p_(n ? static_cast<T*>(d.alloc(n * sizeof(T))) : nullptr) {
+    d.buffer_bytes_ += n * sizeof(T);
+  }
   ~Buffer() { reset(); }
   Buffer(Buffer&& o) noexcept : d_(o.d_), n_(o.n_), p_(o.p_) { o.p_ = nullptr, o.n_ = 0; }
   Buffer& operator=(Buffer&& o) noexcept {
@@ -234,7 +243,7 @@ class Buffer {
     return *this;
   }
   void reset() {
-    if (p_) d_->free(p_);
+    if (p_) d_->free(p_), d_->buffer_bytes_ -= n_ * sizeof(T);
     p_ = nullptr, n_ = 0;
   }
   T* get() const { return p_; }
@@ -245,5 +254,18 @@ class Buffer {
   size_t n_ = 0;
   T* p_ = nullptr;
 };
+
+// Buffers a captured graph still points at after they were replaced (the engine's buffers grow):
+// they live as long as the last graph that holds this list.
+using Kept = std::vector<std::shared_ptr<void>>;
+
+// b = a new buffer of n elements, made first (if that throws, b is as it was); the old one goes
+// to `kept` when given, else it is freed.
+template <class T>
+void renew(Buffer<T>& b, Device& d, size_t n, Kept* kept) {
+  Buffer<T> fresh(d, n);
+  if (kept && b.get()) kept->push_back(std::make_shared<Buffer<T>>(std::move(b)));
+  b = std::move(fresh);
+}
 
 }  // namespace skyforge::cuda

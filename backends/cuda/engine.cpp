@@ -517,23 +517,21 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
               l->type + "): its activations would exceed 2^31 elements");
   // The graphs captured so far stay (dropping them on one rank alone would part it from its
   // peers' choices): each keeps the buffers it points at, which go to `old` as they are
-  // replaced and live as long as the last such graph. Without graphs they go at once.
-  auto old = std::make_shared<std::vector<std::shared_ptr<void>>>();
-  bool kept = false;
+  // replaced and live as long as the last such graph (memory: the old buffers beside the new
+  // until those graphs go). Without graphs they go at once. Each new buffer is made before its
+  // old one goes, so a growth that fails leaves every buffer usable at the old capacity.
+  auto old = std::make_shared<Kept>();
+  Kept* kept = nullptr;
   for (auto& [key, g] : graphs_)
-    if (g.graph) g.keep.push_back(old), kept = true;
-  auto renew = [&]<class T>(Buffer<T>& b, size_t n) {
-    if (kept && b.get()) old->push_back(std::make_shared<Buffer<T>>(std::move(b)));
-    b = Buffer<T>(*dev_, n);
-  };
+    if (g.graph) g.keep.push_back(old), kept = old.get();
   size_t widest = numel(input_shape_),
          ws = std::max(k::reduce_workspace(batch, 1), k::softmax_xent_workspace(batch, classes_));
   for (auto& l : layers_) {
     const size_t n = numel(l->out);
     widest = std::max(widest, n);
-    if (!l->alias()) renew(l->y, size_t{batch} * n);
+    if (!l->alias()) renew(l->y, *dev_, size_t{batch} * n, kept);
     if (k::slope_reads_input(l->act) && (l->kind == Kind::dense || l->kind == Kind::conv2d))
-      renew(l->pre, size_t{batch} * n);
+      renew(l->pre, *dev_, size_t{batch} * n, kept);
     if (l->kind == Kind::dense) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->units));
     if (l->kind == Kind::batchnorm) ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->C));
     if (l->kind == Kind::conv2d) {
@@ -541,35 +539,34 @@ void CudaEngine::ensure_capacity(uint32_t batch) {
       g.batch = batch;
       // col_of makes one at the layer's first use; a layer that has one gets it now, so a
       // shape first run before the growth is captured after it without an allocation.
-      if (l->col.get()) renew(l->col, col_floats(*l, batch));
+      if (l->col.get()) renew(l->col, *dev_, col_floats(*l, batch), kept);
       ws = std::max(ws, k::reduce_workspace(g.positions(), l->units));
       if (k::thin_window(g)) ws = std::max(ws, k::conv_filter_grad_workspace(g, l->units));
     }
-    if (l->kind == Kind::max_pool) renew(l->arg, size_t{batch} * n);
+    if (l->kind == Kind::max_pool) renew(l->arg, *dev_, size_t{batch} * n, kept);
     if (l->kind == Kind::layer_norm) {
-      renew(l->mean, l->rows(batch));
-      renew(l->invstd, l->rows(batch));
+      renew(l->mean, *dev_, l->rows(batch), kept);
+      renew(l->invstd, *dev_, l->rows(batch), kept);
       ws = std::max(ws, k::reduce_workspace(l->rows(batch), l->C));
     }
     if (l->kind == Kind::attention) {
-      if (kept) old->push_back(std::make_shared<Attention>(std::move(*l->attention)));  // its buffers
-      l->attention->reserve(*dev_, batch);
+      l->attention->reserve(*dev_, batch, kept);
       ws = std::max(ws, l->attention->workspace(batch));
     }
     if (l->kind == Kind::embedding) {
-      renew(l->order, k::embedding_backward_workspace(size_t{batch} * numel(l->in)));
+      renew(l->order, *dev_, k::embedding_backward_workspace(size_t{batch} * numel(l->in)), kept);
       ws = std::max(ws, k::reduce_workspace(size_t{batch} * numel(l->in), 1));
     }
     if (l->kind == Kind::position_embedding) ws = std::max(ws, k::reduce_workspace(batch, n));
   }
-  renew(x_, size_t{batch} * numel(input_shape_));
+  renew(x_, *dev_, size_t{batch} * numel(input_shape_), kept);
   gslots_.resize(n_gslots_);
-  for (auto& slot : gslots_) renew(slot, size_t{batch} * widest);
-  renew(loss_, batch);
-  renew(hit_, batch);
-  renew(labels_, batch);
-  renew(idx_, batch);
-  renew(ws_, ws);
+  for (auto& slot : gslots_) renew(slot, *dev_, size_t{batch} * widest, kept);
+  renew(loss_, *dev_, batch, kept);
+  renew(hit_, *dev_, batch, kept);
+  renew(labels_, *dev_, batch, kept);
+  renew(idx_, *dev_, batch, kept);
+  renew(ws_, *dev_, ws, kept);
   capacity_ = batch;
 }
 

@@ -80,6 +80,7 @@ class CudaEngine : public Engine {
   void step_batches(std::span<const uint32_t> batches) override;
 
   uint64_t step() const { return step_; }
+  size_t device_bytes() const { return dev_->buffer_bytes(); }  // tests: what the engine holds
   GraphStats graph_stats() const {
     GraphStats g = stats_;
     g.kept = 0;
@@ -121,7 +122,7 @@ class CudaEngine : public Engine {
     int seen = 0;       // eager runs so far: the second occurrence is captured
     // Buffers a later growth replaced (ensure_capacity), which the graph still points at
     // (declared before it: freed after it).
-    std::vector<std::shared_ptr<void>> keep;
+    std::vector<std::shared_ptr<Kept>> keep;
     std::unique_ptr<Device::Graph> graph;
     uint64_t* idx = nullptr;  // the index buffer the graph gathers from
   };

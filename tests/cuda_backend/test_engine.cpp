@@ -754,14 +754,22 @@ TEST(CudaEngine, GraphsOutliveAGrowthAndGoWithWhatTheyHold) {
     e->train_step_indexed(d, idx.data(), static_cast<uint32_t>(idx.size()), true);
     ref->train_step_indexed(r, idx.data(), static_cast<uint32_t>(idx.size()), true);
   };
+  // The device bytes e holds beyond ref's (same buffers, but no graphs to keep old ones for).
+  auto extra = [&] {
+    const auto bytes = [](const skyforge::Engine& x) { return dynamic_cast<const cu::CudaEngine&>(x).device_bytes(); };
+    return static_cast<ptrdiff_t>(bytes(*e)) - static_cast<ptrdiff_t>(bytes(*ref));
+  };
   const std::vector<uint64_t> four(ep.steps[0].begin(), ep.steps[0].begin() + 4);
   for (int s = 0; s < 3; ++s) both(ep.steps[s]);
   both(four);  // batch 4: eager once, before the growth
   EXPECT_EQ(stats_of(*e).kept, 1u);
+  EXPECT_EQ(extra(), 0);
   std::vector<uint64_t> wide(ep.steps[0]);
   wide.insert(wide.end(), ep.steps[1].begin(), ep.steps[1].end());  // 16 > the capacity of 8
   both(wide);
   EXPECT_EQ(stats_of(*e).kept, 1u) << "the buffers grew and the graph of batch 8 went";
+  const ptrdiff_t old_set = extra();
+  EXPECT_GT(old_set, 0) << "the graph of batch 8 kept none of the buffers it points at";
   for (int s = 3; s < 6; ++s) both(ep.steps[s]);  // replays of batch 8, on its old buffers
   both(four);                                     // captured (the convnet's im2col remade at the growth)
   both(wide);
@@ -783,10 +791,12 @@ TEST(CudaEngine, GraphsOutliveAGrowthAndGoWithWhatTheyHold) {
   e->release_data(d2);
   ref->release_data(r2);
   EXPECT_EQ(stats_of(*e).kept, 3u) << "a released set's graphs are kept, or another set's went with it";
+  EXPECT_EQ(extra(), old_set) << "the buffers of batch 8 went while a graph points at them";
   const std::string saved = ref->state_dict();
   e->load_state(saved);
   ref->load_state(saved);
   EXPECT_EQ(stats_of(*e).kept, 0u);
+  EXPECT_EQ(extra(), 0) << "the buffers of batch 8 outlived every graph that points at them";
   for (int s = 0; s < 4; ++s) both(ep.steps[s]);
   EXPECT_TRUE(e->state_dict() == ref->state_dict());
   EXPECT_EQ(stats_of(*e).kept, 1u);

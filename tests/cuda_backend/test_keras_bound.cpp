@@ -27,6 +27,19 @@ namespace {
 
 // The real table, one without the bound-data hooks, and one that counts what keras asks.
 const sf_compute_hooks& real_hooks() { return *skyforge::detail::compute_hooks<CudaHost>(); }
+// The arrays step_batches was given on this thread (a rank's), in order.
+thread_local std::vector<std::vector<uint32_t>>* t_batches = nullptr;
+const sf_compute_hooks* recording_step_batches() {
+  static sf_compute_hooks t = [] {
+    sf_compute_hooks h = real_hooks();
+    h.step_batches = [](void* s, void* e, const uint32_t* b, uint32_t ranks) {
+      if (t_batches) t_batches->emplace_back(b, b + ranks);
+      return real_hooks().step_batches(s, e, b, ranks);
+    };
+    return h;
+  }();
+  return &t;
+}
 const sf_compute_hooks* without_step_batches() {
   static sf_compute_hooks t = [] {
     sf_compute_hooks h = real_hooks();
@@ -106,11 +119,12 @@ struct FitRun {
   K::History history;
   std::vector<float> weights;
   std::string progress;
-  K::EvalResult eval;
+  K::EvalResult eval, eval_sharded;
 };
 
+// sharded_eval: also evaluate() this rank's part of a sharded set after the fit.
 FitRun fit(const sf_compute_hooks* hooks, void* self, const skyforge::Communicator& comm, const Data& train,
-        const Data& val, K::Data how) {
+        const Data& val, K::Data how, const Data* sharded_eval = nullptr) {
   K::Sequential m = model();
   K::CompileOptions co;
   co.backend = K::Backend(hooks, self);
@@ -130,6 +144,7 @@ FitRun fit(const sf_compute_hooks* hooks, void* self, const skyforge::Communicat
   FitRun r;
   r.history = m.fit(train.x, train.y, o);
   r.eval = m.evaluate(val.x, val.y, 16);
+  if (sharded_eval) r.eval_sharded = m.evaluate(sharded_eval->x, sharded_eval->y, 16, K::Data::sharded);
   std::fclose(out);
   r.progress.assign(buf, len);
   std::free(buf);
@@ -228,21 +243,26 @@ TEST(KerasBoundData, OneRankWithoutBoundDataMakesEveryRankCopyBatches) {
 
 // fit() and evaluate() tell the engine every rank's batch at every step (step_batches, from the
 // schedule every rank shares), so the engine chooses its graphs without exchanging a key with its
-// peers each step (the "allgather 16 B" of its GraphKey): the shards here differ in size, so the
-// ranks' last batches of an epoch differ. Without the hook (an older engine table) the engine
-// gathers the key every step; both train the same bits.
+// peers each step (the "allgather 16 B" of its GraphKey). The shards differ in size, so the ranks'
+// last batches of an epoch differ, and so do their parts of a sharded evaluate(): every rank is
+// told the same arrays, each naming every rank's real batch. Without the hook (an older engine
+// table) the engine gathers the key every step; both train the same bits.
 TEST(KerasBoundData, TwoRanksChooseTheirGraphsWithoutAnExchangeEachStep) {
   std::map<bool, std::vector<FitRun>> runs;
   std::map<bool, std::vector<size_t>> key_gathers;
+  std::vector<std::vector<std::vector<uint32_t>>> told(2);
   Instance inst;
   for (bool schedule : {true, false}) {
     runs[schedule].resize(2);
     key_gathers[schedule].resize(2);
     const auto errors = real::run_ranks(2, [&](uint32_t r, const sf_communicator* comm) {
       const Data train = make_data(r == 0 ? 250 : 245, 50 + r), val = make_data(100, 60);
+      const Data part = make_data(r == 0 ? 53 : 40, 70 + r);  // evaluate(): 7 steps, of 8 or 7 here, of 6 or 5 on rank 1
       real::CommSpy spy(comm);
-      runs[schedule][r] = fit(schedule ? &real_hooks() : without_step_batches(), inst.self,
-                              skyforge::Communicator(spy.table()), train, val, K::Data::sharded);
+      t_batches = schedule ? &told[r] : nullptr;
+      runs[schedule][r] = fit(schedule ? recording_step_batches() : without_step_batches(), inst.self,
+                              skyforge::Communicator(spy.table()), train, val, K::Data::sharded, &part);
+      t_batches = nullptr;
       key_gathers[schedule][r] = static_cast<size_t>(std::count(spy.calls.begin(), spy.calls.end(), "allgather 16 B"));
     });
     for (const std::string& e : errors) ASSERT_EQ(e, "");
@@ -250,8 +270,15 @@ TEST(KerasBoundData, TwoRanksChooseTheirGraphsWithoutAnExchangeEachStep) {
   EXPECT_EQ(runs[true][0].weights, runs[true][1].weights) << "replicas differ";
   EXPECT_EQ(runs[true][0].weights, runs[false][0].weights) << "step_batches changed what was trained";
   EXPECT_EQ(runs[true][0].history["loss"], runs[false][0].history["loss"]);
-  EXPECT_EQ(key_gathers[true][0], 0u);
+  EXPECT_EQ(runs[true][0].eval_sharded.loss, runs[false][0].eval_sharded.loss);
+  EXPECT_EQ(runs[true][0].eval_sharded.samples, 93u);
   // 3 epochs of 21 steps of 12 (the last 10 and 5); 3 validation passes of 5 steps (50 samples
-  // a rank, 12 a step); evaluate's 7 (16 a step: 8 a rank).
-  EXPECT_EQ(key_gathers[false][0], 3u * 21 + 3 * 5 + 7);
+  // a rank, 12 a step); evaluate's 7 (16 a step: 8 a rank); the sharded evaluate's 7.
+  const size_t steps = 3 * 21 + 3 * 5 + 7 + 7;
+  EXPECT_EQ(key_gathers[true][0], 0u);
+  EXPECT_EQ(key_gathers[false][0], steps);
+  ASSERT_EQ(told[0].size(), steps);
+  EXPECT_EQ(told[0], told[1]) << "the ranks were told different batches";
+  EXPECT_EQ(told[0][20], (std::vector<uint32_t>{10, 5})) << "an epoch's last step";
+  EXPECT_EQ(told[0][steps - 1], (std::vector<uint32_t>{7, 5})) << "the sharded evaluate's last step";
 }

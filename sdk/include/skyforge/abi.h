@@ -439,8 +439,9 @@ typedef struct sf_compute_hooks {
    * caller passes the same array on every rank. A GPU engine that captures steps as graphs
    * then chooses the step's graph from it, without exchanging its choice with its peers each
    * step; without it, it does that exchange (a few bytes, collective). It applies to the next
-   * indexed step only. SF_ERR_INVALID when ranks is not the pool's size or a batch is 0; the
-   * step fails when batches[rank] is not its batch. Engines without graphs ignore it. */
+   * indexed step only. SF_ERR_INVALID when ranks is not the pool's size or a batch is 0; an
+   * engine that uses it fails the step when batches[rank] is not its batch. Engines without
+   * graphs (or with them off) ignore it. */
   sf_status (*step_batches)(void* self, void* engine, const uint32_t* batches, uint32_t ranks);
 } sf_compute_hooks;
 
