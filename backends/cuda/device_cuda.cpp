@@ -29,13 +29,17 @@ void Device::probe() {
 
 namespace {
 // DeviceOptions::reductions on this GPU: automatic is fp32 where FP64 runs at less than half
-// FP32's rate (the attribute: 2 on A100/H100/H200, 32 or 64 on L4, L40S, RTX).
-kernels::Reduction reduction_for(DeviceOptions::Reductions r, int device) {
+// FP32's rate (the attribute: 2 on A100/H100/H200, 32 or 64 on L4, L40S, RTX), on any rank of
+// the pool (collective: every replica reduces alike, or a pool of mixed GPUs would clip and
+// synchronize BatchNorm with other bits on each).
+kernels::Reduction reduction_for(DeviceOptions::Reductions r, int device, const Communicator& comm) {
   if (r != DeviceOptions::Reductions::automatic)
     return r == DeviceOptions::Reductions::fp32 ? kernels::Reduction::fp32 : kernels::Reduction::fp64;
   int ratio = 0;
   check(cudaDeviceGetAttribute(&ratio, cudaDevAttrSingleToDoublePrecisionPerfRatio, device), "cudaDeviceGetAttribute");
-  return ratio > 2 ? kernels::Reduction::fp32 : kernels::Reduction::fp64;
+  double slow = ratio > 2 ? 1.0 : 0.0;  // (a sum of doubles: what every communicator has)
+  if (comm.size() > 1) comm.allreduce(&slow, 1);
+  return slow > 0 ? kernels::Reduction::fp32 : kernels::Reduction::fp64;
 }
 }  // namespace
 
@@ -57,7 +61,7 @@ Device::Device(const Communicator& comm, const Host& host, const DeviceOptions& 
   check(cudaSetDevice(device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.handle = impl_->stream;
-  stream_.reduction = reduction_for(options.reductions, device);
+  stream_.reduction = reduction_for(options.reductions, device, comm);
   impl_->init_blas();
   if (comm.size() > 1 || options.collectives_alone) {
     if (host.on_node()) export_nccl_socket_ifname(host.instance_info().private_ip);  // nccl_env.hpp
