@@ -371,12 +371,15 @@ class BoundData {
   }
   bool ok() const { return ok_; }
   bool takes_batches() const { return batches_; }  // (the same on every rank: one engine kind)
-  // Every rank's batch for the next step (abi.h, step_batches, ABI 1.9), from the schedule every
-  // rank shares: a GPU engine then picks the step's graph without a per-step exchange.
-  void next_batches(const std::vector<uint32_t>& all) const {
-    if (batches_)
-      e_.check(e_.hooks().step_batches(e_.self(), e_.engine(), all.data(), static_cast<uint32_t>(all.size())),
-               "step_batches");
+  // Every rank's batch for the next step, batch_of(r) for r < world (abi.h, step_batches, ABI
+  // 1.9), from the schedule every rank shares: a GPU engine then picks the step's graph without
+  // a per-step exchange. Nothing to do for an engine without the hook.
+  template <class BatchOf>
+  void next_batches(uint32_t world, const BatchOf& batch_of) const {
+    if (!batches_) return;
+    all_.resize(world);
+    for (uint32_t r = 0; r < world; ++r) all_[r] = static_cast<uint32_t>(batch_of(r));
+    e_.check(e_.hooks().step_batches(e_.self(), e_.engine(), all_.data(), world), "step_batches");
   }
   // One step on samples idx[0 .. n); out null: deferred (take() hands its sums over).
   void train(const uint64_t* idx, uint64_t n, sf_step_result* out) const {
@@ -399,6 +402,7 @@ class BoundData {
   uint64_t id_ = 0;
   bool ok_ = false;
   bool batches_ = false;  // the engine takes step_batches
+  mutable std::vector<uint32_t> all_;  // next_batches' array
 };
 
 // The C view of a model spec; owns everything the pointers point at.
@@ -696,7 +700,6 @@ class Model {
     // Every rank's part (sharded: gathered once), so that each rank knows every rank's batch at
     // every step (BoundData::next_batches).
     const std::vector<uint64_t> parts = part_sizes(n, o.data == Data::sharded && bound.takes_batches());
-    std::vector<uint32_t> all_batches(W);
     using Clock = std::chrono::steady_clock;
     // Where this node is, told to the host (a status, at most every 50 ms): the host quotes it
     // when the node is lost or lags in a collective ("last seen at epoch 3/6, step 412/900;
@@ -765,8 +768,7 @@ class Model {
         bool shown = true;  // the totals are this step's
         if (bound.ok()) {
           ids.assign(perm.begin() + static_cast<ptrdiff_t>(begin), perm.begin() + static_cast<ptrdiff_t>(begin + count));
-          for (uint32_t q = 0; q < W; ++q) all_batches[q] = static_cast<uint32_t>(batch_of(q));
-          bound.next_batches(all_batches);
+          bound.next_batches(W, batch_of);
           bound.train(ids.data(), count, tb_point ? &r : nullptr);  // its own result only for TensorBoard
           if (tb_point) add(r);
           const bool show = s + 1 == steps ||
@@ -1095,13 +1097,11 @@ class Model {
     std::vector<uint64_t> parts = part_sizes(n, data == Data::sharded && bound.takes_batches());
     if (data == Data::replicated)
       for (uint32_t r = 0; r < W; ++r) parts[r] = detail::share(given, W, r);
-    std::vector<uint32_t> all_batches(W);
     for (uint64_t s = 0; s < steps; ++s) {
       auto batch_of = [&](uint32_t r) { return parts[r] / steps + (s < parts[r] % steps ? 1 : 0); };
       const uint64_t count = batch_of(R);
       if (bound.ok()) {
-        for (uint32_t q = 0; q < W; ++q) all_batches[q] = static_cast<uint32_t>(batch_of(q));
-        bound.next_batches(all_batches);
+        bound.next_batches(W, batch_of);
         ids.resize(count);
         std::iota(ids.begin(), ids.end(), at);
         bound.eval(ids.data(), count, nullptr);
